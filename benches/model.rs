@@ -1,0 +1,2 @@
+//! Model benchmarks (filled by the benchmark work of issue #2).
+fn main() {}

@@ -1,0 +1,3 @@
+//! The `aether` binary.
+
+fn main() {}

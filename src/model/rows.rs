@@ -1,0 +1,402 @@
+//! Pod annotations, registry rows and `RowProblem` (spec/model.md §2, §3).
+//!
+//! One parser turns a pod's annotations into the ports it declares; every backend and the
+//! registration path use it. One function, [`row_problem`], says whether a stored row may be
+//! served; it is enforced on write, on listing and on consumption.
+//!
+//! Layer 0 (pure).
+
+use std::collections::BTreeMap;
+use std::fmt;
+
+use serde::{Deserialize, Serialize};
+
+use crate::model::port::{DEFAULT_DECLARED_PORT, PortProtocol};
+use crate::model::snapshot::{ProtocolValue, Row};
+
+/// `endpoint.aether.io/ports`.
+pub const ANNOTATION_PORTS: &str = "endpoint.aether.io/ports";
+/// `endpoint.aether.io/protocol`.
+pub const ANNOTATION_PROTOCOL: &str = "endpoint.aether.io/protocol";
+/// `endpoint.aether.io/port`.
+pub const ANNOTATION_PORT: &str = "endpoint.aether.io/port";
+/// `capture.aether.io/redirect-all`.
+pub const ANNOTATION_REDIRECT_ALL: &str = "capture.aether.io/redirect-all";
+/// `capture.aether.io/exclude-outbound-ports`.
+pub const ANNOTATION_EXCLUDE_PORTS: &str = "capture.aether.io/exclude-outbound-ports";
+/// `capture.aether.io/exclude-outbound-ip-ranges`.
+pub const ANNOTATION_EXCLUDE_RANGES: &str = "capture.aether.io/exclude-outbound-ip-ranges";
+/// `aether.io/managed`.
+pub const ANNOTATION_MANAGED: &str = "aether.io/managed";
+/// `aether.io/netns` (file registry: the pod's network namespace).
+pub const ANNOTATION_NETNS: &str = "aether.io/netns";
+/// The label on every generated Service.
+pub const LABEL_MESH_SERVICE: &str = "aether.io/mesh-service";
+
+/// The ports one pod declares, each with its protocol (spec/model.md §2, port derivation).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct DeclaredPorts {
+    /// The declared (liveness) port: `endpoint.aether.io/port`, or 8080.
+    pub port: u16,
+    /// Every declared port with its protocol; includes `port`.
+    pub protocols: BTreeMap<u16, PortProtocol>,
+}
+
+/// Why a pod's annotations cannot be parsed (`annotation-unparseable`).
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum InvalidAnnotation {
+    /// An entry of `endpoint.aether.io/ports` is not a port number.
+    #[error("{ANNOTATION_PORTS}: entry {entry:?} is not a port number in 1-65535")]
+    BadPortEntry {
+        /// The entry as written.
+        entry: String,
+    },
+    /// A suffix is not `http`, `tcp` or `udp`.
+    #[error("{ANNOTATION_PORTS}: entry {entry:?} has protocol {suffix:?}; expected http, tcp or udp")]
+    BadSuffix {
+        /// The entry as written.
+        entry: String,
+        /// The suffix.
+        suffix: String,
+    },
+    /// The same number appears twice with different protocols.
+    #[error("{ANNOTATION_PORTS}: port {port} is declared both {first} and {second}")]
+    ConflictingDuplicate {
+        /// The port.
+        port: u16,
+        /// The first protocol.
+        first: PortProtocol,
+        /// The second protocol.
+        second: PortProtocol,
+    },
+    /// `endpoint.aether.io/protocol` is not a known protocol.
+    #[error("{ANNOTATION_PROTOCOL}: {value:?} is not one of http, tcp, udp")]
+    BadProtocol {
+        /// The value.
+        value: String,
+    },
+    /// `endpoint.aether.io/port` is not a port number.
+    #[error("{ANNOTATION_PORT}: {value:?} is not a port number in 1-65535")]
+    BadPort {
+        /// The value.
+        value: String,
+    },
+}
+
+/// Parses a port number exactly: 1–65535, ASCII digits only (surrounding whitespace ignored).
+fn parse_port_number(s: &str) -> Option<u16> {
+    let s = s.trim();
+    if s.is_empty() || !s.bytes().all(|b| b.is_ascii_digit()) {
+        return None;
+    }
+    match s.parse::<u32>() {
+        Ok(n @ 1..=65535) => u16::try_from(n).ok(),
+        _ => None,
+    }
+}
+
+/// Derives the ports a pod declares from its annotations (spec/model.md §2).
+///
+/// The whole pod is refused on any bad value; an invalid pod-level value is never replaced by
+/// its default.
+pub fn parse_declared_ports(
+    annotations: &BTreeMap<String, String>,
+) -> Result<DeclaredPorts, InvalidAnnotation> {
+    let default = match annotations.get(ANNOTATION_PROTOCOL) {
+        None => PortProtocol::Http,
+        Some(v) => PortProtocol::parse(v.trim()).ok_or_else(|| InvalidAnnotation::BadProtocol {
+            value: v.clone(),
+        })?,
+    };
+    let port = match annotations.get(ANNOTATION_PORT) {
+        None => DEFAULT_DECLARED_PORT,
+        Some(v) => parse_port_number(v).ok_or_else(|| InvalidAnnotation::BadPort { value: v.clone() })?,
+    };
+
+    let mut listed: BTreeMap<u16, PortProtocol> = BTreeMap::new();
+    if let Some(list) = annotations.get(ANNOTATION_PORTS) {
+        for entry in list.split(',').map(str::trim) {
+            if entry.is_empty() && list.trim().is_empty() {
+                // An empty annotation lists nothing.
+                continue;
+            }
+            let (number, protocol) = match entry.split_once('=') {
+                Some((n, s)) => {
+                    let suffix = s.trim();
+                    let p = PortProtocol::parse(suffix).ok_or_else(|| InvalidAnnotation::BadSuffix {
+                        entry: entry.to_owned(),
+                        suffix: suffix.to_owned(),
+                    })?;
+                    (n, p)
+                }
+                None => (entry, default),
+            };
+            let number = parse_port_number(number).ok_or_else(|| InvalidAnnotation::BadPortEntry {
+                entry: entry.to_owned(),
+            })?;
+            if let Some(&first) = listed.get(&number)
+                && first != protocol
+            {
+                return Err(InvalidAnnotation::ConflictingDuplicate {
+                    port: number,
+                    first,
+                    second: protocol,
+                });
+            }
+            listed.insert(number, protocol);
+        }
+    }
+    // The declared port repeating a listed entry takes that entry's protocol.
+    listed.entry(port).or_insert(default);
+    Ok(DeclaredPorts {
+        port,
+        protocols: listed,
+    })
+}
+
+impl DeclaredPorts {
+    /// The registry row these ports make for one pod.
+    pub fn to_row(
+        &self,
+        namespace: &str,
+        service: &str,
+        address: std::net::IpAddr,
+        ready: bool,
+    ) -> Row {
+        Row {
+            namespace: namespace.to_owned(),
+            service: service.to_owned(),
+            address,
+            port: u32::from(self.port),
+            ports: self.protocols.keys().map(|&p| u32::from(p)).collect(),
+            port_protocols: Some(
+                self.protocols
+                    .iter()
+                    .map(|(&p, &proto)| (u32::from(p), ProtocolValue::Known(proto)))
+                    .collect(),
+            ),
+            ready,
+            pod: None,
+            node: None,
+        }
+    }
+}
+
+/// Why a row must not be served (spec/model.md §3.3).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+pub enum RowProblem {
+    /// The map is absent or empty.
+    PortProtocolsMissing,
+    /// A listed port has no entry in the map, or an unspecified or unknown one.
+    PortWithoutProtocol,
+    /// The map names a port the row does not list.
+    ProtocolForUnlistedPort,
+    /// A port is 0 or above 65535.
+    InvalidPort,
+    /// (Kubernetes backend) the pod's annotations cannot be parsed.
+    AnnotationUnparseable,
+}
+
+impl RowProblem {
+    /// Every reason, for tables and counters.
+    pub const ALL: [Self; 5] = [
+        Self::PortProtocolsMissing,
+        Self::PortWithoutProtocol,
+        Self::ProtocolForUnlistedPort,
+        Self::InvalidPort,
+        Self::AnnotationUnparseable,
+    ];
+
+    /// The reason's stable name.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::PortProtocolsMissing => "port-protocols-missing",
+            Self::PortWithoutProtocol => "port-without-protocol",
+            Self::ProtocolForUnlistedPort => "protocol-for-unlisted-port",
+            Self::InvalidPort => "invalid-port",
+            Self::AnnotationUnparseable => "annotation-unparseable",
+        }
+    }
+}
+
+impl fmt::Display for RowProblem {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// The one definition of a row that must not be served (spec/model.md §3.3).
+pub fn row_problem(row: &Row) -> Option<RowProblem> {
+    let valid = |p: u32| (1..=65535).contains(&p);
+    if !valid(row.port) || row.ports.iter().any(|&p| !valid(p)) {
+        return Some(RowProblem::InvalidPort);
+    }
+    let map = match &row.port_protocols {
+        Some(m) if !m.is_empty() => m,
+        _ => return Some(RowProblem::PortProtocolsMissing),
+    };
+    if map.keys().any(|&p| !valid(p)) {
+        return Some(RowProblem::InvalidPort);
+    }
+    let listed = |p: u32| p == row.port || row.ports.contains(&p);
+    let has_protocol = |p: u32| matches!(map.get(&p), Some(ProtocolValue::Known(_)));
+    if !has_protocol(row.port) || row.ports.iter().any(|&p| !has_protocol(p)) {
+        return Some(RowProblem::PortWithoutProtocol);
+    }
+    if map.keys().any(|&p| !listed(p)) {
+        return Some(RowProblem::ProtocolForUnlistedPort);
+    }
+    None
+}
+
+/// A served row's ports and protocols, read after [`row_problem`] found nothing.
+pub fn served_protocols(row: &Row) -> BTreeMap<u16, PortProtocol> {
+    let mut out = BTreeMap::new();
+    if let Some(map) = &row.port_protocols {
+        for (&p, v) in map {
+            if let (Ok(p), ProtocolValue::Known(proto)) = (u16::try_from(p), v) {
+                out.insert(p, *proto);
+            }
+        }
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn ann(pairs: &[(&str, &str)]) -> BTreeMap<String, String> {
+        pairs.iter().map(|(k, v)| ((*k).to_owned(), (*v).to_owned())).collect()
+    }
+
+    fn ports(d: &DeclaredPorts) -> Vec<(u16, &'static str)> {
+        d.protocols.iter().map(|(&p, proto)| (p, proto.as_str())).collect()
+    }
+
+    #[test]
+    fn no_annotations_declare_8080_http() {
+        let d = parse_declared_ports(&ann(&[])).unwrap();
+        assert_eq!(d.port, 8080);
+        assert_eq!(ports(&d), vec![(8080, "http")]);
+    }
+
+    #[test]
+    fn unsuffixed_entries_take_the_pod_level_default() {
+        let d = parse_declared_ports(&ann(&[
+            (ANNOTATION_PROTOCOL, "tcp"),
+            (ANNOTATION_PORT, "9000"),
+            (ANNOTATION_PORTS, "8080=http, 7000"),
+        ]))
+        .unwrap();
+        assert_eq!(ports(&d), vec![(7000, "tcp"), (8080, "http"), (9000, "tcp")]);
+    }
+
+    #[test]
+    fn declared_port_repeating_an_entry_takes_the_entry_suffix() {
+        let d = parse_declared_ports(&ann(&[
+            (ANNOTATION_PROTOCOL, "http"),
+            (ANNOTATION_PORT, "8080"),
+            (ANNOTATION_PORTS, "8080=tcp"),
+        ]))
+        .unwrap();
+        assert_eq!(ports(&d), vec![(8080, "tcp")]);
+    }
+
+    #[test]
+    fn every_bad_shape_refuses_the_whole_pod() {
+        let cases: &[&[(&str, &str)]] = &[
+            &[(ANNOTATION_PORTS, "0")],
+            &[(ANNOTATION_PORTS, "65536")],
+            &[(ANNOTATION_PORTS, "80,abc")],
+            &[(ANNOTATION_PORTS, "80=grpc")],
+            &[(ANNOTATION_PORTS, "80=http,80=tcp")],
+            &[(ANNOTATION_PORTS, "80,,90")],
+            &[(ANNOTATION_PORTS, "+80")],
+            &[(ANNOTATION_PROTOCOL, "grpc")],
+            &[(ANNOTATION_PROTOCOL, "HTTP")],
+            &[(ANNOTATION_PORT, "abc")],
+            &[(ANNOTATION_PORT, "")],
+        ];
+        for case in cases {
+            assert!(parse_declared_ports(&ann(case)).is_err(), "{case:?} must be refused");
+        }
+    }
+
+    #[test]
+    fn a_repeated_entry_with_the_same_protocol_is_not_a_conflict() {
+        let d = parse_declared_ports(&ann(&[(ANNOTATION_PORTS, "9090, 9090=http")])).unwrap();
+        assert_eq!(ports(&d), vec![(8080, "http"), (9090, "http")]);
+    }
+
+    fn row(port: u32, ports: &[u32], map: Option<&[(u32, ProtocolValue)]>) -> Row {
+        Row {
+            namespace: "ns".into(),
+            service: "svc".into(),
+            address: "10.0.0.1".parse().unwrap(),
+            port,
+            ports: ports.to_vec(),
+            port_protocols: map.map(|m| m.iter().cloned().collect()),
+            ready: true,
+            pod: None,
+            node: None,
+        }
+    }
+
+    #[test]
+    fn row_problem_names_each_reason() {
+        use ProtocolValue::*;
+        let http = Known(PortProtocol::Http);
+        assert_eq!(row_problem(&row(8080, &[8080], Some(&[(8080, http.clone())]))), None);
+        assert_eq!(
+            row_problem(&row(8080, &[8080], None)),
+            Some(RowProblem::PortProtocolsMissing)
+        );
+        assert_eq!(
+            row_problem(&row(8080, &[8080], Some(&[]))),
+            Some(RowProblem::PortProtocolsMissing)
+        );
+        assert_eq!(
+            row_problem(&row(8080, &[8080, 9090], Some(&[(8080, http.clone())]))),
+            Some(RowProblem::PortWithoutProtocol)
+        );
+        assert_eq!(
+            row_problem(&row(8080, &[8080], Some(&[(8080, Unspecified)]))),
+            Some(RowProblem::PortWithoutProtocol)
+        );
+        assert_eq!(
+            row_problem(&row(8080, &[8080], Some(&[(8080, Unknown("grpc".into()))]))),
+            Some(RowProblem::PortWithoutProtocol)
+        );
+        assert_eq!(
+            row_problem(&row(
+                8080,
+                &[8080],
+                Some(&[(8080, http.clone()), (9090, http.clone())])
+            )),
+            Some(RowProblem::ProtocolForUnlistedPort)
+        );
+        assert_eq!(
+            row_problem(&row(70000, &[70000], Some(&[(70000, http)]))),
+            Some(RowProblem::InvalidPort)
+        );
+    }
+
+    #[test]
+    fn every_parsed_pod_makes_a_row_that_names_every_port() {
+        let shapes: &[&[(&str, &str)]] = &[
+            &[],
+            &[(ANNOTATION_PORTS, "9090")],
+            &[(ANNOTATION_PORTS, "9000=tcp"), (ANNOTATION_PORT, "8080")],
+            &[(ANNOTATION_PROTOCOL, "tcp"), (ANNOTATION_PORT, "9000"), (ANNOTATION_PORTS, "8080=http")],
+            &[(ANNOTATION_PROTOCOL, "http"), (ANNOTATION_PORT, "8080"), (ANNOTATION_PORTS, "8080=tcp")],
+            &[(ANNOTATION_PROTOCOL, "udp"), (ANNOTATION_PORT, "5353")],
+        ];
+        for shape in shapes {
+            let d = parse_declared_ports(&ann(shape)).unwrap();
+            let r = d.to_row("ns", "svc", "10.0.0.1".parse().unwrap(), true);
+            assert_eq!(row_problem(&r), None, "{shape:?}");
+            assert!(r.ports.contains(&r.port));
+        }
+    }
+}

@@ -1,0 +1,1 @@
+//! Registry sources: turn the outside world into a [`crate::model::Snapshot`].

@@ -1,0 +1,2 @@
+//! Request and connection facts to decisions.
+#![warn(missing_docs)]
