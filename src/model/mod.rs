@@ -1,13 +1,253 @@
 //! The compiled per-port model and its compiler.
 //!
 //! Purity contract: nothing in this module performs IO, reads a clock, spawns a task or touches
-//! a global; time arrives as an argument. `compile(&Snapshot, &NodeContext) -> Model` is a
-//! deterministic, order-independent function of its inputs, and the resulting [`Model`] is
-//! immutable: the daemon swaps a whole new one in.
+//! a global; time arrives as an argument. [`compile`] is a deterministic, order-independent
+//! function of a [`Snapshot`] and a [`NodeContext`], and the resulting [`Model`] is immutable:
+//! the daemon swaps a whole new one in.
+//!
+//! Everything a resolver needs is indexed for O(1) lookups: names by (namespace, name) whatever
+//! the spelling's family, ClusterIPs and pod IPs by address, and per front port the class, the
+//! endpoints and the attached rules.
 #![warn(missing_docs)]
 
+pub mod attach;
+pub mod compile;
+pub mod diag;
+pub mod names;
 pub mod port;
+pub mod registrar;
+pub mod retention;
+pub mod route_match;
 pub mod rows;
 pub mod snapshot;
+pub mod vote;
 
+use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::net::IpAddr;
+use std::sync::Arc;
+
+use serde::{Deserialize, Serialize};
+
+pub use compile::compile;
+pub use diag::Diagnostic;
 pub use snapshot::Snapshot;
+
+use crate::model::attach::{PortRoutes, RouteStatus, TlsTable};
+use crate::model::names::Domains;
+use crate::model::port::{PortClass, PortProtocol};
+use crate::model::snapshot::FilterConfig;
+use crate::resolve::answer::ServiceLine;
+use crate::resolve::decision::{CaptureMode, Endpoint, ServiceKey, TcpChoice};
+
+/// The node's settings that the model depends on.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct NodeContext {
+    /// The mesh and cluster domains.
+    pub domains: Domains,
+    /// The SPIFFE trust domain.
+    pub trust_domain: String,
+    /// This node's name; `None` compiles for every node (explain).
+    pub node: Option<String>,
+    /// `capture_redirect_all_default`: the capture mode of a pod without the annotation.
+    pub capture_redirect_all_default: bool,
+    /// The compile time, in milliseconds of the caller's clock (retained entries).
+    pub now_ms: u64,
+}
+
+impl Default for NodeContext {
+    fn default() -> Self {
+        Self {
+            domains: Domains {
+                mesh: "aether.internal".into(),
+                cluster: "cluster.local".into(),
+            },
+            trust_domain: "cluster.local".into(),
+            node: None,
+            capture_redirect_all_default: true,
+            now_ms: 0,
+        }
+    }
+}
+
+/// The compiled model: immutable, compared whole for determinism.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Model {
+    /// The settings it was compiled with.
+    pub context: NodeContext,
+    /// Names by (namespace, name), lower case.
+    pub(crate) names: HashMap<(Arc<str>, Arc<str>), Arc<NameEntry>>,
+    /// Generated Services' ClusterIPs.
+    pub(crate) cluster_ips: HashMap<IpAddr, Arc<ClusterIpEntry>>,
+    /// Served pods by IP.
+    pub(crate) pod_ips: HashMap<IpAddr, Arc<PodIpEntry>>,
+    /// Every pod by (namespace, name), for callers.
+    pub(crate) pods: BTreeMap<(String, String), PodFacts>,
+    /// Service-level filters by the Service they target.
+    pub(crate) service_filters: BTreeMap<ServiceKey, Vec<NamedFilter>>,
+    /// The one-truth class of each mesh service's ports.
+    pub(crate) classes: BTreeMap<ServiceKey, BTreeMap<u16, PortProtocol>>,
+    /// Route status entries.
+    pub(crate) statuses: Vec<RouteStatus>,
+    /// What the compiler refused or dropped.
+    pub diagnostics: Vec<Diagnostic>,
+}
+
+/// A named service-level filter.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct NamedFilter {
+    /// `<namespace>/<name>` of the MeshFilter.
+    pub name: String,
+    /// The filter.
+    pub config: FilterConfig,
+}
+
+/// What a name (in one namespace) is to the mesh (addressing.md §4.3).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub(crate) struct NameEntry {
+    /// The Service (or mesh service) the name refers to.
+    pub(crate) key: ServiceKey,
+    /// Its mesh name and `ports:` line.
+    pub(crate) line: ServiceLine,
+    /// Which row of addressing.md §4.3 applies.
+    pub(crate) kind: NameKind,
+    /// The node knows ports of the name (otherwise a mesh-name spelling is category (d)).
+    pub(crate) known: bool,
+    /// Front ports (TCP entries; a UDP-only front port appears with class UDP).
+    pub(crate) ports: BTreeMap<u16, FrontPort>,
+    /// meshOnly: the mesh service's own ports, for its mesh name on a captured dial (§7.2).
+    pub(crate) own_ports: Option<BTreeMap<u16, FrontPort>>,
+}
+
+/// Which row of addressing.md §4.3 a name entry is.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub(crate) enum NameKind {
+    /// A generated Service, or a mesh service with no Service object yet.
+    Generated,
+    /// A routed user Service (fronting a mesh service or not).
+    Routed,
+    /// A mesh service whose name an unrouted (or headless) user Service owns.
+    MeshOnly,
+}
+
+/// One front port of a name.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub(crate) struct FrontPort {
+    /// The pod port it maps to; `None` while a named targetPort does not resolve.
+    pub(crate) pod_port: Option<u16>,
+    /// Its class (spec/model.md §9.3).
+    pub(crate) class: PortClass,
+    /// Ready endpoints declaring the pod port with the winning protocol.
+    pub(crate) endpoints: Arc<[Endpoint]>,
+    /// Rules attached to it (producer and consumer routes).
+    pub(crate) routes: Option<Arc<PortRoutes>>,
+    /// Reach the application as h2c (`appProtocol: kubernetes.io/h2c`).
+    pub(crate) h2c: bool,
+    /// Kept as a retained entry (spec/model.md §10).
+    pub(crate) retained: bool,
+}
+
+/// A generated Service's ClusterIP: what raw TCP and TLS to it mean (addressing.md §3).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub(crate) struct ClusterIpEntry {
+    /// The mesh service behind it.
+    pub(crate) key: ServiceKey,
+    /// Raw-TCP ports: the default destination or a TCPRoute's backends.
+    pub(crate) tcp: BTreeMap<u16, TcpChoice>,
+    /// The legacy target, when its class is raw TCP.
+    pub(crate) legacy: Option<TcpChoice>,
+    /// The HTTP ports (class HTTP) of the service.
+    pub(crate) http: BTreeSet<u16>,
+    /// TLSRoutes, per port and for any port.
+    pub(crate) tls: TlsTable,
+}
+
+/// A served pod, by its IP (addressing.md §3 step 0).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub(crate) struct PodIpEntry {
+    /// The pod as an endpoint.
+    pub(crate) endpoint: Endpoint,
+    /// Ports its row declares with its service's winning protocol (reserved ports left out).
+    pub(crate) declared: BTreeMap<u16, PortProtocol>,
+}
+
+/// A pod as a caller.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub struct PodFacts {
+    /// Namespace.
+    pub namespace: String,
+    /// Name.
+    pub name: String,
+    /// ServiceAccount.
+    pub service_account: String,
+    /// Addresses.
+    pub ips: Vec<IpAddr>,
+    /// Managed by the mesh.
+    pub managed: bool,
+    /// Its capture mode.
+    pub capture: CaptureMode,
+    /// Its node.
+    pub node: Option<String>,
+}
+
+impl Model {
+    /// A pod by namespace and name.
+    pub fn pod(&self, namespace: &str, name: &str) -> Option<&PodFacts> {
+        self.pods.get(&(namespace.to_owned(), name.to_owned()))
+    }
+
+    /// Every pod the model knows.
+    pub fn pods(&self) -> impl Iterator<Item = &PodFacts> {
+        self.pods.values()
+    }
+
+    /// The ClusterIP(s) of a Service, when the model holds it as a mesh VIP.
+    pub fn mesh_vips(&self, namespace: &str, name: &str) -> Vec<IpAddr> {
+        let mut v: Vec<IpAddr> = self
+            .cluster_ips
+            .iter()
+            .filter(|(_, e)| &*e.key.namespace == namespace && &*e.key.name == name)
+            .map(|(ip, _)| *ip)
+            .collect();
+        v.sort();
+        v
+    }
+
+    /// The one-truth class of every port of a mesh service.
+    pub fn classes(&self, namespace: &str, name: &str) -> Option<&BTreeMap<u16, PortProtocol>> {
+        self.classes.get(&ServiceKey {
+            namespace: namespace.into(),
+            name: name.into(),
+        })
+    }
+
+    /// Every (namespace, service, port) served as HTTP (input to [`retention::advance`]).
+    pub fn http_ports(&self) -> BTreeSet<(String, String, u16)> {
+        let mut out = BTreeSet::new();
+        for e in self.names.values() {
+            if e.kind != NameKind::Generated {
+                continue;
+            }
+            for (&p, fp) in &e.ports {
+                if fp.class == PortClass::Known(PortProtocol::Http) {
+                    out.insert((e.key.namespace.to_string(), e.key.name.to_string(), p));
+                }
+            }
+        }
+        out
+    }
+
+    /// Route status entries, one per (route, parentRef).
+    pub fn route_statuses(&self) -> &[RouteStatus] {
+        &self.statuses
+    }
+
+    /// The service-level filters that target a Service.
+    pub fn filters_of(&self, key: &ServiceKey) -> &[NamedFilter] {
+        self.service_filters.get(key).map_or(&[], Vec::as_slice)
+    }
+
+    /// How many names the model answers (for dumps and benchmarks).
+    pub fn name_count(&self) -> usize {
+        self.names.len()
+    }
+}

@@ -1,0 +1,456 @@
+//! Authorities and names (addressing.md §4): splitting an authority into name and port,
+//! telling malformed authorities apart, and recognising the name families.
+//!
+//! Layer 0 (pure). Nothing here allocates on the hot path except the lower-casing of a name
+//! that is not already lower case.
+
+use std::borrow::Cow;
+
+use serde::{Deserialize, Serialize};
+
+/// The port part of an authority (addressing.md §4.1 item 4).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub enum HostPort {
+    /// No port part: a port-less authority.
+    None,
+    /// A well-formed port, 1–65535.
+    Port(u16),
+    /// A port part that is not 1–5 ASCII digits without a leading zero in 1–65535.
+    Malformed,
+}
+
+impl HostPort {
+    /// The port, if well formed.
+    pub fn port(self) -> Option<u16> {
+        match self {
+            Self::Port(p) => Some(p),
+            Self::None | Self::Malformed => None,
+        }
+    }
+}
+
+/// An authority split at its first `:` (or after the `]` of an IPv6 literal).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Authority<'a> {
+    /// The name part, as received (case kept).
+    pub name: &'a str,
+    /// The port part.
+    pub port: HostPort,
+    /// The name is an IPv6 literal (`[...]`).
+    pub ipv6_literal: bool,
+}
+
+/// Parses a port part exactly (addressing.md §4.1 item 4).
+pub fn parse_port_part(s: &str) -> HostPort {
+    let b = s.as_bytes();
+    if b.is_empty() || b.len() > 5 || b[0] == b'0' || !b.iter().all(u8::is_ascii_digit) {
+        return HostPort::Malformed;
+    }
+    match s.parse::<u32>() {
+        Ok(n @ 1..=65535) => u16::try_from(n).map_or(HostPort::Malformed, HostPort::Port),
+        _ => HostPort::Malformed,
+    }
+}
+
+/// Splits an authority into name and port (addressing.md §4.1 item 1).
+pub fn split_authority(authority: &str) -> Authority<'_> {
+    if authority.starts_with('[') {
+        return match authority.find(']') {
+            Some(end) => {
+                let (name, rest) = authority.split_at(end + 1);
+                let port = match rest.strip_prefix(':') {
+                    Some(p) => parse_port_part(p),
+                    None if rest.is_empty() => HostPort::None,
+                    None => HostPort::Malformed,
+                };
+                Authority {
+                    name,
+                    port,
+                    ipv6_literal: true,
+                }
+            }
+            None => Authority {
+                name: authority,
+                port: HostPort::None,
+                ipv6_literal: true,
+            },
+        };
+    }
+    match authority.split_once(':') {
+        Some((name, port)) => Authority {
+            name,
+            port: parse_port_part(port),
+            ipv6_literal: false,
+        },
+        None => Authority {
+            name: authority,
+            port: HostPort::None,
+            ipv6_literal: false,
+        },
+    }
+}
+
+/// The HTTP version of a request, as far as the authority rules care (addressing.md §4.1).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub enum HttpVersion {
+    /// HTTP/1.0: `Host` is optional.
+    Http10,
+    /// HTTP/1.1: exactly one `Host` is required.
+    Http11,
+    /// HTTP/2 (h2c): `:authority`, `Host`, or neither.
+    H2,
+}
+
+/// What a request carried that can name its target, before any rule reads it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct AuthorityInput<'a> {
+    /// The request's HTTP version.
+    pub version: HttpVersion,
+    /// The authority of an absolute-form request-target, if the request line had one.
+    pub absolute: Option<&'a str>,
+    /// HTTP/2 `:authority`, if present.
+    pub h2_authority: Option<&'a str>,
+    /// Every `Host` field value, in order.
+    pub hosts: &'a [&'a str],
+}
+
+/// Why an authority is malformed (answered `400 bad-authority`, addressing.md §4.1 item 6).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub enum MalformedAuthority {
+    /// An HTTP/1.1 request without a `Host` field.
+    MissingHost,
+    /// More than one `Host` field.
+    SeveralHosts,
+    /// HTTP/2 `:authority` and `Host` name different authorities.
+    AuthorityDisagreesWithHost,
+    /// The authority carries userinfo (`user@`).
+    Userinfo,
+}
+
+impl MalformedAuthority {
+    /// A short description, for explain output and logs.
+    pub fn describe(self) -> &'static str {
+        match self {
+            Self::MissingHost => "an HTTP/1.1 request without a Host field",
+            Self::SeveralHosts => "more than one Host field",
+            Self::AuthorityDisagreesWithHost => "the HTTP/2 :authority and Host disagree",
+            Self::Userinfo => "the authority carries userinfo",
+        }
+    }
+}
+
+/// The authority that names the request's target, or why there is none to read
+/// (addressing.md §2 and §4.1 items 5 and 6).
+///
+/// `Ok(None)` is a request with no name: never the mesh's.
+pub fn effective_authority<'a>(
+    input: &AuthorityInput<'a>,
+) -> Result<Option<&'a str>, MalformedAuthority> {
+    let has_userinfo = |s: &str| s.contains('@');
+    if input.absolute.is_some_and(has_userinfo)
+        || input.h2_authority.is_some_and(has_userinfo)
+        || input.hosts.iter().any(|h| has_userinfo(h))
+    {
+        return Err(MalformedAuthority::Userinfo);
+    }
+    if input.hosts.len() > 1 {
+        return Err(MalformedAuthority::SeveralHosts);
+    }
+    let host = input.hosts.first().copied();
+    match input.version {
+        HttpVersion::Http11 if host.is_none() => return Err(MalformedAuthority::MissingHost),
+        HttpVersion::H2 => {
+            if let (Some(a), Some(h)) = (input.h2_authority, host)
+                && !a.eq_ignore_ascii_case(h)
+            {
+                return Err(MalformedAuthority::AuthorityDisagreesWithHost);
+            }
+        }
+        HttpVersion::Http10 | HttpVersion::Http11 => {}
+    }
+    let chosen = input.absolute.or(input.h2_authority).or(host);
+    Ok(chosen.filter(|a| !a.is_empty()))
+}
+
+/// The domains a node recognises names under (both lower case, without a trailing dot).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Domains {
+    /// The mesh domain (`aether.internal` by default).
+    pub mesh: String,
+    /// The cluster domain (`cluster.local` by default).
+    pub cluster: String,
+}
+
+/// Which family a name's spelling belongs to (addressing.md §4.2).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub enum Family {
+    /// `<svc>.<ns>.<mesh-domain>`.
+    Mesh,
+    /// `<svc>.<ns>.svc.<cluster-domain>`, `<svc>.<ns>.svc` or `<svc>.<ns>`.
+    Kubernetes,
+    /// `<svc>`, in the caller's namespace.
+    Short,
+}
+
+/// A name read as a mesh spelling: which (namespace, service) it means and in which family.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum NameForm<'a> {
+    /// A spelling that names `<svc>` in `<ns>`.
+    Named {
+        /// The family of the spelling.
+        family: Family,
+        /// The service label, lower case.
+        service: Cow<'a, str>,
+        /// The namespace label, lower case.
+        namespace: Cow<'a, str>,
+    },
+    /// A short name `<svc>`, lower case; its namespace is the caller's.
+    Short(Cow<'a, str>),
+    /// Nothing the mesh answers (category (e)): an IP literal, another domain, a partial name
+    /// with a trailing dot, a name under the mesh domain with the wrong number of labels.
+    Foreign,
+}
+
+fn valid_label(l: &str) -> bool {
+    !l.is_empty()
+}
+
+/// Reads a name (without its port) as a mesh spelling (addressing.md §4.1 items 1–3, §4.2).
+pub fn read_name<'a>(name: &'a str, domains: &Domains) -> NameForm<'a> {
+    if name.is_empty() || name.starts_with('[') {
+        return NameForm::Foreign;
+    }
+    if name.parse::<std::net::Ipv4Addr>().is_ok() {
+        return NameForm::Foreign;
+    }
+    let lower: Cow<'a, str> = if name.bytes().any(|b| b.is_ascii_uppercase()) {
+        Cow::Owned(name.to_ascii_lowercase())
+    } else {
+        Cow::Borrowed(name)
+    };
+    let (body, trailing_dot) = match lower.strip_suffix('.') {
+        Some(b) => (b.to_owned(), true),
+        None => (String::new(), false),
+    };
+    let text: &str = if trailing_dot { &body } else { &lower };
+
+    let two_labels = |prefix: &str| -> Option<(String, String)> {
+        let (svc, ns) = prefix.split_once('.')?;
+        (valid_label(svc) && valid_label(ns) && !ns.contains('.'))
+            .then(|| (svc.to_owned(), ns.to_owned()))
+    };
+    let named = |family, (svc, ns): (String, String)| NameForm::Named {
+        family,
+        service: Cow::Owned(svc),
+        namespace: Cow::Owned(ns),
+    };
+
+    if let Some(prefix) = text
+        .strip_suffix(domains.mesh.as_str())
+        .and_then(|p| p.strip_suffix('.'))
+    {
+        return two_labels(prefix).map_or(NameForm::Foreign, |p| named(Family::Mesh, p));
+    }
+    let full_k8s = format!("svc.{}", domains.cluster);
+    if let Some(prefix) = text
+        .strip_suffix(full_k8s.as_str())
+        .and_then(|p| p.strip_suffix('.'))
+    {
+        return two_labels(prefix).map_or(NameForm::Foreign, |p| named(Family::Kubernetes, p));
+    }
+    if trailing_dot {
+        // Only the two absolute spellings may end in a dot (§4.1 item 3).
+        return NameForm::Foreign;
+    }
+    if let Some(prefix) = text.strip_suffix(".svc") {
+        return two_labels(prefix).map_or(NameForm::Foreign, |p| named(Family::Kubernetes, p));
+    }
+    match text.matches('.').count() {
+        0 if valid_label(text) => match lower {
+            Cow::Borrowed(b) => NameForm::Short(Cow::Borrowed(b)),
+            Cow::Owned(o) => NameForm::Short(Cow::Owned(o)),
+        },
+        1 => two_labels(text).map_or(NameForm::Foreign, |p| named(Family::Kubernetes, p)),
+        _ => NameForm::Foreign,
+    }
+}
+
+/// The mesh name of a service: `<svc>.<ns>.<mesh-domain>`.
+pub fn mesh_name(service: &str, namespace: &str, domains: &Domains) -> String {
+    format!("{service}.{namespace}.{}", domains.mesh)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn domains() -> Domains {
+        Domains {
+            mesh: "aether.internal".into(),
+            cluster: "cluster.local".into(),
+        }
+    }
+
+    fn named(family: Family, svc: &str, ns: &str) -> NameForm<'static> {
+        NameForm::Named {
+            family,
+            service: Cow::Owned(svc.into()),
+            namespace: Cow::Owned(ns.into()),
+        }
+    }
+
+    #[test]
+    fn port_parts_are_strict() {
+        assert_eq!(parse_port_part("8080"), HostPort::Port(8080));
+        assert_eq!(parse_port_part("65535"), HostPort::Port(65535));
+        for bad in [
+            "",
+            "08080",
+            "0",
+            "65536",
+            "abc",
+            "8080:8080",
+            "+80",
+            "123456",
+            " 80",
+        ] {
+            assert_eq!(parse_port_part(bad), HostPort::Malformed, "{bad:?}");
+        }
+    }
+
+    #[test]
+    fn an_authority_splits_at_its_first_colon() {
+        let a = split_authority("mp-multi.mp.aether.internal:8080:8080");
+        assert_eq!(a.name, "mp-multi.mp.aether.internal");
+        assert_eq!(a.port, HostPort::Malformed);
+        assert_eq!(split_authority("x:").port, HostPort::Malformed);
+        assert_eq!(split_authority("x").port, HostPort::None);
+    }
+
+    #[test]
+    fn an_ipv6_literal_takes_the_port_after_its_bracket() {
+        let a = split_authority("[fd00::1]:18081");
+        assert_eq!(a.name, "[fd00::1]");
+        assert_eq!(a.port, HostPort::Port(18081));
+        assert!(a.ipv6_literal);
+        assert_eq!(read_name(a.name, &domains()), NameForm::Foreign);
+    }
+
+    #[test]
+    fn every_family_names_the_same_service() {
+        let d = domains();
+        assert_eq!(
+            read_name("mp-multi.mp.aether.internal", &d),
+            named(Family::Mesh, "mp-multi", "mp")
+        );
+        assert_eq!(
+            read_name("MP-MULTI.MP.SVC.CLUSTER.LOCAL", &d),
+            named(Family::Kubernetes, "mp-multi", "mp")
+        );
+        assert_eq!(
+            read_name("mp-multi.mp.svc", &d),
+            named(Family::Kubernetes, "mp-multi", "mp")
+        );
+        assert_eq!(
+            read_name("mp-multi.mp", &d),
+            named(Family::Kubernetes, "mp-multi", "mp")
+        );
+        assert_eq!(
+            read_name("Mp-Multi", &d),
+            NameForm::Short(Cow::Owned("mp-multi".into()))
+        );
+    }
+
+    #[test]
+    fn a_trailing_dot_is_ignored_on_the_two_absolute_spellings_only() {
+        let d = domains();
+        assert_eq!(
+            read_name("mp-multi.mp.aether.internal.", &d),
+            named(Family::Mesh, "mp-multi", "mp")
+        );
+        assert_eq!(
+            read_name("mp-multi.mp.svc.cluster.local.", &d),
+            named(Family::Kubernetes, "mp-multi", "mp")
+        );
+        for partial in ["mp-multi.", "mp-multi.mp.", "mp-multi.mp.svc."] {
+            assert_eq!(read_name(partial, &d), NameForm::Foreign, "{partial}");
+        }
+    }
+
+    #[test]
+    fn names_that_are_never_the_meshs() {
+        let d = domains();
+        for name in [
+            "example.invalid",
+            "10.96.0.1",
+            "a.b.c.aether.internal",
+            "aether.internal",
+            "x.aether.internal",
+            "a..b",
+            "",
+            "www.example.com",
+        ] {
+            assert_eq!(read_name(name, &d), NameForm::Foreign, "{name}");
+        }
+    }
+
+    #[test]
+    fn malformed_authorities_are_told_apart() {
+        let one = ["mp-multi.mp.aether.internal:8080"];
+        let two = [one[0], one[0]];
+        let ok = |v, abs, h2, hosts| {
+            effective_authority(&AuthorityInput {
+                version: v,
+                absolute: abs,
+                h2_authority: h2,
+                hosts,
+            })
+        };
+        assert_eq!(
+            ok(HttpVersion::Http11, None, None, &[]),
+            Err(MalformedAuthority::MissingHost)
+        );
+        assert_eq!(
+            ok(HttpVersion::Http11, None, None, &two),
+            Err(MalformedAuthority::SeveralHosts)
+        );
+        assert_eq!(
+            ok(
+                HttpVersion::H2,
+                None,
+                Some("mp-multi.mp.aether.internal:8080"),
+                &["mp-eighty.mp.aether.internal:8080"]
+            ),
+            Err(MalformedAuthority::AuthorityDisagreesWithHost)
+        );
+        assert_eq!(
+            ok(
+                HttpVersion::H2,
+                None,
+                Some("MP-MULTI.mp.aether.internal:8080"),
+                &one
+            ),
+            Ok(Some("MP-MULTI.mp.aether.internal:8080"))
+        );
+        assert_eq!(
+            ok(
+                HttpVersion::Http11,
+                None,
+                None,
+                &["user@mp-multi.mp.aether.internal:8080"]
+            ),
+            Err(MalformedAuthority::Userinfo)
+        );
+        assert_eq!(ok(HttpVersion::Http10, None, None, &[]), Ok(None));
+        assert_eq!(ok(HttpVersion::Http11, None, None, &[""]), Ok(None));
+        assert_eq!(
+            ok(
+                HttpVersion::Http11,
+                Some("mp-multi.mp.aether.internal:9090"),
+                None,
+                &one
+            ),
+            Ok(Some("mp-multi.mp.aether.internal:9090"))
+        );
+    }
+}

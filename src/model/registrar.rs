@@ -1,0 +1,318 @@
+//! The registrar role as a pure function (spec/model.md §8): the generated Service of every
+//! mesh service whose name no other Service owns, and deterministic ClusterIPs where no API
+//! server allocates them.
+//!
+//! Layer 0 (pure).
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::net::IpAddr;
+
+use ipnet::IpNet;
+
+use crate::model::port::{LEGACY_PORT, PROXY_PORT, PortProtocol, Transport, is_reserved};
+use crate::model::rows::{row_problem, served_protocols};
+use crate::model::snapshot::{Service, ServicePort, Snapshot, TargetPort};
+use crate::model::vote::vote;
+
+/// What the registrar decided besides the Services themselves.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct RegistrarReport {
+    /// Mesh services whose name a user Service owns: no generated Service, no mesh VIP.
+    pub collisions: Vec<(String, String)>,
+    /// Reserved ports left off a generated Service: (namespace, service, port).
+    pub reserved_skipped: Vec<(String, String, u16)>,
+}
+
+/// The generated Services the rows call for (spec/model.md §8), without ClusterIPs.
+///
+/// A mesh service is the (namespace, ServiceAccount) of served rows. Its Service has one port
+/// per declared port of any served row (the one-truth protocol), reserved ports left off, plus
+/// the anchor ports `mesh` 18081 and `mesh-tcp` 18082.
+pub fn generated_services(snapshot: &Snapshot) -> (Vec<Service>, RegistrarReport) {
+    let mut rows_by_service: BTreeMap<(&str, &str), Vec<BTreeMap<u16, PortProtocol>>> =
+        BTreeMap::new();
+    for row in snapshot.rows.iter().filter(|r| row_problem(r).is_none()) {
+        rows_by_service
+            .entry((&row.namespace, &row.service))
+            .or_default()
+            .push(served_protocols(row));
+    }
+    let user_owned: BTreeSet<(&str, &str)> = snapshot
+        .services
+        .iter()
+        .filter(|s| !s.generated)
+        .map(|s| (s.namespace.as_str(), s.name.as_str()))
+        .collect();
+
+    let mut report = RegistrarReport::default();
+    let mut out = Vec::new();
+    for ((ns, name), rows) in rows_by_service {
+        if user_owned.contains(&(ns, name)) {
+            report.collisions.push((ns.to_owned(), name.to_owned()));
+            continue;
+        }
+        let mut ports = Vec::new();
+        for (port, tally) in vote(rows.iter()) {
+            if is_reserved(u32::from(port)) {
+                report
+                    .reserved_skipped
+                    .push((ns.to_owned(), name.to_owned(), port));
+                continue;
+            }
+            let Some(class) = tally.winner() else {
+                continue;
+            };
+            let (suffix, transport, app) = match class {
+                PortProtocol::Http => ("tcp", Transport::Tcp, Some("http")),
+                PortProtocol::Tcp => ("tcp", Transport::Tcp, Some("tcp")),
+                PortProtocol::Udp => ("udp", Transport::Udp, None),
+            };
+            ports.push(ServicePort {
+                name: Some(format!("p{port}-{suffix}")),
+                port,
+                target: TargetPort::Number(port),
+                transport,
+                app_protocol: app.map(str::to_owned),
+            });
+        }
+        for (anchor, number) in [("mesh", PROXY_PORT), ("mesh-tcp", LEGACY_PORT)] {
+            ports.push(ServicePort {
+                name: Some(anchor.to_owned()),
+                port: number,
+                target: TargetPort::Number(number),
+                transport: Transport::Tcp,
+                app_protocol: None,
+            });
+        }
+        out.push(Service {
+            namespace: ns.to_owned(),
+            name: name.to_owned(),
+            cluster_ips: Vec::new(),
+            headless: false,
+            generated: true,
+            selector: None,
+            ports,
+        });
+    }
+    (out, report)
+}
+
+/// FNV-1a: a stable hash, the same on every build and platform.
+fn stable_hash(s: &str) -> u64 {
+    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
+    for b in s.bytes() {
+        h ^= u64::from(b);
+        h = h.wrapping_mul(0x0100_0000_01b3);
+    }
+    h
+}
+
+/// Gives every non-headless Service without a ClusterIP one from `cidr`, deterministically.
+///
+/// Each Service starts at a slot chosen by a stable hash of `<namespace>/<name>` and takes the
+/// next free address from there; Services are visited in (namespace, name) order, and addresses
+/// already in use are never taken. The network and broadcast addresses are skipped. Returns the
+/// Services that found no free address.
+pub fn allocate_cluster_ips(services: &mut [Service], cidr: IpNet) -> Vec<(String, String)> {
+    let mut used: BTreeSet<IpAddr> = services
+        .iter()
+        .flat_map(|s| s.cluster_ips.iter().copied())
+        .collect();
+    let mut order: Vec<usize> = (0..services.len())
+        .filter(|&i| !services[i].headless && services[i].cluster_ips.is_empty())
+        .collect();
+    order.sort_by(|&a, &b| {
+        (&services[a].namespace, &services[a].name)
+            .cmp(&(&services[b].namespace, &services[b].name))
+    });
+    let (base, size) = match cidr {
+        IpNet::V4(n) => (
+            u128::from(u32::from(n.network())),
+            1u128 << (32 - u32::from(n.prefix_len())),
+        ),
+        IpNet::V6(n) => (
+            u128::from(n.network()),
+            1u128
+                .checked_shl(128 - u32::from(n.prefix_len()))
+                .unwrap_or(u128::MAX),
+        ),
+    };
+    let usable = size.saturating_sub(2).max(1);
+    let mut exhausted = Vec::new();
+    for i in order {
+        let key = format!("{}/{}", services[i].namespace, services[i].name);
+        let start = u128::from(stable_hash(&key)) % usable;
+        let mut found = None;
+        for step in 0..usable.min(1 << 20) {
+            let offset = 1 + (start + step) % usable;
+            let ip = match cidr {
+                IpNet::V4(_) => u32::try_from(base + offset)
+                    .ok()
+                    .map(|v| IpAddr::V4(v.into())),
+                IpNet::V6(_) => Some(IpAddr::V6((base + offset).into())),
+            };
+            if let Some(ip) = ip
+                && !used.contains(&ip)
+            {
+                found = Some(ip);
+                break;
+            }
+        }
+        match found {
+            Some(ip) => {
+                used.insert(ip);
+                services[i].cluster_ips.push(ip);
+            }
+            None => exhausted.push((services[i].namespace.clone(), services[i].name.clone())),
+        }
+    }
+    exhausted
+}
+
+/// Completes a snapshot read where no API server runs (the file registry): adds the generated
+/// Services the rows call for (keeping any already present) and allocates missing ClusterIPs.
+pub fn complete_snapshot(snapshot: &mut Snapshot, cidr: IpNet) -> RegistrarReport {
+    let (generated, report) = generated_services(snapshot);
+    for g in generated {
+        let existing = snapshot
+            .services
+            .iter_mut()
+            .find(|s| s.namespace == g.namespace && s.name == g.name);
+        match existing {
+            Some(s) if s.generated => s.ports = g.ports,
+            Some(_) => {}
+            None => snapshot.services.push(g),
+        }
+    }
+    allocate_cluster_ips(&mut snapshot.services, cidr);
+    report
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::model::rows::{
+        ANNOTATION_PORT, ANNOTATION_PORTS, ANNOTATION_PROTOCOL, parse_declared_ports,
+    };
+
+    fn row(ns: &str, sa: &str, ip: &str, ann: &[(&str, &str)]) -> crate::model::snapshot::Row {
+        let a = ann
+            .iter()
+            .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
+            .collect();
+        parse_declared_ports(&a)
+            .unwrap()
+            .to_row(ns, sa, ip.parse().unwrap(), true)
+    }
+
+    fn port_names(s: &Service) -> Vec<(String, u16, Option<String>)> {
+        s.ports
+            .iter()
+            .map(|p| {
+                (
+                    p.name.clone().unwrap_or_default(),
+                    p.port,
+                    p.app_protocol.clone(),
+                )
+            })
+            .collect()
+    }
+
+    #[test]
+    fn the_generated_service_has_real_ports_and_the_two_anchors_m7_x5() {
+        let snap = Snapshot {
+            rows: vec![row(
+                "mp",
+                "mp-tcpfirst",
+                "10.0.0.1",
+                &[
+                    (ANNOTATION_PORT, "9000"),
+                    (ANNOTATION_PROTOCOL, "tcp"),
+                    (ANNOTATION_PORTS, "8080=http"),
+                ],
+            )],
+            ..Snapshot::default()
+        };
+        let (svcs, _) = generated_services(&snap);
+        assert_eq!(svcs.len(), 1);
+        assert!(svcs[0].generated && svcs[0].selector.is_none());
+        assert_eq!(
+            port_names(&svcs[0]),
+            vec![
+                ("p8080-tcp".into(), 8080, Some("http".into())),
+                ("p9000-tcp".into(), 9000, Some("tcp".into())),
+                ("mesh".into(), 18081, None),
+                ("mesh-tcp".into(), 18082, None),
+            ]
+        );
+    }
+
+    #[test]
+    fn reserved_ports_never_reach_the_generated_service_u4() {
+        let snap = Snapshot {
+            rows: vec![row(
+                "mp",
+                "svc",
+                "10.0.0.1",
+                &[(ANNOTATION_PORTS, "18081,9090")],
+            )],
+            ..Snapshot::default()
+        };
+        let (svcs, report) = generated_services(&snap);
+        assert!(
+            svcs[0]
+                .ports
+                .iter()
+                .all(|p| p.name.as_deref() != Some("p18081-tcp"))
+        );
+        assert_eq!(
+            report.reserved_skipped,
+            vec![("mp".into(), "svc".into(), 18081)]
+        );
+    }
+
+    #[test]
+    fn a_user_service_of_the_same_name_is_never_touched() {
+        let mut snap = Snapshot {
+            rows: vec![row("mp", "mp-owned", "10.0.0.1", &[])],
+            ..Snapshot::default()
+        };
+        snap.services.push(Service {
+            namespace: "mp".into(),
+            name: "mp-owned".into(),
+            cluster_ips: vec![],
+            headless: false,
+            generated: false,
+            selector: None,
+            ports: vec![],
+        });
+        let (svcs, report) = generated_services(&snap);
+        assert!(svcs.is_empty());
+        assert_eq!(report.collisions, vec![("mp".into(), "mp-owned".into())]);
+    }
+
+    #[test]
+    fn cluster_ips_are_deterministic_and_unique() {
+        let mk = |name: &str| Service {
+            namespace: "mp".into(),
+            name: name.into(),
+            cluster_ips: vec![],
+            headless: false,
+            generated: true,
+            selector: None,
+            ports: vec![],
+        };
+        let cidr: IpNet = "10.96.0.0/16".parse().unwrap();
+        let mut a: Vec<Service> = (0..200).map(|i| mk(&format!("s{i}"))).collect();
+        let mut b: Vec<Service> = a.iter().rev().cloned().collect();
+        assert!(allocate_cluster_ips(&mut a, cidr).is_empty());
+        allocate_cluster_ips(&mut b, cidr);
+        let ips: BTreeSet<IpAddr> = a.iter().map(|s| s.cluster_ips[0]).collect();
+        assert_eq!(ips.len(), 200);
+        for s in &a {
+            let same = b.iter().find(|t| t.name == s.name).unwrap();
+            assert_eq!(s.cluster_ips, same.cluster_ips);
+            assert!(cidr.contains(&s.cluster_ips[0]));
+        }
+    }
+}
