@@ -245,6 +245,10 @@ pub fn read_name<'a>(name: &'a str, domains: &Domains) -> NameForm<'a> {
         namespace: Cow::Owned(ns),
     };
 
+    if text == domains.mesh {
+        // The mesh domain itself is under the mesh domain, with too few labels (§4.5 (d)).
+        return NameForm::Foreign;
+    }
     if let Some(prefix) = text
         .strip_suffix(domains.mesh.as_str())
         .and_then(|p| p.strip_suffix('.'))
