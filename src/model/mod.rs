@@ -20,6 +20,7 @@ pub mod retention;
 pub mod route_match;
 pub mod rows;
 pub mod snapshot;
+pub mod synth;
 pub mod vote;
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};

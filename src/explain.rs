@@ -1,0 +1,434 @@
+//! `aether explain`: answer one connection or request exactly as the daemon would, from a
+//! loaded registry, and say what decided it.
+//!
+//! Everything here is a pure function of the snapshot, the compiled model and the question;
+//! reading the registry and printing happen in `main.rs`. The daemon's debug endpoint will call
+//! [`explain`] too, so the offline and the live answers cannot drift apart.
+
+use std::net::{IpAddr, Ipv4Addr, SocketAddr};
+
+use serde::Serialize;
+
+use crate::model::names::{AuthorityInput, Family, HttpVersion, NameForm, read_name};
+use crate::model::port::PROXY_PORT;
+use crate::model::{Model, Snapshot};
+use crate::resolve::answer::{MeshAnswer, Reason};
+use crate::resolve::decision::{
+    AfterSniff, Caller, CaptureMode, ConnDecision, HttpEntry, RequestDecision, RequestFacts,
+    Sniffed, TcpBackend, TcpChoice,
+};
+use crate::resolve::{classify_connection, resolve_request, resolve_sniffed};
+
+/// What the client sends first.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Bytes {
+    /// An HTTP/1.1 request.
+    Http,
+    /// An HTTP/2 prior-knowledge (h2c) request.
+    H2c,
+    /// A TLS ClientHello with this SNI (empty: none).
+    Tls(String),
+    /// Bytes that are not HTTP.
+    Raw,
+    /// Nothing: the client waits for the server.
+    Silent,
+}
+
+impl std::str::FromStr for Bytes {
+    type Err = String;
+
+    fn from_str(s: &str) -> Result<Self, String> {
+        match s {
+            "http" => Ok(Self::Http),
+            "h2c" => Ok(Self::H2c),
+            "raw" => Ok(Self::Raw),
+            "none" | "silent" => Ok(Self::Silent),
+            _ => match s.strip_prefix("tls:") {
+                Some(sni) => Ok(Self::Tls(sni.to_owned())),
+                None if s == "tls" => Ok(Self::Tls(String::new())),
+                None => Err(format!(
+                    "--bytes {s:?}: expected http, h2c, tls:<sni>, raw or none"
+                )),
+            },
+        }
+    }
+}
+
+/// One question for [`explain`].
+#[derive(Clone, Debug)]
+pub struct Question {
+    /// The caller pod, `<namespace>/<name>`.
+    pub from: String,
+    /// What the client dials: `<name-or-ip>:<port>`; `127.0.0.1:18081` is the loopback listener.
+    pub dial: String,
+    /// `Host` fields to send; `None` sends the dial's authority (port omitted for 80).
+    pub hosts: Option<Vec<String>>,
+    /// Send the request line in absolute form with this authority (an `http_proxy` client).
+    pub absolute: Option<String>,
+    /// The method.
+    pub method: String,
+    /// The path and query.
+    pub path: String,
+    /// Extra request headers.
+    pub headers: Vec<(String, String)>,
+    /// What the client sends first.
+    pub bytes: Bytes,
+}
+
+/// Why a question cannot be asked.
+#[derive(Debug, thiserror::Error)]
+pub enum InvalidQuestion {
+    /// `--from` does not name a pod of the registry.
+    #[error("--from {0:?}: no such pod in the registry (expected <namespace>/<pod>)")]
+    UnknownPod(String),
+    /// `--dial` is not `<name-or-ip>:<port>`.
+    #[error("--dial {0:?}: expected <name-or-ip>:<port> with a port in 1-65535")]
+    BadDial(String),
+    /// The dialled name has no DNS answer.
+    #[error("--dial {0:?}: the name resolves to no address (mesh DNS and the cluster's Service names were tried)")]
+    NoAddress(String),
+    /// The pod is not managed, so nothing of its traffic is the mesh's.
+    #[error("--from {0:?}: the pod is not managed by the mesh; its traffic is never captured")]
+    Unmanaged(String),
+}
+
+/// The whole answer, for the table and for `-o json`.
+#[derive(Clone, Debug, Serialize)]
+pub struct Explanation {
+    /// The caller.
+    pub from: String,
+    /// The caller's capture mode.
+    pub capture: &'static str,
+    /// What was dialled, after DNS.
+    pub dialled: String,
+    /// How DNS answered, when a name was dialled.
+    pub dns: Option<String>,
+    /// The entry path (captured dial, pod-IP dial, loopback, proxy port).
+    pub path: String,
+    /// The connection-level decision.
+    pub connection: Step,
+    /// The request-level decision, when the connection carries HTTP.
+    pub request: Option<Step>,
+    /// The answer after the discovery hold, when the first answer was a hold.
+    pub after_hold: Option<Step>,
+}
+
+/// One decision, in words and in data.
+#[derive(Clone, Debug, Serialize)]
+pub struct Step {
+    /// `deliver`, `refuse`, `answer`, `passthrough`, `tcp`, `close`, `hold`, `redirect`, `http`.
+    pub outcome: &'static str,
+    /// The HTTP status, when the mesh answers or redirects.
+    pub status: Option<u16>,
+    /// The `x-aether-error` reason.
+    pub reason: Option<&'static str>,
+    /// The answer's body (mesh answers).
+    pub body: Option<String>,
+    /// Where the traffic goes.
+    pub target: Vec<String>,
+    /// Filters that run.
+    pub filters: Vec<String>,
+    /// The rule of the spec that decided it.
+    pub rule: String,
+    /// The facts behind it.
+    pub detail: String,
+}
+
+/// Resolves `dial` the way a pod's resolver would: IP literals as they are; mesh names through
+/// mesh DNS (the generated Service's ClusterIP); Kubernetes and short names through the
+/// cluster's DNS (any Service's ClusterIP), short names in the caller's namespace.
+fn resolve_dial(snapshot: &Snapshot, model: &Model, caller_ns: &str, name: &str) -> Option<(IpAddr, String)> {
+    if let Ok(ip) = name.trim_matches(|c| c == '[' || c == ']').parse::<IpAddr>() {
+        return Some((ip, format!("{name} is an address")));
+    }
+    if name.eq_ignore_ascii_case("localhost") {
+        return Some((IpAddr::V4(Ipv4Addr::LOCALHOST), "localhost".into()));
+    }
+    let form = read_name(name, &model.context.domains);
+    let (family, ns, svc) = match &form {
+        NameForm::Named {
+            family,
+            service,
+            namespace,
+        } => (*family, namespace.to_string(), service.to_string()),
+        NameForm::Short(s) => (Family::Short, caller_ns.to_owned(), s.to_string()),
+        NameForm::Foreign => return None,
+    };
+    let service = snapshot
+        .services
+        .iter()
+        .find(|s| s.namespace == ns && s.name == svc && !s.headless)?;
+    if family == Family::Mesh && !service.generated {
+        // A mesh service whose name a user Service owns has no mesh-DNS record (model.md §11).
+        return None;
+    }
+    let ip = *service.cluster_ips.first()?;
+    let via = if family == Family::Mesh { "mesh DNS" } else { "cluster DNS" };
+    Some((ip, format!("{name} -> {ip} ({via}: Service {ns}/{svc})")))
+}
+
+fn choice_targets(c: &TcpChoice) -> Vec<String> {
+    c.backends
+        .iter()
+        .map(|(w, b)| match b {
+            TcpBackend::Target(t) => format!(
+                "weight {w}: {} port {} -> pod port {} [{}]",
+                t.service,
+                t.port,
+                t.pod_port,
+                t.endpoints
+                    .iter()
+                    .map(|e| match &e.pod {
+                        Some(p) => format!("{p} {}", e.address),
+                        None => e.address.to_string(),
+                    })
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            ),
+            TcpBackend::Invalid(why) => format!("weight {w}: invalid backend ({}), connection closed", why.detail),
+        })
+        .collect()
+}
+
+fn step(outcome: &'static str, rule: &str, detail: &str) -> Step {
+    Step {
+        outcome,
+        status: None,
+        reason: None,
+        body: None,
+        target: Vec::new(),
+        filters: Vec::new(),
+        rule: rule.to_owned(),
+        detail: detail.to_owned(),
+    }
+}
+
+fn answer_step(a: &MeshAnswer, rule: &str, detail: &str) -> Step {
+    let status = a.reason.status();
+    Step {
+        status: Some(status),
+        reason: Some(a.reason.code()),
+        body: Some(a.body()),
+        ..step(if status == 421 { "refuse" } else { "answer" }, rule, detail)
+    }
+}
+
+fn request_step(d: &RequestDecision) -> Step {
+    match d {
+        RequestDecision::Answer(a, why) => answer_step(a, why.rule, &why.detail),
+        RequestDecision::Passthrough(why) => step("passthrough", why.rule, &why.detail),
+        RequestDecision::Hold(what, why) => step("hold", why.rule, &format!("{}; waits up to 2 s for {what:?}", why.detail)),
+        RequestDecision::Redirect { status, location, why } => Step {
+            status: Some(*status),
+            target: vec![format!("Location: {location}")],
+            ..step("redirect", why.rule, &why.detail)
+        },
+        RequestDecision::Deliver(d) => Step {
+            target: vec![format!(
+                "{} port {} -> pod port {}{} [{}]",
+                d.backend.service,
+                d.backend.port.map_or_else(|| "-".to_owned(), |p| p.to_string()),
+                d.backend.pod_port,
+                if d.backend.h2c { " (h2c)" } else { "" },
+                d.backend
+                    .endpoints
+                    .iter()
+                    .map(|e| match &e.pod {
+                        Some(p) => format!("{p} {}", e.address),
+                        None => e.address.to_string(),
+                    })
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            )],
+            filters: d.route_filters.iter().chain(d.service_filters.iter()).cloned().collect(),
+            ..step("deliver", d.why.rule, &d.why.detail)
+        },
+    }
+}
+
+/// Answers a question (see the module doc).
+pub fn explain(snapshot: &Snapshot, model: &Model, q: &Question) -> Result<Explanation, InvalidQuestion> {
+    let (ns, pod_name) = q
+        .from
+        .split_once('/')
+        .ok_or_else(|| InvalidQuestion::UnknownPod(q.from.clone()))?;
+    let pod = model
+        .pod(ns, pod_name)
+        .ok_or_else(|| InvalidQuestion::UnknownPod(q.from.clone()))?;
+    if !pod.managed {
+        return Err(InvalidQuestion::Unmanaged(q.from.clone()));
+    }
+    let caller = Caller {
+        namespace: Some(pod.namespace.clone()),
+        pod: Some(pod.name.clone()),
+        service_account: Some(pod.service_account.clone()),
+        capture: pod.capture,
+    };
+    let (name, port) = q
+        .dial
+        .rsplit_once(':')
+        .and_then(|(n, p)| Some((n, p.parse::<u16>().ok().filter(|p| *p > 0)?)))
+        .ok_or_else(|| InvalidQuestion::BadDial(q.dial.clone()))?;
+    let (ip, dns) = resolve_dial(snapshot, model, ns, name).ok_or_else(|| InvalidQuestion::NoAddress(q.dial.clone()))?;
+    let dialled = SocketAddr::new(ip, port);
+    let loopback = ip.is_loopback();
+    let capture = match caller.capture {
+        CaptureMode::RedirectAll => "redirect-all",
+        CaptureMode::Scoped => "scoped",
+    };
+    let mut out = Explanation {
+        from: q.from.clone(),
+        capture,
+        dialled: dialled.to_string(),
+        dns: (name.parse::<IpAddr>().is_err()).then_some(dns),
+        path: String::new(),
+        connection: step("http", "", ""),
+        request: None,
+        after_hold: None,
+    };
+
+    let sniffed = match &q.bytes {
+        Bytes::Http | Bytes::H2c => Sniffed::Http,
+        Bytes::Tls(sni) => Sniffed::Tls((!sni.is_empty()).then(|| sni.clone())),
+        Bytes::Raw => Sniffed::Other,
+        Bytes::Silent => Sniffed::Timeout,
+    };
+    let entry = if loopback {
+        out.path = "loopback listener (the proxy port)".into();
+        if port != PROXY_PORT {
+            out.connection = step("passthrough", "spec/model.md §12.1", "loopback destinations are never captured; the mesh plays no part");
+            return Ok(out);
+        }
+        if sniffed != Sniffed::Http {
+            let a = MeshAnswer::bare(Reason::NotHttp);
+            out.connection = answer_step(&a, "addressing.md §6.2", "the loopback listener read bytes that are not HTTP; then closed");
+            return Ok(out);
+        }
+        out.connection = step("http", "addressing.md §2", "the loopback listener serves HTTP; each request is answered on its own");
+        HttpEntry::Loopback
+    } else {
+        out.path = format!("captured dial to {dialled}");
+        if caller.capture == CaptureMode::Scoped && port != PROXY_PORT && port != crate::model::port::LEGACY_PORT {
+            out.connection = step("passthrough", "spec/model.md §12.2", "scoped capture takes only 18081 and 18082: not captured");
+            return Ok(out);
+        }
+        let decision = classify_connection(model, &caller, dialled);
+        match decision {
+            ConnDecision::Tcp(c) => {
+                out.connection = Step {
+                    target: choice_targets(&c),
+                    ..step("tcp", "addressing.md §3", "raw TCP at accept: no byte is read, nothing is waited for")
+                };
+                return Ok(out);
+            }
+            ConnDecision::Passthrough(why) => {
+                out.connection = step("passthrough", why.rule, &why.detail);
+                return Ok(out);
+            }
+            ConnDecision::Close(why) => {
+                out.connection = step("close", why.rule, &why.detail);
+                return Ok(out);
+            }
+            ConnDecision::Sniff(plan) => match resolve_sniffed(&plan, &sniffed) {
+                AfterSniff::Http(entry) => {
+                    out.connection = step("http", plan.why.rule, &format!("{}; the first bytes are HTTP", plan.why.detail));
+                    entry
+                }
+                AfterSniff::Tcp(c) => {
+                    out.connection = Step {
+                        target: choice_targets(&c),
+                        ..step("tcp", plan.why.rule, &plan.why.detail)
+                    };
+                    return Ok(out);
+                }
+                AfterSniff::Passthrough => {
+                    out.connection = step("passthrough", plan.why.rule, &format!("{}; the first bytes are {sniffed:?}", plan.why.detail));
+                    return Ok(out);
+                }
+                AfterSniff::Close => {
+                    out.connection = step("close", plan.why.rule, &plan.why.detail);
+                    return Ok(out);
+                }
+            },
+        }
+    };
+    if let HttpEntry::PodIp { .. } = entry {
+        out.path = format!("pod-IP dial to {dialled}");
+    } else if let HttpEntry::ProxyCaptured { .. } = entry {
+        out.path = format!("captured dial to {dialled}: the proxy port");
+    }
+
+    let default_host = if port == 80 { name.to_owned() } else { format!("{name}:{port}") };
+    let hosts: Vec<String> = q.hosts.clone().unwrap_or_else(|| vec![default_host]);
+    let host_refs: Vec<&str> = hosts.iter().map(String::as_str).collect();
+    let (version, h2_authority, host_fields): (HttpVersion, Option<&str>, &[&str]) = match q.bytes {
+        Bytes::H2c => (HttpVersion::H2, host_refs.first().copied(), host_refs.get(1..).unwrap_or(&[])),
+        _ => (HttpVersion::Http11, None, &host_refs),
+    };
+    let method = q.method.to_ascii_uppercase();
+    let facts = |hold_expired| RequestFacts {
+        entry,
+        authority: AuthorityInput {
+            version,
+            absolute: q.absolute.as_deref(),
+            h2_authority,
+            hosts: host_fields,
+        },
+        method: &method,
+        path_and_query: (method != "CONNECT").then_some(q.path.as_str()),
+        headers: &q.headers,
+        hold_expired,
+        entropy: 0,
+    };
+    let first = resolve_request(model, &caller, &facts(false));
+    out.request = Some(request_step(&first));
+    if let RequestDecision::Hold(..) = first {
+        out.after_hold = Some(request_step(&resolve_request(model, &caller, &facts(true))));
+    }
+    Ok(out)
+}
+
+/// Renders an explanation as an aligned table.
+pub fn render_table(e: &Explanation) -> String {
+    let mut s = String::new();
+    let mut line = |k: &str, v: &str| {
+        for (i, part) in v.lines().enumerate() {
+            s.push_str(&format!("{:<12}{}\n", if i == 0 { k } else { "" }, part));
+        }
+    };
+    line("from", &format!("{} ({})", e.from, e.capture));
+    if let Some(d) = &e.dns {
+        line("dns", d);
+    }
+    line("path", &e.path);
+    let show = |title: &str, st: &Step, line: &mut dyn FnMut(&str, &str)| {
+        let mut head = st.outcome.to_owned();
+        if let Some(status) = st.status {
+            head.push_str(&format!(" {status}"));
+        }
+        if let Some(r) = st.reason {
+            head.push_str(&format!("  x-aether-error: {r}"));
+        }
+        line(title, &head);
+        if let Some(b) = &st.body {
+            line("  body", b.trim_end());
+        }
+        for t in &st.target {
+            line("  to", t);
+        }
+        for f in &st.filters {
+            line("  filter", f);
+        }
+        if !st.rule.is_empty() {
+            line("  because", &format!("{}: {}", st.rule, st.detail));
+        }
+    };
+    show("connection", &e.connection, &mut line);
+    if let Some(r) = &e.request {
+        show("request", r, &mut line);
+    }
+    if let Some(r) = &e.after_hold {
+        show("after hold", r, &mut line);
+    }
+    s
+}
