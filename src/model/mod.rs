@@ -6,7 +6,9 @@
 //! immutable: the daemon swaps a whole new one in.
 #![warn(missing_docs)]
 
+pub mod filters;
 pub mod port;
+pub mod route_match;
 pub mod rows;
 pub mod snapshot;
 
