@@ -649,7 +649,13 @@ pub(crate) fn prefix_element(prefix: &str) -> &str {
 
 /// Whether `path` starts with the path elements of `element` (a prefix passed through
 /// [`prefix_element`]).
+///
+/// The prefix `/` (element `""`) matches every request, as the Gateway API says, even one
+/// whose target is not a path (`OPTIONS *`).
 pub(crate) fn prefix_matches(path: &str, element: &str) -> bool {
+    if element.is_empty() {
+        return true;
+    }
     match path.strip_prefix(element) {
         Some(rest) => rest.is_empty() || rest.starts_with('/'),
         None => false,
