@@ -533,8 +533,9 @@ impl RouteTable {
         &self.routes
     }
 
-    /// Whether no usable match is attached (every request would be `route-not-matched`
-    /// unless the caller treats an empty table as "no rule attached").
+    /// Whether the table holds no usable match. A table built from attached routes whose
+    /// every match was unusable still answers `route-not-matched`: emptiness is not "no rule
+    /// attached" (routes.md §4), which the caller decides from the attachment itself.
     pub fn is_empty(&self) -> bool {
         self.producer.is_empty() && self.consumer.is_empty()
     }
@@ -667,24 +668,22 @@ fn header_matches(headers: &[(String, String)], test: &NamedTest) -> bool {
         .iter()
         .filter(|(name, _)| name.eq_ignore_ascii_case(&test.name))
         .map(|(_, value)| value.as_str());
-    let mut count = 0usize;
-    let mut any = false;
-    for value in values.by_ref() {
-        count += 1;
-        any |= test.test.is_match(value);
-    }
-    if any {
+    let Some(first) = values.next() else {
+        return false;
+    };
+    let rest: Vec<&str> = values.collect();
+    if test.test.is_match(first) || rest.iter().any(|value| test.test.is_match(value)) {
         return true;
     }
-    if count > 1 {
-        let joined: Vec<&str> = headers
-            .iter()
-            .filter(|(name, _)| name.eq_ignore_ascii_case(&test.name))
-            .map(|(_, value)| value.as_str())
-            .collect();
-        return test.test.is_match(&joined.join(","));
+    if rest.is_empty() {
+        return false;
     }
-    false
+    let mut joined = first.to_owned();
+    for value in rest {
+        joined.push(',');
+        joined.push_str(value);
+    }
+    test.test.is_match(&joined)
 }
 
 /// The first value of query parameter `name`, percent-decoded; `""` for a bare `name`.
