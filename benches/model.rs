@@ -40,7 +40,10 @@ unsafe impl GlobalAlloc for Counting {
         unsafe { System.dealloc(ptr, layout) }
     }
     unsafe fn realloc(&self, ptr: *mut u8, layout: Layout, new_size: usize) -> *mut u8 {
-        LIVE.fetch_add(new_size as isize - layout.size() as isize, Ordering::Relaxed);
+        LIVE.fetch_add(
+            new_size as isize - layout.size() as isize,
+            Ordering::Relaxed,
+        );
         // SAFETY: forwarded with the caller's pointer, layout and size.
         unsafe { System.realloc(ptr, layout, new_size) }
     }
@@ -83,9 +86,13 @@ fn bench_compile(c: &mut Criterion) {
         g.bench_with_input(BenchmarkId::new("compile", n), &snapshot, |b, s| {
             b.iter(|| compile(black_box(s), &ctx));
         });
-        g.bench_with_input(BenchmarkId::new("baseline-clone-snapshot", n), &snapshot, |b, s| {
-            b.iter(|| black_box(s).clone());
-        });
+        g.bench_with_input(
+            BenchmarkId::new("baseline-clone-snapshot", n),
+            &snapshot,
+            |b, s| {
+                b.iter(|| black_box(s).clone());
+            },
+        );
     }
     g.finish();
 }
@@ -133,12 +140,20 @@ fn bench_resolve(c: &mut Criterion) {
         b.iter(|| resolve_request(&model, &caller, black_box(&facts(captured, mismatch_host))));
     });
     g.bench_function("loopback-deliver", |b| {
-        b.iter(|| resolve_request(&model, &caller, black_box(&facts(HttpEntry::Loopback, deliver_host))));
+        b.iter(|| {
+            resolve_request(
+                &model,
+                &caller,
+                black_box(&facts(HttpEntry::Loopback, deliver_host)),
+            )
+        });
     });
     g.bench_function("classify-raw-tcp", |b| {
         b.iter(|| classify_connection(&model, &caller, black_box(SocketAddr::new(vip0, 9000))));
     });
-    let table: HashMap<String, u32> = (0..n).map(|i| (format!("svc-{i}.ns-{}.aether.internal:8080", i % 20), i)).collect();
+    let table: HashMap<String, u32> = (0..n)
+        .map(|i| (format!("svc-{i}.ns-{}.aether.internal:8080", i % 20), i))
+        .collect();
     g.bench_function("baseline-hashmap-lookup", |b| {
         b.iter(|| table.get(black_box(deliver_host[0])));
     });

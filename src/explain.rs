@@ -10,12 +10,12 @@ use std::net::{IpAddr, Ipv4Addr, SocketAddr};
 use serde::Serialize;
 
 use crate::model::names::{AuthorityInput, Family, HttpVersion, NameForm, read_name};
-use crate::model::port::PROXY_PORT;
+use crate::model::port::{LEGACY_PORT, PROXY_PORT};
 use crate::model::{Model, Snapshot};
 use crate::resolve::answer::{MeshAnswer, Reason};
 use crate::resolve::decision::{
     AfterSniff, Caller, CaptureMode, ConnDecision, HttpEntry, RequestDecision, RequestFacts,
-    Sniffed, TcpBackend, TcpChoice,
+    Sniffed, TcpBackend, TcpChoice, Why,
 };
 use crate::resolve::{classify_connection, resolve_request, resolve_sniffed};
 
@@ -24,6 +24,8 @@ use crate::resolve::{classify_connection, resolve_request, resolve_sniffed};
 pub enum Bytes {
     /// An HTTP/1.1 request.
     Http,
+    /// An HTTP/1.0 request.
+    Http10,
     /// An HTTP/2 prior-knowledge (h2c) request.
     H2c,
     /// A TLS ClientHello with this SNI (empty: none).
@@ -40,6 +42,7 @@ impl std::str::FromStr for Bytes {
     fn from_str(s: &str) -> Result<Self, String> {
         match s {
             "http" => Ok(Self::Http),
+            "http1.0" => Ok(Self::Http10),
             "h2c" => Ok(Self::H2c),
             "raw" => Ok(Self::Raw),
             "none" | "silent" => Ok(Self::Silent),
@@ -47,7 +50,7 @@ impl std::str::FromStr for Bytes {
                 Some(sni) => Ok(Self::Tls(sni.to_owned())),
                 None if s == "tls" => Ok(Self::Tls(String::new())),
                 None => Err(format!(
-                    "--bytes {s:?}: expected http, h2c, tls:<sni>, raw or none"
+                    "--bytes {s:?}: expected http, http1.0, h2c, tls:<sni>, raw or none"
                 )),
             },
         }
@@ -73,6 +76,8 @@ pub struct Question {
     pub headers: Vec<(String, String)>,
     /// What the client sends first.
     pub bytes: Bytes,
+    /// Entropy for the weighted choice of a backend (the daemon draws one per request).
+    pub entropy: u64,
 }
 
 /// Why a question cannot be asked.
@@ -85,7 +90,9 @@ pub enum InvalidQuestion {
     #[error("--dial {0:?}: expected <name-or-ip>:<port> with a port in 1-65535")]
     BadDial(String),
     /// The dialled name has no DNS answer.
-    #[error("--dial {0:?}: the name resolves to no address (mesh DNS and the cluster's Service names were tried)")]
+    #[error(
+        "--dial {0:?}: the name resolves to no address (mesh DNS and the cluster's Service names were tried)"
+    )]
     NoAddress(String),
     /// The pod is not managed, so nothing of its traffic is the mesh's.
     #[error("--from {0:?}: the pod is not managed by the mesh; its traffic is never captured")]
@@ -137,8 +144,16 @@ pub struct Step {
 /// Resolves `dial` the way a pod's resolver would: IP literals as they are; mesh names through
 /// mesh DNS (the generated Service's ClusterIP); Kubernetes and short names through the
 /// cluster's DNS (any Service's ClusterIP), short names in the caller's namespace.
-fn resolve_dial(snapshot: &Snapshot, model: &Model, caller_ns: &str, name: &str) -> Option<(IpAddr, String)> {
-    if let Ok(ip) = name.trim_matches(|c| c == '[' || c == ']').parse::<IpAddr>() {
+fn resolve_dial(
+    snapshot: &Snapshot,
+    model: &Model,
+    caller_ns: &str,
+    name: &str,
+) -> Option<(IpAddr, String)> {
+    if let Ok(ip) = name
+        .trim_matches(|c| c == '[' || c == ']')
+        .parse::<IpAddr>()
+    {
         return Some((ip, format!("{name} is an address")));
     }
     if name.eq_ignore_ascii_case("localhost") {
@@ -163,7 +178,11 @@ fn resolve_dial(snapshot: &Snapshot, model: &Model, caller_ns: &str, name: &str)
         return None;
     }
     let ip = *service.cluster_ips.first()?;
-    let via = if family == Family::Mesh { "mesh DNS" } else { "cluster DNS" };
+    let via = if family == Family::Mesh {
+        "mesh DNS"
+    } else {
+        "cluster DNS"
+    };
     Some((ip, format!("{name} -> {ip} ({via}: Service {ns}/{svc})")))
 }
 
@@ -185,7 +204,10 @@ fn choice_targets(c: &TcpChoice) -> Vec<String> {
                     .collect::<Vec<_>>()
                     .join(", ")
             ),
-            TcpBackend::Invalid(why) => format!("weight {w}: invalid backend ({}), connection closed", why.detail),
+            TcpBackend::Invalid(why) => format!(
+                "weight {w}: invalid backend ({}), connection closed",
+                why.detail
+            ),
         })
         .collect()
 }
@@ -209,7 +231,11 @@ fn answer_step(a: &MeshAnswer, rule: &str, detail: &str) -> Step {
         status: Some(status),
         reason: Some(a.reason.code()),
         body: Some(a.body()),
-        ..step(if status == 421 { "refuse" } else { "answer" }, rule, detail)
+        ..step(
+            if status == 421 { "refuse" } else { "answer" },
+            rule,
+            detail,
+        )
     }
 }
 
@@ -217,8 +243,16 @@ fn request_step(d: &RequestDecision) -> Step {
     match d {
         RequestDecision::Answer(a, why) => answer_step(a, why.rule, &why.detail),
         RequestDecision::Passthrough(why) => step("passthrough", why.rule, &why.detail),
-        RequestDecision::Hold(what, why) => step("hold", why.rule, &format!("{}; waits up to 2 s for {what:?}", why.detail)),
-        RequestDecision::Redirect { status, location, why } => Step {
+        RequestDecision::Hold(what, why) => step(
+            "hold",
+            why.rule,
+            &format!("{}; waits up to 2 s for {what:?}", why.detail),
+        ),
+        RequestDecision::Redirect {
+            status,
+            location,
+            why,
+        } => Step {
             status: Some(*status),
             target: vec![format!("Location: {location}")],
             ..step("redirect", why.rule, &why.detail)
@@ -227,7 +261,9 @@ fn request_step(d: &RequestDecision) -> Step {
             target: vec![format!(
                 "{} port {} -> pod port {}{} [{}]",
                 d.backend.service,
-                d.backend.port.map_or_else(|| "-".to_owned(), |p| p.to_string()),
+                d.backend
+                    .port
+                    .map_or_else(|| "-".to_owned(), |p| p.to_string()),
                 d.backend.pod_port,
                 if d.backend.h2c { " (h2c)" } else { "" },
                 d.backend
@@ -240,14 +276,58 @@ fn request_step(d: &RequestDecision) -> Step {
                     .collect::<Vec<_>>()
                     .join(", ")
             )],
-            filters: d.route_filters.iter().chain(d.service_filters.iter()).cloned().collect(),
+            filters: d
+                .route_filters
+                .iter()
+                .cloned()
+                .chain(crate::resolve::describe_service_filters(d))
+                .collect(),
             ..step("deliver", d.why.rule, &d.why.detail)
         },
     }
 }
 
-/// Answers a question (see the module doc).
-pub fn explain(snapshot: &Snapshot, model: &Model, q: &Question) -> Result<Explanation, InvalidQuestion> {
+/// How the connection was decided, before any request.
+#[derive(Clone, Debug)]
+pub enum ConnOutcome {
+    /// The mesh does not see the connection (a loopback port other than 18081, or a port that
+    /// scoped capture does not take).
+    NotCaptured(Why),
+    /// The loopback listener read bytes that are not HTTP: `400 not-http`, then closed.
+    LoopbackNotHttp,
+    /// Raw TCP.
+    Tcp(TcpChoice, Why),
+    /// Passthrough to the dialled address.
+    Passthrough(Why),
+    /// Closed.
+    Close(Why),
+    /// HTTP on this entry: each request is answered on its own.
+    Http(HttpEntry, Why),
+}
+
+/// What the resolvers decided for a question.
+#[derive(Clone, Debug)]
+pub struct Decided {
+    /// The caller, as the connection gives it.
+    pub caller: Caller,
+    /// The address dialled, after DNS.
+    pub dialled: SocketAddr,
+    /// How DNS answered, when a name was dialled.
+    pub dns: Option<String>,
+    /// The connection's fate.
+    pub connection: ConnOutcome,
+    /// The request's answer, when the connection carries HTTP.
+    pub request: Option<RequestDecision>,
+    /// The answer once the discovery hold has run out, when the first answer was a hold.
+    pub after_hold: Option<RequestDecision>,
+}
+
+/// Runs the resolvers for a question: the same functions the daemon calls.
+pub fn decide(
+    snapshot: &Snapshot,
+    model: &Model,
+    q: &Question,
+) -> Result<Decided, InvalidQuestion> {
     let (ns, pod_name) = q
         .from
         .split_once('/')
@@ -269,100 +349,108 @@ pub fn explain(snapshot: &Snapshot, model: &Model, q: &Question) -> Result<Expla
         .rsplit_once(':')
         .and_then(|(n, p)| Some((n, p.parse::<u16>().ok().filter(|p| *p > 0)?)))
         .ok_or_else(|| InvalidQuestion::BadDial(q.dial.clone()))?;
-    let (ip, dns) = resolve_dial(snapshot, model, ns, name).ok_or_else(|| InvalidQuestion::NoAddress(q.dial.clone()))?;
+    let (ip, dns) = resolve_dial(snapshot, model, ns, name)
+        .ok_or_else(|| InvalidQuestion::NoAddress(q.dial.clone()))?;
     let dialled = SocketAddr::new(ip, port);
-    let loopback = ip.is_loopback();
-    let capture = match caller.capture {
-        CaptureMode::RedirectAll => "redirect-all",
-        CaptureMode::Scoped => "scoped",
-    };
-    let mut out = Explanation {
-        from: q.from.clone(),
-        capture,
-        dialled: dialled.to_string(),
-        dns: (name.parse::<IpAddr>().is_err()).then_some(dns),
-        path: String::new(),
-        connection: step("http", "", ""),
+    let mut out = Decided {
+        caller: caller.clone(),
+        dialled,
+        dns: (name
+            .trim_matches(|c| c == '[' || c == ']')
+            .parse::<IpAddr>()
+            .is_err())
+        .then_some(dns),
+        connection: ConnOutcome::LoopbackNotHttp,
         request: None,
         after_hold: None,
     };
-
     let sniffed = match &q.bytes {
-        Bytes::Http | Bytes::H2c => Sniffed::Http,
+        Bytes::Http | Bytes::Http10 | Bytes::H2c => Sniffed::Http,
         Bytes::Tls(sni) => Sniffed::Tls((!sni.is_empty()).then(|| sni.clone())),
         Bytes::Raw => Sniffed::Other,
         Bytes::Silent => Sniffed::Timeout,
     };
-    let entry = if loopback {
-        out.path = "loopback listener (the proxy port)".into();
+    let entry = if ip.is_loopback() {
         if port != PROXY_PORT {
-            out.connection = step("passthrough", "spec/model.md §12.1", "loopback destinations are never captured; the mesh plays no part");
+            out.connection = ConnOutcome::NotCaptured(Why::new(
+                "spec/model.md §12.1",
+                "loopback destinations are never captured; the mesh plays no part",
+            ));
             return Ok(out);
         }
         if sniffed != Sniffed::Http {
-            let a = MeshAnswer::bare(Reason::NotHttp);
-            out.connection = answer_step(&a, "addressing.md §6.2", "the loopback listener read bytes that are not HTTP; then closed");
+            out.connection = ConnOutcome::LoopbackNotHttp;
             return Ok(out);
         }
-        out.connection = step("http", "addressing.md §2", "the loopback listener serves HTTP; each request is answered on its own");
         HttpEntry::Loopback
     } else {
-        out.path = format!("captured dial to {dialled}");
-        if caller.capture == CaptureMode::Scoped && port != PROXY_PORT && port != crate::model::port::LEGACY_PORT {
-            out.connection = step("passthrough", "spec/model.md §12.2", "scoped capture takes only 18081 and 18082: not captured");
+        if caller.capture == CaptureMode::Scoped && port != PROXY_PORT && port != LEGACY_PORT {
+            out.connection = ConnOutcome::NotCaptured(Why::new(
+                "spec/model.md §12.2",
+                "scoped capture takes only 18081 and 18082: not captured",
+            ));
             return Ok(out);
         }
-        let decision = classify_connection(model, &caller, dialled);
-        match decision {
+        match classify_connection(model, &caller, dialled) {
             ConnDecision::Tcp(c) => {
-                out.connection = Step {
-                    target: choice_targets(&c),
-                    ..step("tcp", "addressing.md §3", "raw TCP at accept: no byte is read, nothing is waited for")
-                };
+                let why = Why::new(
+                    "addressing.md §3",
+                    "raw TCP at accept: no byte is read, nothing is waited for",
+                );
+                out.connection = ConnOutcome::Tcp(c, why);
                 return Ok(out);
             }
             ConnDecision::Passthrough(why) => {
-                out.connection = step("passthrough", why.rule, &why.detail);
+                out.connection = ConnOutcome::Passthrough(why);
                 return Ok(out);
             }
             ConnDecision::Close(why) => {
-                out.connection = step("close", why.rule, &why.detail);
+                out.connection = ConnOutcome::Close(why);
                 return Ok(out);
             }
             ConnDecision::Sniff(plan) => match resolve_sniffed(&plan, &sniffed) {
-                AfterSniff::Http(entry) => {
-                    out.connection = step("http", plan.why.rule, &format!("{}; the first bytes are HTTP", plan.why.detail));
-                    entry
-                }
+                AfterSniff::Http(entry) => entry,
                 AfterSniff::Tcp(c) => {
-                    out.connection = Step {
-                        target: choice_targets(&c),
-                        ..step("tcp", plan.why.rule, &plan.why.detail)
-                    };
+                    out.connection = ConnOutcome::Tcp(c, plan.why);
                     return Ok(out);
                 }
                 AfterSniff::Passthrough => {
-                    out.connection = step("passthrough", plan.why.rule, &format!("{}; the first bytes are {sniffed:?}", plan.why.detail));
+                    let why = Why::new(
+                        plan.why.rule,
+                        format!("{}; the first bytes are {sniffed:?}", plan.why.detail),
+                    );
+                    out.connection = ConnOutcome::Passthrough(why);
                     return Ok(out);
                 }
                 AfterSniff::Close => {
-                    out.connection = step("close", plan.why.rule, &plan.why.detail);
+                    out.connection = ConnOutcome::Close(plan.why);
                     return Ok(out);
                 }
             },
         }
     };
-    if let HttpEntry::PodIp { .. } = entry {
-        out.path = format!("pod-IP dial to {dialled}");
-    } else if let HttpEntry::ProxyCaptured { .. } = entry {
-        out.path = format!("captured dial to {dialled}: the proxy port");
-    }
+    out.connection = ConnOutcome::Http(
+        entry,
+        Why::new(
+            "addressing.md §2",
+            "HTTP: each request is answered on its own",
+        ),
+    );
 
-    let default_host = if port == 80 { name.to_owned() } else { format!("{name}:{port}") };
+    let default_host = if port == 80 {
+        name.to_owned()
+    } else {
+        format!("{name}:{port}")
+    };
     let hosts: Vec<String> = q.hosts.clone().unwrap_or_else(|| vec![default_host]);
     let host_refs: Vec<&str> = hosts.iter().map(String::as_str).collect();
     let (version, h2_authority, host_fields): (HttpVersion, Option<&str>, &[&str]) = match q.bytes {
-        Bytes::H2c => (HttpVersion::H2, host_refs.first().copied(), host_refs.get(1..).unwrap_or(&[])),
+        Bytes::H2c => (
+            HttpVersion::H2,
+            host_refs.first().copied(),
+            host_refs.get(1..).unwrap_or(&[]),
+        ),
+        Bytes::Http10 => (HttpVersion::Http10, None, &host_refs),
         _ => (HttpVersion::Http11, None, &host_refs),
     };
     let method = q.method.to_ascii_uppercase();
@@ -378,14 +466,64 @@ pub fn explain(snapshot: &Snapshot, model: &Model, q: &Question) -> Result<Expla
         path_and_query: (method != "CONNECT").then_some(q.path.as_str()),
         headers: &q.headers,
         hold_expired,
-        entropy: 0,
+        entropy: q.entropy,
     };
     let first = resolve_request(model, &caller, &facts(false));
-    out.request = Some(request_step(&first));
     if let RequestDecision::Hold(..) = first {
-        out.after_hold = Some(request_step(&resolve_request(model, &caller, &facts(true))));
+        out.after_hold = Some(resolve_request(model, &caller, &facts(true)));
     }
+    out.request = Some(first);
     Ok(out)
+}
+
+/// Answers a question (see the module doc).
+pub fn explain(
+    snapshot: &Snapshot,
+    model: &Model,
+    q: &Question,
+) -> Result<Explanation, InvalidQuestion> {
+    let d = decide(snapshot, model, q)?;
+    let capture = match d.caller.capture {
+        CaptureMode::RedirectAll => "redirect-all",
+        CaptureMode::Scoped => "scoped",
+    };
+    let path = match &d.connection {
+        ConnOutcome::Http(HttpEntry::Loopback, _) | ConnOutcome::LoopbackNotHttp => {
+            "loopback listener (the proxy port)".to_owned()
+        }
+        ConnOutcome::Http(HttpEntry::PodIp { .. }, _) => format!("pod-IP dial to {}", d.dialled),
+        ConnOutcome::Http(HttpEntry::ProxyCaptured { .. }, _) => {
+            format!("captured dial to {}: the proxy port", d.dialled)
+        }
+        ConnOutcome::NotCaptured(_) => format!("dial to {}, not captured", d.dialled),
+        _ => format!("captured dial to {}", d.dialled),
+    };
+    let connection = match &d.connection {
+        ConnOutcome::NotCaptured(why) | ConnOutcome::Passthrough(why) => {
+            step("passthrough", why.rule, &why.detail)
+        }
+        ConnOutcome::LoopbackNotHttp => answer_step(
+            &MeshAnswer::bare(Reason::NotHttp),
+            "addressing.md §6.2",
+            "the loopback listener read bytes that are not HTTP; then closed",
+        ),
+        ConnOutcome::Tcp(c, why) => Step {
+            target: choice_targets(c),
+            ..step("tcp", why.rule, &why.detail)
+        },
+        ConnOutcome::Close(why) => step("close", why.rule, &why.detail),
+        ConnOutcome::Http(_, why) => step("http", why.rule, &why.detail),
+    };
+    Ok(Explanation {
+        from: q.from.clone(),
+        capture,
+        dialled: d.dialled.to_string(),
+        dns: d.dns.clone(),
+        path,
+        connection,
+        request: d.request.as_ref().map(request_step),
+        after_hold: d.after_hold.as_ref().map(request_step),
+    })
 }
 
 /// Renders an explanation as an aligned table.

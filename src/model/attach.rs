@@ -56,6 +56,8 @@ pub struct AttachedRoute {
 /// One rule, its backends resolved.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct CompiledRule {
+    /// The rule as written (its filters run from a [`crate::model::filters::FilterPlan`]).
+    pub source: crate::model::snapshot::HttpRule,
     /// The rule's name.
     pub name: Option<Arc<str>>,
     /// Its filters, in order; route-level ExtensionRefs resolved beside them.

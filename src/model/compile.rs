@@ -474,17 +474,24 @@ impl<'s> Compiler<'s> {
             let Some(served) = m.rows.iter().find(|r| std::ptr::eq(r.row, row)) else {
                 continue;
             };
-            let declared = served
+            let declared: BTreeMap<u16, PortProtocol> = served
                 .protocols
                 .iter()
                 .filter(|(p, proto)| m.classes.get(p) == Some(proto))
                 .map(|(&p, &proto)| (p, proto))
                 .collect();
+            let ep = endpoint(row, ctx);
+            let tcp = declared
+                .iter()
+                .filter(|(_, proto)| **proto == PortProtocol::Tcp)
+                .map(|(&p, _)| (p, pod_tcp(&ep, p)))
+                .collect();
             pod_ips.insert(
                 ip,
                 Arc::new(PodIpEntry {
-                    endpoint: endpoint(row, ctx),
+                    endpoint: ep,
                     declared,
+                    tcp,
                 }),
             );
         }
@@ -524,10 +531,17 @@ impl<'s> Compiler<'s> {
         statuses.sort();
         Model {
             context: ctx.clone(),
-            names: names
-                .into_iter()
-                .map(|((ns, n), e)| ((Arc::from(ns), Arc::from(n)), Arc::new(e)))
-                .collect(),
+            names: {
+                let mut by_ns: HashMap<Box<str>, HashMap<Box<str>, Arc<NameEntry>>> =
+                    HashMap::new();
+                for ((ns, n), e) in names {
+                    by_ns
+                        .entry(ns.into())
+                        .or_default()
+                        .insert(n.into(), Arc::new(e));
+                }
+                by_ns
+            },
             cluster_ips,
             pod_ips,
             pods,
@@ -560,7 +574,7 @@ impl<'s> Compiler<'s> {
     }
 
     /// Service-level filters by the Service they target; route-level ones are read by name.
-    fn mesh_filters(&mut self) -> BTreeMap<ServiceKey, Vec<NamedFilter>> {
+    fn mesh_filters(&mut self) -> BTreeMap<ServiceKey, Arc<[NamedFilter]>> {
         let mut out: BTreeMap<ServiceKey, Vec<NamedFilter>> = BTreeMap::new();
         let mut filters: Vec<_> = self.snapshot.mesh_filters.iter().collect();
         filters.sort_by(|a, b| (&a.namespace, &a.name).cmp(&(&b.namespace, &b.name)));
@@ -574,7 +588,7 @@ impl<'s> Compiler<'s> {
                     });
             }
         }
-        out
+        out.into_iter().map(|(k, v)| (k, v.into())).collect()
     }
 
     fn extension(&mut self, route_ns: &str, r: &ObjectRef) -> Option<(String, FilterConfig)> {
@@ -726,7 +740,15 @@ impl<'s> Compiler<'s> {
                 .iter()
                 .map(|rule| {
                     let mut extension_filters = Vec::new();
-                    let mut unsupported = None;
+                    let check = crate::model::filters::check_rule(rule);
+                    let mut unsupported = (!check.faults.is_empty()).then(|| {
+                        check
+                            .faults
+                            .iter()
+                            .map(ToString::to_string)
+                            .collect::<Vec<_>>()
+                            .join("; ")
+                    });
                     for f in &rule.filters {
                         match f {
                             HttpFilter::ExtensionRef(r) => {
@@ -747,6 +769,7 @@ impl<'s> Compiler<'s> {
                         }
                     }
                     CompiledRule {
+                        source: rule.clone(),
                         name: rule.name.as_deref().map(Arc::from),
                         filters: rule.filters.clone(),
                         extension_filters,
@@ -829,6 +852,7 @@ impl<'s> Compiler<'s> {
                     name: &r.name,
                     created: r.created.as_deref(),
                     kind: r.kind,
+                    parent_namespace: k.0,
                     rules: &r.rules,
                 })
                 .collect();
@@ -837,7 +861,7 @@ impl<'s> Compiler<'s> {
                 self.diagnostics.push(Diagnostic::new(
                     DiagnosticKind::Route,
                     format!("{}/{}:{port}", k.0, k.1),
-                    p.detail,
+                    p.to_string(),
                 ));
             }
             let set = RuleSet {
@@ -1170,6 +1194,26 @@ fn ports_line(ports: &BTreeMap<u16, FrontPort>) -> Arc<str> {
     parts.join(" ").into()
 }
 
+/// Raw TCP to one pod's port, for a pod-IP dial (addressing.md §3 step 0).
+fn pod_tcp(ep: &Endpoint, port: u16) -> TcpChoice {
+    TcpChoice {
+        backends: vec![(
+            1,
+            TcpBackend::Target(TcpTarget {
+                service: ep.mesh_service.clone(),
+                port,
+                pod_port: port,
+                endpoints: Arc::from([ep.clone()]),
+                why: Why::new(
+                    "addressing.md §3 step 0",
+                    "a pod-IP dial to a port the pod declares raw TCP: that pod, at once",
+                ),
+            }),
+        )]
+        .into(),
+    }
+}
+
 fn default_tcp(
     service: &ServiceKey,
     port: u16,
@@ -1189,7 +1233,8 @@ fn default_tcp(
                     format!("{service} declares {pod_port}/tcp"),
                 ),
             }),
-        )],
+        )]
+        .into(),
     }
 }
 

@@ -13,6 +13,7 @@
 pub mod attach;
 pub mod compile;
 pub mod diag;
+pub mod filters;
 pub mod names;
 pub mod port;
 pub mod registrar;
@@ -75,8 +76,8 @@ impl Default for NodeContext {
 pub struct Model {
     /// The settings it was compiled with.
     pub context: NodeContext,
-    /// Names by (namespace, name), lower case.
-    pub(crate) names: HashMap<(Arc<str>, Arc<str>), Arc<NameEntry>>,
+    /// Names by namespace, then name, lower case: two lookups by `&str`, no allocation.
+    pub(crate) names: HashMap<Box<str>, HashMap<Box<str>, Arc<NameEntry>>>,
     /// Generated Services' ClusterIPs.
     pub(crate) cluster_ips: HashMap<IpAddr, Arc<ClusterIpEntry>>,
     /// Served pods by IP.
@@ -84,7 +85,7 @@ pub struct Model {
     /// Every pod by (namespace, name), for callers.
     pub(crate) pods: BTreeMap<(String, String), PodFacts>,
     /// Service-level filters by the Service they target.
-    pub(crate) service_filters: BTreeMap<ServiceKey, Vec<NamedFilter>>,
+    pub(crate) service_filters: BTreeMap<ServiceKey, Arc<[NamedFilter]>>,
     /// The one-truth class of each mesh service's ports.
     pub(crate) classes: BTreeMap<ServiceKey, BTreeMap<u16, PortProtocol>>,
     /// Route status entries.
@@ -169,6 +170,8 @@ pub(crate) struct PodIpEntry {
     pub(crate) endpoint: Endpoint,
     /// Ports its row declares with its service's winning protocol (reserved ports left out).
     pub(crate) declared: BTreeMap<u16, PortProtocol>,
+    /// Raw TCP to each of its raw-TCP ports, built once.
+    pub(crate) tcp: BTreeMap<u16, TcpChoice>,
 }
 
 /// A pod as a caller.
@@ -224,7 +227,7 @@ impl Model {
     /// Every (namespace, service, port) served as HTTP (input to [`retention::advance`]).
     pub fn http_ports(&self) -> BTreeSet<(String, String, u16)> {
         let mut out = BTreeSet::new();
-        for e in self.names.values() {
+        for e in self.names.values().flat_map(HashMap::values) {
             if e.kind != NameKind::Generated {
                 continue;
             }
@@ -244,11 +247,16 @@ impl Model {
 
     /// The service-level filters that target a Service.
     pub fn filters_of(&self, key: &ServiceKey) -> &[NamedFilter] {
-        self.service_filters.get(key).map_or(&[], Vec::as_slice)
+        self.service_filters.get(key).map_or(&[], |f| f)
     }
 
     /// How many names the model answers (for dumps and benchmarks).
     pub fn name_count(&self) -> usize {
-        self.names.len()
+        self.names.values().map(HashMap::len).sum()
+    }
+
+    /// The name entry of `name` in `namespace` (both lower case).
+    pub(crate) fn name(&self, namespace: &str, name: &str) -> Option<&NameEntry> {
+        self.names.get(namespace)?.get(name).map(Arc::as_ref)
     }
 }

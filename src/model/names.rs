@@ -215,67 +215,82 @@ fn valid_label(l: &str) -> bool {
     !l.is_empty()
 }
 
-/// Reads a name (without its port) as a mesh spelling (addressing.md §4.1 items 1–3, §4.2).
-pub fn read_name<'a>(name: &'a str, domains: &Domains) -> NameForm<'a> {
-    if name.is_empty() || name.starts_with('[') {
-        return NameForm::Foreign;
-    }
-    if name.parse::<std::net::Ipv4Addr>().is_ok() {
-        return NameForm::Foreign;
-    }
-    let lower: Cow<'a, str> = if name.bytes().any(|b| b.is_ascii_uppercase()) {
-        Cow::Owned(name.to_ascii_lowercase())
-    } else {
-        Cow::Borrowed(name)
-    };
-    let (body, trailing_dot) = match lower.strip_suffix('.') {
-        Some(b) => (b.to_owned(), true),
-        None => (String::new(), false),
-    };
-    let text: &str = if trailing_dot { &body } else { &lower };
+/// Strips `.<suffix>` (a dot, then `suffix`) from the end of `s`.
+fn strip_dotted<'a>(s: &'a str, suffix: &str) -> Option<&'a str> {
+    s.strip_suffix(suffix)?.strip_suffix('.')
+}
 
-    let two_labels = |prefix: &str| -> Option<(String, String)> {
-        let (svc, ns) = prefix.split_once('.')?;
-        (valid_label(svc) && valid_label(ns) && !ns.contains('.'))
-            .then(|| (svc.to_owned(), ns.to_owned()))
-    };
-    let named = |family, (svc, ns): (String, String)| NameForm::Named {
-        family,
-        service: Cow::Owned(svc),
-        namespace: Cow::Owned(ns),
-    };
+/// Reads `<svc>.<ns>` with two non-empty labels.
+fn two_labels(prefix: &str) -> Option<(&str, &str)> {
+    let (svc, ns) = prefix.split_once('.')?;
+    (valid_label(svc) && valid_label(ns) && !ns.contains('.')).then_some((svc, ns))
+}
 
+/// The spelling of a lower-case name without its trailing dot, as (family, svc, ns) ranges.
+fn classify<'t>(
+    text: &'t str,
+    trailing_dot: bool,
+    domains: &Domains,
+) -> Option<(Family, &'t str, &'t str)> {
     if text == domains.mesh {
         // The mesh domain itself is under the mesh domain, with too few labels (§4.5 (d)).
-        return NameForm::Foreign;
+        return None;
     }
-    if let Some(prefix) = text
-        .strip_suffix(domains.mesh.as_str())
-        .and_then(|p| p.strip_suffix('.'))
-    {
-        return two_labels(prefix).map_or(NameForm::Foreign, |p| named(Family::Mesh, p));
+    if let Some(prefix) = strip_dotted(text, &domains.mesh) {
+        return two_labels(prefix).map(|(s, n)| (Family::Mesh, s, n));
     }
-    let full_k8s = format!("svc.{}", domains.cluster);
-    if let Some(prefix) = text
-        .strip_suffix(full_k8s.as_str())
-        .and_then(|p| p.strip_suffix('.'))
+    if let Some(prefix) = strip_dotted(text, &domains.cluster).and_then(|p| strip_dotted(p, "svc"))
     {
-        return two_labels(prefix).map_or(NameForm::Foreign, |p| named(Family::Kubernetes, p));
+        return two_labels(prefix).map(|(s, n)| (Family::Kubernetes, s, n));
     }
     if trailing_dot {
         // Only the two absolute spellings may end in a dot (§4.1 item 3).
-        return NameForm::Foreign;
+        return None;
     }
-    if let Some(prefix) = text.strip_suffix(".svc") {
-        return two_labels(prefix).map_or(NameForm::Foreign, |p| named(Family::Kubernetes, p));
+    if let Some(prefix) = strip_dotted(text, "svc") {
+        return two_labels(prefix).map(|(s, n)| (Family::Kubernetes, s, n));
     }
     match text.matches('.').count() {
-        0 if valid_label(text) => match lower {
-            Cow::Borrowed(b) => NameForm::Short(Cow::Borrowed(b)),
-            Cow::Owned(o) => NameForm::Short(Cow::Owned(o)),
+        0 if valid_label(text) => Some((Family::Short, text, "")),
+        1 => two_labels(text).map(|(s, n)| (Family::Kubernetes, s, n)),
+        _ => None,
+    }
+}
+
+/// Reads a name (without its port) as a mesh spelling (addressing.md §4.1 items 1–3, §4.2).
+///
+/// Borrows from `name` when it is already lower case; allocates once otherwise.
+pub fn read_name<'a>(name: &'a str, domains: &Domains) -> NameForm<'a> {
+    if name.is_empty() || name.starts_with('[') || name.parse::<std::net::Ipv4Addr>().is_ok() {
+        return NameForm::Foreign;
+    }
+    fn form<'t>(text: &'t str, domains: &Domains) -> Option<(Family, &'t str, &'t str)> {
+        let (body, dot) = match text.strip_suffix('.') {
+            Some(b) => (b, true),
+            None => (text, false),
+        };
+        classify(body, dot, domains)
+    }
+    if !name.bytes().any(|b| b.is_ascii_uppercase()) {
+        return match form(name, domains) {
+            Some((Family::Short, svc, _)) => NameForm::Short(Cow::Borrowed(svc)),
+            Some((family, svc, ns)) => NameForm::Named {
+                family,
+                service: Cow::Borrowed(svc),
+                namespace: Cow::Borrowed(ns),
+            },
+            None => NameForm::Foreign,
+        };
+    }
+    let lower = name.to_ascii_lowercase();
+    match form(&lower, domains) {
+        Some((Family::Short, svc, _)) => NameForm::Short(Cow::Owned(svc.to_owned())),
+        Some((family, svc, ns)) => NameForm::Named {
+            family,
+            service: Cow::Owned(svc.to_owned()),
+            namespace: Cow::Owned(ns.to_owned()),
         },
-        1 => two_labels(text).map_or(NameForm::Foreign, |p| named(Family::Kubernetes, p)),
-        _ => NameForm::Foreign,
+        None => NameForm::Foreign,
     }
 }
 

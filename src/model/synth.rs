@@ -149,7 +149,11 @@ mod tests {
         let tcp = s
             .services
             .iter()
-            .filter(|s| s.ports.iter().any(|p| p.app_protocol.as_deref() == Some("tcp")))
+            .filter(|s| {
+                s.ports
+                    .iter()
+                    .any(|p| p.app_protocol.as_deref() == Some("tcp"))
+            })
             .count();
         assert_eq!(tcp, 20);
         assert!(s.services.iter().all(|s| s.cluster_ips.len() == 1));

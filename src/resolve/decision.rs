@@ -3,6 +3,7 @@
 //! Deliver, refuse and pass through are normal outcomes carried as values (STYLE.md §6.1).
 //! Layer 0 (pure).
 
+use std::borrow::Cow;
 use std::net::{IpAddr, SocketAddr};
 use std::sync::Arc;
 
@@ -94,8 +95,9 @@ pub enum ConnDecision {
 /// A raw-TCP choice: the default destination or a TCPRoute's weighted backends.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize)]
 pub struct TcpChoice {
-    /// The weighted destinations; a single entry for the default destination.
-    pub backends: Vec<(u32, TcpBackend)>,
+    /// The weighted destinations; a single entry for the default destination. Shared: a
+    /// decision clones it with a reference count, never a copy.
+    pub backends: Arc<[(u32, TcpBackend)]>,
 }
 
 /// One destination of a raw-TCP choice.
@@ -246,8 +248,8 @@ pub struct Delivery {
     /// Services whose service-level filters apply (routes.md §5.5 items 1 and 2; the
     /// destination adds item 3, each endpoint's own mesh service).
     pub filter_services: Vec<ServiceKey>,
-    /// The service-level filters that apply, described (items 1–3), for explain.
-    pub service_filters: Vec<String>,
+    /// The service-level filters that apply (items 1–3), by the Service they target.
+    pub service_filters: Vec<(ServiceKey, Arc<[crate::model::NamedFilter]>)>,
     /// The request timeout of the rule, in milliseconds.
     pub timeout_ms: Option<u64>,
     /// What decided it.
@@ -289,13 +291,14 @@ pub struct RuleRef {
 pub struct Why {
     /// The rule of the spec (e.g. `addressing.md §5 C2`).
     pub rule: &'static str,
-    /// The facts, in words (e.g. `mp-multi in mp declares 8080/http 9090/http`).
-    pub detail: String,
+    /// The facts, in words. Static on the hot paths: the service, ports and endpoints are in
+    /// the decision itself.
+    pub detail: Cow<'static, str>,
 }
 
 impl Why {
     /// A reason with detail.
-    pub fn new(rule: &'static str, detail: impl Into<String>) -> Self {
+    pub fn new(rule: &'static str, detail: impl Into<Cow<'static, str>>) -> Self {
         Self {
             rule,
             detail: detail.into(),

@@ -17,16 +17,17 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 
 use crate::model::attach::TlsRule;
+use crate::model::filters;
 use crate::model::names::{HostPort, NameForm, effective_authority, read_name, split_authority};
 use crate::model::port::{LEGACY_PORT, PORTLESS_PROXY_PORT, PROXY_PORT, PortClass, PortProtocol};
 use crate::model::route_match::RequestView;
-use crate::model::snapshot::HttpFilter;
-use crate::model::{FrontPort, Model, NameEntry, NameKind};
+use crate::model::snapshot::{FilterConfig, HttpFilter};
+use crate::model::{FrontPort, Model, NameEntry, NameKind, NamedFilter};
 use answer::{MeshAnswer, Reason};
 use decision::{
     AfterSniff, Caller, CaptureMode, ConnDecision, Delivery, Fallback, HoldFor, HttpBackend,
-    HttpEntry, RequestDecision, RequestFacts, RuleRef, ServiceKey, SniffPlan, Sniffed, TcpBackend,
-    TcpChoice, TcpTarget, Why,
+    HttpEntry, RequestDecision, RequestFacts, RuleRef, ServiceKey, SniffPlan, Sniffed, TcpChoice,
+    Why,
 };
 
 /// Classifies a captured TCP connection when it is accepted (addressing.md §3, steps 0–5).
@@ -53,35 +54,26 @@ pub fn classify_connection(model: &Model, caller: &Caller, dialled: SocketAddr) 
     if d != LEGACY_PORT
         && let Some(pod) = model.pod_ips.get(&a)
     {
-        let who = &pod.endpoint.mesh_service;
         return match pod.declared.get(&d) {
-            Some(PortProtocol::Tcp) => ConnDecision::Tcp(TcpChoice {
-                backends: vec![(
-                    1,
-                    TcpBackend::Target(TcpTarget {
-                        service: who.clone(),
-                        port: d,
-                        pod_port: d,
-                        endpoints: Arc::from([pod.endpoint.clone()]),
-                        why: Why::new(
-                            "addressing.md §3 step 0",
-                            format!("{a} is a pod of {who} whose row declares {d}/tcp"),
-                        ),
-                    }),
-                )],
-            }),
+            Some(PortProtocol::Tcp) => match pod.tcp.get(&d) {
+                Some(choice) => ConnDecision::Tcp(choice.clone()),
+                None => ConnDecision::Passthrough(Why::new(
+                    "addressing.md §3 step 0",
+                    "no raw-TCP entry",
+                )),
+            },
             Some(PortProtocol::Http) => ConnDecision::Sniff(SniffPlan {
                 http: Some(HttpEntry::PodIp { dialled }),
                 tls: Vec::new(),
                 otherwise: Fallback::Passthrough,
                 why: Why::new(
                     "addressing.md §3 step 0",
-                    format!("{a} is a pod of {who} whose row declares {d}/http"),
+                    "a pod-IP dial to a port the pod declares HTTP: that pod, by its address",
                 ),
             }),
             Some(PortProtocol::Udp) | None => ConnDecision::Passthrough(Why::new(
                 "addressing.md §3 step 0",
-                format!("{a} is a pod of {who} whose row does not declare {d} as TCP"),
+                "a pod-IP dial to a port the pod does not declare: passthrough at once",
             )),
         };
     }
@@ -92,17 +84,14 @@ pub fn classify_connection(model: &Model, caller: &Caller, dialled: SocketAddr) 
             t.tcp.get(&d).map(|c| (c, "raw-TCP port"))
         };
         if let Some((choice, what)) = raw {
-            let why = Why::new(
-                if t.tls.is_empty() {
-                    "addressing.md §3 step 1"
-                } else {
-                    "addressing.md §3 step 2"
-                },
-                format!("{a}:{d} is the {what} of {}", t.key),
-            );
             if t.tls.is_empty() {
+                // Step 1: decided at accept; the choice carries its own reason.
                 return ConnDecision::Tcp(choice.clone());
             }
+            let why = Why::new(
+                "addressing.md §3 step 2",
+                format!("{a}:{d} is the {what} of {}, which has TLSRoutes", t.key),
+            );
             return ConnDecision::Sniff(SniffPlan {
                 http: None,
                 tls: tls_rules(&t.tls.rules_for(d)),
@@ -198,7 +187,7 @@ enum Category<'m> {
 }
 
 fn categorise<'m>(model: &'m Model, caller: &Caller, name: &str) -> Category<'m> {
-    let lookup = |ns: &str, svc: &str| model.names.get(&(Arc::from(ns), Arc::from(svc)));
+    let lookup = |ns: &str, svc: &str| model.name(ns, svc);
     match read_name(name, &model.context.domains) {
         NameForm::Named {
             family,
@@ -228,22 +217,13 @@ fn refuse(
     reason: Reason,
     entry: Option<&NameEntry>,
     rule: &'static str,
-    detail: String,
+    detail: impl Into<std::borrow::Cow<'static, str>>,
 ) -> RequestDecision {
     let answer = match entry {
         Some(e) => MeshAnswer::about(reason, e.line.clone()),
         None => MeshAnswer::bare(reason),
     };
     RequestDecision::Answer(answer, Why::new(rule, detail))
-}
-
-fn describe(e: &NameEntry) -> String {
-    let kind = match e.kind {
-        NameKind::Generated => "mesh service",
-        NameKind::Routed => "routed user Service",
-        NameKind::MeshOnly => "meshOnly service",
-    };
-    format!("{kind} {} declares [{}]", e.key, e.line.ports)
 }
 
 /// Answers one HTTP request (addressing.md §4–§8, §13).
@@ -255,7 +235,7 @@ pub fn resolve_request(model: &Model, caller: &Caller, req: &RequestFacts<'_>) -
                 Reason::BadAuthority,
                 None,
                 "addressing.md §4.1 item 6",
-                m.describe().into(),
+                m.describe(),
             );
         }
     };
@@ -264,7 +244,7 @@ pub fn resolve_request(model: &Model, caller: &Caller, req: &RequestFacts<'_>) -
             Reason::NoPath,
             None,
             "addressing.md §6.2",
-            "a request without a path".into(),
+            "a request without a path",
         );
     };
     let mut entry = req.entry;
@@ -336,7 +316,7 @@ pub fn resolve_request(model: &Model, caller: &Caller, req: &RequestFacts<'_>) -
                         Reason::PortNotDeclared,
                         Some(e),
                         "addressing.md §6 P1",
-                        "18081 and 18082 are no service's ports".into(),
+                        "18081 and 18082 are no service's ports",
                     );
                 }
                 match q.and_then(|q| e.ports.get(&q).map(|f| (q, f))) {
@@ -350,10 +330,10 @@ pub fn resolve_request(model: &Model, caller: &Caller, req: &RequestFacts<'_>) -
                         f,
                         &Why::new(
                             "addressing.md §6 P2",
-                            format!("{}; port {q} serves HTTP", describe(e)),
+                            "the authority's port is a port of the name that serves HTTP",
                         ),
                     ),
-                    Some((q, f))
+                    Some((_, f))
                         if matches!(
                             f.class,
                             PortClass::Known(PortProtocol::Tcp | PortProtocol::Udp)
@@ -363,14 +343,14 @@ pub fn resolve_request(model: &Model, caller: &Caller, req: &RequestFacts<'_>) -
                             Reason::PortNotHttp,
                             Some(e),
                             "addressing.md §6 P3",
-                            format!("{}; port {q} is not HTTP", describe(e)),
+                            "the authority's port is a raw-TCP or UDP port of the name",
                         )
                     }
                     _ => refuse(
                         Reason::PortNotDeclared,
                         Some(e),
                         "addressing.md §6 P4",
-                        format!("{}; the authority's port is not one of them", describe(e)),
+                        "the authority's port is not a port of the name",
                     ),
                 }
             }
@@ -378,13 +358,13 @@ pub fn resolve_request(model: &Model, caller: &Caller, req: &RequestFacts<'_>) -
                 Reason::CallerNamespaceUnknown,
                 None,
                 "addressing.md §6 P5",
-                "a short name and no caller namespace".into(),
+                "a short name and no caller namespace",
             ),
             Category::UnknownMeshName if anchor_port => refuse(
                 Reason::PortNotDeclared,
                 None,
                 "addressing.md §6 P1",
-                "an unknown mesh name with port 18081 or 18082".into(),
+                "an unknown mesh name with port 18081 or 18082",
             ),
             Category::UnknownMeshName if !req.hold_expired => RequestDecision::Hold(
                 HoldFor::UnknownName,
@@ -452,7 +432,7 @@ pub fn resolve_request(model: &Model, caller: &Caller, req: &RequestFacts<'_>) -
                         f,
                         &Why::new(
                             "addressing.md §5 C1",
-                            format!("{}; dialled port {d} serves HTTP", describe(e)),
+                            "the name is served as HTTP on the dialled port",
                         ),
                     )
                 } else {
@@ -460,7 +440,7 @@ pub fn resolve_request(model: &Model, caller: &Caller, req: &RequestFacts<'_>) -
                         Reason::PortMismatch,
                         Some(e),
                         "addressing.md §5 C2",
-                        format!("dialled port {d}, but the authority names another port"),
+                        "the name is served on the dialled port, and the authority names another port",
                     )
                 }
             }
@@ -468,23 +448,20 @@ pub fn resolve_request(model: &Model, caller: &Caller, req: &RequestFacts<'_>) -
                 Reason::PortNotDeclared,
                 Some(e),
                 "addressing.md §5 C3",
-                format!(
-                    "{}; dialled port {d} is not an HTTP port of it",
-                    describe(e)
-                ),
+                "the name is not served as HTTP on the dialled port",
             ),
         },
         Category::CallerUnknown => refuse(
             Reason::CallerNamespaceUnknown,
             None,
             "addressing.md §5 C5",
-            "a short name and no caller namespace".into(),
+            "a short name and no caller namespace",
         ),
         Category::UnknownMeshName if anchor_port => refuse(
             Reason::PortNotDeclared,
             None,
             "addressing.md §5 C6",
-            "an unknown mesh name with port 18081 or 18082".into(),
+            "an unknown mesh name with port 18081 or 18082",
         ),
         Category::UnknownMeshName if !req.hold_expired => RequestDecision::Hold(
             HoldFor::UnknownName,
@@ -526,7 +503,7 @@ fn deliver(
                 Reason::PortNotDeclared,
                 Some(e),
                 "addressing.md §6 P4",
-                "the port names nothing".into(),
+                "the port names nothing",
             );
         };
         let backend = HttpBackend {
@@ -536,14 +513,15 @@ fn deliver(
             endpoints: f.endpoints.clone(),
             h2c: f.h2c,
         };
-        let why = Why::new(
-            why.rule,
-            format!(
-                "{}; default delivery (no rule attached){}",
-                why.detail,
-                if f.retained { "; retained entry" } else { "" }
-            ),
-        );
+        // Default delivery (no rule attached): the facts are in the delivery itself.
+        let why = if f.retained {
+            Why::new(
+                why.rule,
+                format!("{}; a retained entry (spec/model.md §10)", why.detail),
+            )
+        } else {
+            why.clone()
+        };
         return deliver_to(
             model,
             Some(&e.key),
@@ -561,6 +539,7 @@ fn deliver(
         None => (path_and_query, None),
     };
     let view = RequestView {
+        caller_namespace: caller.namespace.as_deref(),
         method: req.method,
         path,
         query,
@@ -582,7 +561,7 @@ fn deliver(
             Reason::RouteNotMatched,
             None,
             "routes.md §4",
-            "no such route".into(),
+            "no such route",
         );
     };
     let Some(rule) = route.rules.get(selected.rule) else {
@@ -590,7 +569,7 @@ fn deliver(
             Reason::RouteNotMatched,
             None,
             "routes.md §4",
-            "no such rule".into(),
+            "no such rule",
         );
     };
     let rule_ref = RuleRef {
@@ -620,18 +599,31 @@ fn deliver(
     }
     for filter in &rule.filters {
         if let HttpFilter::RequestRedirect(r) = filter {
-            let location =
-                redirect_location(r, req, path_and_query, selected.matched_prefix.as_deref());
+            let authority = effective_authority(&req.authority)
+                .ok()
+                .flatten()
+                .unwrap_or("");
+            let answer = filters::redirect(
+                r,
+                filters::RedirectInput {
+                    scheme: "http",
+                    authority,
+                    listener_port: port,
+                    path,
+                    query,
+                    matched_prefix: selected.matched_prefix(),
+                },
+            );
             return RequestDecision::Redirect {
-                status: r.status.unwrap_or(302),
-                location,
+                status: answer.status,
+                location: answer.location,
                 why: rule_why("RequestRedirect"),
             };
         }
     }
     let weights: Vec<u32> = rule.backends.iter().map(|b| b.weight).collect();
-    let Some(chosen) = pick_weighted(&weights, req.entropy).and_then(|i| rule.backends.get(i))
-    else {
+    let chosen_index = filters::pick_weighted(&weights, req.entropy);
+    let Some(chosen) = chosen_index.and_then(|i| rule.backends.get(i)) else {
         return RequestDecision::Answer(
             MeshAnswer::bare(Reason::InvalidBackend),
             rule_why("no backend and no filter that answers"),
@@ -646,13 +638,24 @@ fn deliver(
             );
         }
     };
-    let mut filters: Vec<String> = rule.filters.iter().map(|f| format!("{f:?}")).collect();
-    filters.extend(
+    let plan = filters::FilterPlan::for_rule(&rule.source);
+    let mut described: Vec<String> = plan
+        .request
+        .iter()
+        .map(|f| format!("request: {f}"))
+        .collect();
+    described.extend(plan.response.iter().map(|f| format!("response: {f}")));
+    described.extend(plan.mirrors.iter().map(|m| format!("mirror: {m}")));
+    described.extend(
         rule.extension_filters
             .iter()
-            .map(|(n, c)| format!("{n} {c:?}")),
+            .map(|(n, c)| format!("route-level {n}: {}", describe_filter(c))),
     );
-    filters.extend(chosen.filters.iter().map(|f| format!("backend {f:?}")));
+    if let Some(b) = chosen_index.and_then(|i| plan.backends.get(i)) {
+        described.extend(b.request.iter().map(|f| format!("backend request: {f}")));
+        described.extend(b.response.iter().map(|f| format!("backend response: {f}")));
+    }
+    let filters = described;
     let detail = format!(
         "backend {}:{}",
         backend.service,
@@ -713,21 +716,18 @@ fn deliver_to(
             filter_services.push(k.clone());
         }
     }
-    let mut all = filter_services.clone();
-    for ep in backend.endpoints.iter() {
-        if !all.contains(&ep.mesh_service) {
-            all.push(ep.mesh_service.clone());
+    // Only Services that have filters are listed, so a delivery without any allocates nothing.
+    let mut service_filters: Vec<(ServiceKey, Arc<[NamedFilter]>)> = Vec::new();
+    let keys = filter_services
+        .iter()
+        .chain(backend.endpoints.iter().map(|ep| &ep.mesh_service));
+    for k in keys {
+        if let Some(f) = model.service_filters.get(k)
+            && !service_filters.iter().any(|(seen, _)| seen == k)
+        {
+            service_filters.push((k.clone(), f.clone()));
         }
     }
-    let service_filters = all
-        .iter()
-        .flat_map(|k| {
-            model
-                .filters_of(k)
-                .iter()
-                .map(move |f| format!("{k}: {} {:?}", f.name, f.config))
-        })
-        .collect();
     RequestDecision::Deliver(Box::new(Delivery {
         addressed: addressed.cloned(),
         front_port: port,
@@ -741,38 +741,62 @@ fn deliver_to(
     }))
 }
 
-/// Picks an index with probability proportional to its weight; `None` when all are zero.
-fn pick_weighted(weights: &[u32], entropy: u64) -> Option<usize> {
-    let total: u64 = weights.iter().map(|&w| u64::from(w)).sum();
-    if total == 0 {
-        return None;
-    }
-    let mut x = entropy % total;
-    for (i, &w) in weights.iter().enumerate() {
-        let w = u64::from(w);
-        if x < w {
-            return Some(i);
+/// One line describing a service- or route-level filter configuration.
+pub fn describe_filter(c: &FilterConfig) -> String {
+    match c {
+        FilterConfig::HeaderMutation(m) => {
+            let mut parts = Vec::new();
+            let mut modifier = |side: &str, h: &crate::model::snapshot::HeaderModifier| {
+                for (k, v) in &h.set {
+                    parts.push(format!("{side} set {k}={v}"));
+                }
+                for (k, v) in &h.add {
+                    parts.push(format!("{side} add {k}={v}"));
+                }
+                for k in &h.remove {
+                    parts.push(format!("{side} remove {k}"));
+                }
+            };
+            modifier("request", &m.request);
+            modifier("response", &m.response);
+            for q in &m.query {
+                parts.push(format!("query {q:?}"));
+            }
+            format!("header_mutation {}", parts.join(", "))
         }
-        x -= w;
+        FilterConfig::Rbac(r) => format!(
+            "rbac {:?} [{}] (destination node)",
+            r.action,
+            r.principals
+                .iter()
+                .map(|p| format!(
+                    "{}/{}",
+                    p.namespace.as_deref().unwrap_or("*"),
+                    p.service_account.as_deref().unwrap_or("*")
+                ))
+                .collect::<Vec<_>>()
+                .join(", ")
+        ),
+        FilterConfig::ExtAuthz(x) => format!(
+            "ext_authz {} timeout {} ms (destination node)",
+            x.server.as_deref().unwrap_or("<node default>"),
+            x.timeout_ms
+        ),
     }
-    None
 }
 
-fn redirect_location(
-    r: &crate::model::snapshot::Redirect,
-    req: &RequestFacts<'_>,
-    path_and_query: &str,
-    _matched_prefix: Option<&str>,
-) -> String {
-    let authority = effective_authority(&req.authority)
-        .ok()
-        .flatten()
-        .unwrap_or("");
-    let host = r
-        .hostname
-        .clone()
-        .unwrap_or_else(|| split_authority(authority).name.to_owned());
-    let scheme = r.scheme.clone().unwrap_or_else(|| "http".into());
-    let port = r.port.map(|p| format!(":{p}")).unwrap_or_default();
-    format!("{scheme}://{host}{port}{path_and_query}")
+/// The service-level filters of a delivery, one line each, for explain and logs.
+pub fn describe_service_filters(d: &Delivery) -> Vec<String> {
+    d.service_filters
+        .iter()
+        .flat_map(|(k, filters)| {
+            filters.iter().map(move |f| {
+                format!(
+                    "service-level {k} ({}): {}",
+                    f.name,
+                    describe_filter(&f.config)
+                )
+            })
+        })
+        .collect()
 }
