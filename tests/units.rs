@@ -1,0 +1,648 @@
+//! The unit-level legs of spec/legs.md §6 that need a compiled model: U1, U4, U5, U6, U10, U11,
+//! U13, plus determinism. Snapshots are built by hand, small enough to read.
+
+use std::collections::BTreeMap;
+use std::net::{IpAddr, SocketAddr};
+
+use aether::model::names::{AuthorityInput, HttpVersion};
+use aether::model::port::Transport;
+use aether::model::rows::{
+    ANNOTATION_PORT, ANNOTATION_PORTS, ANNOTATION_PROTOCOL, parse_declared_ports,
+};
+use aether::model::snapshot::{
+    EndpointSlice, HttpBackendRef, HttpRoute, HttpRouteKind, HttpRule, L4BackendRef, L4Route,
+    L4Rule, ObjectRef, ParentRef, RetainedPort, Row, Service, ServicePort, SliceEndpoint,
+    SlicePort, Snapshot, TargetPort,
+};
+use aether::model::{Model, NodeContext, compile, registrar, retention};
+use aether::resolve::decision::{Caller, CaptureMode, HttpEntry, RequestDecision, RequestFacts};
+use aether::resolve::resolve_request;
+
+fn row(ns: &str, sa: &str, ip: &str, ann: &[(&str, &str)], ready: bool) -> Row {
+    let a = ann
+        .iter()
+        .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
+        .collect();
+    let mut r = parse_declared_ports(&a)
+        .unwrap()
+        .to_row(ns, sa, ip.parse().unwrap(), ready);
+    r.pod = Some(format!("{sa}-{ip}"));
+    r
+}
+
+fn service_ref(name: &str) -> ObjectRef {
+    ObjectRef {
+        group: String::new(),
+        kind: "Service".into(),
+        namespace: None,
+        name: name.into(),
+    }
+}
+
+fn user_service(ns: &str, name: &str, ip: &str, ports: &[(u16, TargetPort)]) -> Service {
+    Service {
+        namespace: ns.into(),
+        name: name.into(),
+        cluster_ips: vec![ip.parse().unwrap()],
+        headless: false,
+        generated: false,
+        selector: Some(BTreeMap::from([("app".to_owned(), name.to_owned())])),
+        ports: ports
+            .iter()
+            .map(|(p, t)| ServicePort {
+                name: Some(format!("port-{p}")),
+                port: *p,
+                target: t.clone(),
+                transport: Transport::Tcp,
+                app_protocol: None,
+            })
+            .collect(),
+    }
+}
+
+fn route(ns: &str, name: &str, parent: &str, port: Option<u16>, backend: (&str, u16)) -> HttpRoute {
+    HttpRoute {
+        kind: HttpRouteKind::Http,
+        namespace: ns.into(),
+        name: name.into(),
+        generation: 3,
+        created: None,
+        parents: vec![ParentRef {
+            target: service_ref(parent),
+            port,
+            section_name: None,
+        }],
+        hostnames: Vec::new(),
+        rules: vec![HttpRule {
+            name: None,
+            matches: Vec::new(),
+            filters: Vec::new(),
+            backends: vec![HttpBackendRef {
+                target: service_ref(backend.0),
+                port: Some(backend.1),
+                weight: 1,
+                filters: Vec::new(),
+            }],
+            request_timeout_ms: None,
+            backend_request_timeout_ms: None,
+        }],
+    }
+}
+
+fn build(mut s: Snapshot) -> Model {
+    registrar::complete_snapshot(&mut s, "10.96.0.0/16".parse().unwrap());
+    compile(&s, &NodeContext::default())
+}
+
+fn caller(ns: Option<&str>) -> Caller {
+    Caller {
+        namespace: ns.map(str::to_owned),
+        pod: None,
+        service_account: None,
+        capture: CaptureMode::RedirectAll,
+    }
+}
+
+fn ask(
+    model: &Model,
+    c: &Caller,
+    entry: HttpEntry,
+    host: &str,
+    hold_expired: bool,
+) -> RequestDecision {
+    let hosts = [host];
+    resolve_request(
+        model,
+        c,
+        &RequestFacts {
+            entry,
+            authority: AuthorityInput {
+                version: HttpVersion::Http11,
+                absolute: None,
+                h2_authority: None,
+                hosts: &hosts,
+            },
+            method: "GET",
+            path_and_query: Some("/"),
+            headers: &[],
+            hold_expired,
+            entropy: 0,
+        },
+    )
+}
+
+fn reason(d: &RequestDecision) -> Option<&'static str> {
+    match d {
+        RequestDecision::Answer(a, _) => Some(a.reason.code()),
+        _ => None,
+    }
+}
+
+fn delivered_to(d: &RequestDecision) -> Vec<IpAddr> {
+    match d {
+        RequestDecision::Deliver(d) => d.backend.endpoints.iter().map(|e| e.address).collect(),
+        other => panic!("expected a delivery, got {other:?}"),
+    }
+}
+
+#[test]
+fn u1_a_short_name_without_a_caller_namespace_is_refused_on_both_paths() {
+    let model = build(Snapshot {
+        rows: vec![row("mp", "web", "10.0.0.1", &[], true)],
+        ..Snapshot::default()
+    });
+    let vip = model.mesh_vips("mp", "web")[0];
+    let nobody = caller(None);
+    for entry in [
+        HttpEntry::Loopback,
+        HttpEntry::Captured {
+            dialled: SocketAddr::new(vip, 8080),
+        },
+    ] {
+        for host in ["web:8080", "nosuch", "WEB"] {
+            assert_eq!(
+                reason(&ask(&model, &nobody, entry, host, false)),
+                Some("caller-namespace-unknown"),
+                "{host}"
+            );
+        }
+        // Other families do not need the caller.
+        assert_eq!(
+            delivered_to(&ask(
+                &model,
+                &nobody,
+                entry,
+                "web.mp.aether.internal:8080",
+                false
+            ))
+            .len(),
+            1
+        );
+    }
+}
+
+#[test]
+fn u4_a_reserved_port_is_served_without_it() {
+    let model = build(Snapshot {
+        rows: vec![row(
+            "mp",
+            "web",
+            "10.0.0.1",
+            &[(ANNOTATION_PORTS, "18081,9090")],
+            true,
+        )],
+        ..Snapshot::default()
+    });
+    let c = caller(Some("mp"));
+    let d = ask(
+        &model,
+        &c,
+        HttpEntry::Loopback,
+        "web.mp.aether.internal:7777",
+        false,
+    );
+    let RequestDecision::Answer(a, _) = &d else {
+        panic!("{d:?}")
+    };
+    assert_eq!(
+        a.service.as_ref().unwrap().ports.as_ref(),
+        "8080/http 9090/http"
+    );
+    assert!(!a.body().contains("18081"));
+    assert_eq!(
+        delivered_to(&ask(
+            &model,
+            &c,
+            HttpEntry::Loopback,
+            "web.mp.aether.internal:9090",
+            false
+        ))
+        .len(),
+        1
+    );
+    assert!(model.diagnostics.iter().any(|d| d.detail.contains("18081")));
+}
+
+#[test]
+fn u5_retained_entries_hold_90_seconds_and_vanish_on_evidence() {
+    let c = caller(Some("mp"));
+    let with_rows = Snapshot {
+        rows: vec![row("mp", "web", "10.0.0.1", &[], true)],
+        ..Snapshot::default()
+    };
+    let first = build(with_rows);
+    // Every row vanishes, and no generated Service remains as evidence.
+    let empty = Snapshot::default();
+    let kept = retention::advance(&first.http_ports(), &[], &empty, 1_000);
+    assert_eq!(
+        kept,
+        vec![RetainedPort {
+            namespace: "mp".into(),
+            service: "web".into(),
+            port: 8080,
+            since_ms: 1_000
+        }]
+    );
+    let held = build(Snapshot {
+        retained: kept.clone(),
+        ..Snapshot::default()
+    });
+    let d = ask(
+        &held,
+        &c,
+        HttpEntry::Loopback,
+        "web.mp.aether.internal:8080",
+        false,
+    );
+    assert!(
+        matches!(d, RequestDecision::Hold(..)),
+        "held for endpoints: {d:?}"
+    );
+    let d = ask(
+        &held,
+        &c,
+        HttpEntry::Loopback,
+        "web.mp.aether.internal:8080",
+        true,
+    );
+    assert_eq!(reason(&d), Some("no-endpoints"));
+    assert!(
+        retention::advance(&held.http_ports(), &kept, &empty, 91_000).is_empty(),
+        "removed at 90 s"
+    );
+
+    // HTTP rows vanish while raw-TCP rows remain: removed in the same refresh.
+    let tcp_only = Snapshot {
+        rows: vec![row(
+            "mp",
+            "web",
+            "10.0.0.1",
+            &[(ANNOTATION_PORT, "9000"), (ANNOTATION_PROTOCOL, "tcp")],
+            true,
+        )],
+        ..Snapshot::default()
+    };
+    assert!(retention::advance(&first.http_ports(), &[], &tcp_only, 2_000).is_empty());
+    let replaced = build(tcp_only);
+    assert_eq!(
+        reason(&ask(
+            &replaced,
+            &c,
+            HttpEntry::Loopback,
+            "web.mp.aether.internal:8080",
+            false
+        )),
+        Some("port-not-declared")
+    );
+}
+
+#[test]
+fn u6_a_named_target_port_is_refused_until_a_slice_resolves_it() {
+    let c = caller(Some("mp"));
+    let mut s = Snapshot {
+        rows: vec![row("mp", "web", "10.0.0.1", &[], true)],
+        services: vec![user_service(
+            "mp",
+            "front",
+            "10.96.9.9",
+            &[(80, TargetPort::Name("http".into()))],
+        )],
+        http_routes: vec![route("mp", "r", "front", None, ("front", 80))],
+        ..Snapshot::default()
+    };
+    let model = build(s.clone());
+    let d = ask(
+        &model,
+        &c,
+        HttpEntry::Loopback,
+        "front.mp.aether.internal:80",
+        true,
+    );
+    assert_eq!(
+        reason(&d),
+        Some("port-not-declared"),
+        "the front port names nothing"
+    );
+    let refs = model.route_statuses()[0]
+        .conditions
+        .iter()
+        .find(|c| c.type_ == "ResolvedRefs")
+        .unwrap()
+        .clone();
+    assert_eq!(
+        (refs.status.as_str(), refs.reason.as_str()),
+        ("False", "BackendNotFound")
+    );
+    assert!(
+        refs.message.contains("\"http\""),
+        "names the targetPort: {}",
+        refs.message
+    );
+
+    let slice = |port| EndpointSlice {
+        namespace: "mp".into(),
+        service: "front".into(),
+        name: format!("front-{port}"),
+        ports: vec![SlicePort {
+            name: Some("port-80".into()),
+            port: Some(port),
+            transport: Transport::Tcp,
+        }],
+        endpoints: vec![SliceEndpoint {
+            addresses: vec!["10.0.0.1".parse().unwrap()],
+            pod: None,
+        }],
+    };
+    s.endpoint_slices.push(slice(8080));
+    let resolved = build(s.clone());
+    assert_eq!(
+        delivered_to(&ask(
+            &resolved,
+            &c,
+            HttpEntry::Loopback,
+            "front.mp.aether.internal:80",
+            false
+        )),
+        vec!["10.0.0.1".parse::<IpAddr>().unwrap()]
+    );
+    s.endpoint_slices.push(slice(9090));
+    let disagree = build(s);
+    assert_eq!(
+        reason(&ask(
+            &disagree,
+            &c,
+            HttpEntry::Loopback,
+            "front.mp.aether.internal:80",
+            true
+        )),
+        Some("port-not-declared")
+    );
+}
+
+#[test]
+fn u10_readiness_decides_delivery_and_nothing_else() {
+    let c = caller(Some("mp"));
+    let model = build(Snapshot {
+        rows: vec![
+            row("mp", "web", "10.0.0.1", &[], true),
+            row("mp", "web", "10.0.0.2", &[], false),
+        ],
+        ..Snapshot::default()
+    });
+    assert_eq!(
+        delivered_to(&ask(
+            &model,
+            &c,
+            HttpEntry::Loopback,
+            "web.mp.aether.internal:8080",
+            false
+        )),
+        vec!["10.0.0.1".parse::<IpAddr>().unwrap()]
+    );
+    let none_ready = build(Snapshot {
+        rows: vec![row(
+            "mp",
+            "web",
+            "10.0.0.2",
+            &[(ANNOTATION_PORTS, "9090")],
+            false,
+        )],
+        ..Snapshot::default()
+    });
+    assert!(matches!(
+        ask(
+            &none_ready,
+            &c,
+            HttpEntry::Loopback,
+            "web.mp.aether.internal:8080",
+            false
+        ),
+        RequestDecision::Hold(..)
+    ));
+    assert_eq!(
+        reason(&ask(
+            &none_ready,
+            &c,
+            HttpEntry::Loopback,
+            "web.mp.aether.internal:8080",
+            true
+        )),
+        Some("no-endpoints")
+    );
+    // The unready pod keeps its ports: 7777 is still refused with them listed.
+    let d = ask(
+        &none_ready,
+        &c,
+        HttpEntry::Loopback,
+        "web.mp.aether.internal:7777",
+        false,
+    );
+    let RequestDecision::Answer(a, _) = &d else {
+        panic!("{d:?}")
+    };
+    assert_eq!(
+        a.service.as_ref().unwrap().ports.as_ref(),
+        "8080/http 9090/http"
+    );
+    // A pod-IP dial to the unready pod is delivered to it.
+    let pod = SocketAddr::new("10.0.0.2".parse().unwrap(), 8080);
+    assert_eq!(
+        delivered_to(&ask(
+            &none_ready,
+            &c,
+            HttpEntry::PodIp { dialled: pod },
+            "anything",
+            false
+        )),
+        vec![pod.ip()]
+    );
+}
+
+#[test]
+fn u11_a_user_service_over_two_mesh_services_votes_over_its_pods() {
+    let c = caller(Some("mp"));
+    let http = [(ANNOTATION_PORT, "8080")];
+    let tcp = [(ANNOTATION_PORT, "8080"), (ANNOTATION_PROTOCOL, "tcp")];
+    let rows = vec![
+        row("mp", "v1", "10.0.0.1", &http, true),
+        row("mp", "v2", "10.0.0.2", &http, true),
+        row("mp", "v3", "10.0.0.3", &tcp, true),
+    ];
+    let slice = EndpointSlice {
+        namespace: "mp".into(),
+        service: "echo".into(),
+        name: "echo-1".into(),
+        ports: vec![SlicePort {
+            name: Some("port-80".into()),
+            port: Some(8080),
+            transport: Transport::Tcp,
+        }],
+        endpoints: ["10.0.0.3", "10.0.0.1", "10.0.0.2"]
+            .iter()
+            .map(|a| SliceEndpoint {
+                addresses: vec![a.parse().unwrap()],
+                pod: None,
+            })
+            .collect(),
+    };
+    for order in [[0usize, 1, 2], [2, 1, 0], [1, 2, 0]] {
+        let model = build(Snapshot {
+            rows: order.iter().map(|&i| rows[i].clone()).collect(),
+            services: vec![user_service(
+                "mp",
+                "echo",
+                "10.96.5.5",
+                &[(80, TargetPort::Number(8080))],
+            )],
+            endpoint_slices: vec![slice.clone()],
+            http_routes: vec![route("mp", "r", "echo", None, ("echo", 80))],
+            ..Snapshot::default()
+        });
+        let mut got = delivered_to(&ask(&model, &c, HttpEntry::Loopback, "echo:80", false));
+        got.sort();
+        assert_eq!(
+            got,
+            vec![
+                "10.0.0.1".parse::<IpAddr>().unwrap(),
+                "10.0.0.2".parse().unwrap()
+            ]
+        );
+    }
+    // A meshOnly service's mesh name on the proxy port reaches its own pods, not the selected ones.
+    let model = build(Snapshot {
+        rows: vec![
+            row("mp", "owned", "10.0.0.1", &http, true),
+            row("mp", "other", "10.0.0.9", &http, true),
+        ],
+        services: vec![user_service(
+            "mp",
+            "owned",
+            "10.96.5.6",
+            &[(80, TargetPort::Number(8080))],
+        )],
+        endpoint_slices: vec![EndpointSlice {
+            namespace: "mp".into(),
+            service: "owned".into(),
+            name: "owned-1".into(),
+            ports: vec![],
+            endpoints: vec![SliceEndpoint {
+                addresses: vec!["10.0.0.9".parse().unwrap()],
+                pod: None,
+            }],
+        }],
+        ..Snapshot::default()
+    });
+    assert_eq!(
+        delivered_to(&ask(
+            &model,
+            &c,
+            HttpEntry::Loopback,
+            "owned.mp.aether.internal:80",
+            false
+        )),
+        vec!["10.0.0.1".parse::<IpAddr>().unwrap()]
+    );
+}
+
+#[test]
+fn u13_route_status_for_parents_that_take_nothing() {
+    let rows = vec![row(
+        "mp",
+        "web",
+        "10.0.0.1",
+        &[(ANNOTATION_PORTS, "9000=tcp")],
+        true,
+    )];
+    let mut hostnames = route("mp", "with-hostnames", "web", None, ("web", 8080));
+    hostnames.hostnames = vec!["example.com".into()];
+    let l4 = |name: &str, parent: &str, port: Option<u16>| L4Route {
+        namespace: "mp".into(),
+        name: name.into(),
+        generation: 1,
+        created: None,
+        parents: vec![ParentRef {
+            target: service_ref(parent),
+            port,
+            section_name: None,
+        }],
+        hostnames: Vec::new(),
+        rules: vec![L4Rule {
+            name: None,
+            backends: vec![L4BackendRef {
+                target: service_ref("web"),
+                port: Some(9000),
+                weight: 1,
+                weight_given: false,
+            }],
+        }],
+    };
+    let mut headless = user_service("mp", "headless", "10.96.7.7", &[(80, TargetPort::Same)]);
+    headless.headless = true;
+    headless.cluster_ips.clear();
+    let model = build(Snapshot {
+        rows,
+        services: vec![
+            user_service("mp", "user", "10.96.7.8", &[(80, TargetPort::Same)]),
+            headless,
+        ],
+        http_routes: vec![
+            hostnames,
+            route("mp", "to-headless", "headless", None, ("web", 8080)),
+        ],
+        tls_routes: vec![
+            l4("tls-user", "user", None),
+            l4("tls-http", "web", Some(8080)),
+        ],
+        tcp_routes: vec![
+            l4("tcp-user", "user", None),
+            l4("tcp-http", "web", Some(8080)),
+            l4("tcp-ok", "web", Some(9000)),
+        ],
+        udp_routes: vec![l4("udp-user", "user", None)],
+        ..Snapshot::default()
+    });
+    let accepted = |name: &str| {
+        let st = model
+            .route_statuses()
+            .iter()
+            .find(|s| s.name == name)
+            .unwrap_or_else(|| panic!("{name} has a status"));
+        let c = st
+            .conditions
+            .iter()
+            .find(|c| c.type_ == "Accepted")
+            .unwrap();
+        (c.status.clone(), c.reason.clone())
+    };
+    assert_eq!(
+        accepted("with-hostnames"),
+        ("True".into(), "Accepted".into())
+    );
+    assert_eq!(accepted("tcp-ok"), ("True".into(), "Accepted".into()));
+    for name in [
+        "to-headless",
+        "tls-user",
+        "tls-http",
+        "tcp-user",
+        "tcp-http",
+        "udp-user",
+    ] {
+        assert_eq!(
+            accepted(name),
+            ("False".into(), "NoMatchingParent".into()),
+            "{name}"
+        );
+    }
+}
+
+#[test]
+fn compile_is_deterministic_and_independent_of_input_order() {
+    let mut s = aether::model::synth::scaled(60);
+    let a = compile(&s, &NodeContext::default());
+    assert_eq!(a, compile(&s, &NodeContext::default()));
+    s.rows.reverse();
+    s.services.reverse();
+    s.pods.reverse();
+    s.http_routes.reverse();
+    assert_eq!(a, compile(&s, &NodeContext::default()));
+}
