@@ -68,6 +68,9 @@ struct ExplainArgs {
     /// The range ClusterIPs are allocated from where the manifests give none.
     #[arg(long, default_value = "10.96.0.0/16", env = "AETHER_SERVICE_CIDR")]
     service_cidr: ipnet::IpNet,
+    /// Entropy for the weighted choice of a route backend (vary it to see each share).
+    #[arg(long, default_value_t = 0)]
+    entropy: u64,
     /// Output format.
     #[arg(short = 'o', long, value_enum, default_value = "table")]
     output: Output,
@@ -86,7 +89,10 @@ fn run_explain(args: &ExplainArgs) -> anyhow::Result<ExitCode> {
     registrar::complete_snapshot(&mut snapshot, args.service_cidr);
     let mut ctx = NodeContext::default();
     ctx.domains.mesh = args.mesh_domain.trim_end_matches('.').to_ascii_lowercase();
-    ctx.domains.cluster = args.cluster_domain.trim_end_matches('.').to_ascii_lowercase();
+    ctx.domains.cluster = args
+        .cluster_domain
+        .trim_end_matches('.')
+        .to_ascii_lowercase();
     let model = compile(&snapshot, &ctx);
 
     let mut headers = Vec::new();
@@ -101,7 +107,13 @@ fn run_explain(args: &ExplainArgs) -> anyhow::Result<ExitCode> {
     let hosts = if args.host.is_empty() {
         None
     } else {
-        Some(args.host.iter().filter(|h| !h.is_empty()).cloned().collect())
+        Some(
+            args.host
+                .iter()
+                .filter(|h| !h.is_empty())
+                .cloned()
+                .collect(),
+        )
     };
     let q = Question {
         from: args.from.clone(),
@@ -112,6 +124,7 @@ fn run_explain(args: &ExplainArgs) -> anyhow::Result<ExitCode> {
         path: args.path.clone(),
         headers,
         bytes: args.bytes.clone(),
+        entropy: args.entropy,
     };
     let e = explain(&snapshot, &model, &q)?;
     let text = match args.output {
