@@ -52,7 +52,9 @@ pub enum InvalidAnnotation {
         entry: String,
     },
     /// A suffix is not `http`, `tcp` or `udp`.
-    #[error("{ANNOTATION_PORTS}: entry {entry:?} has protocol {suffix:?}; expected http, tcp or udp")]
+    #[error(
+        "{ANNOTATION_PORTS}: entry {entry:?} has protocol {suffix:?}; expected http, tcp or udp"
+    )]
     BadSuffix {
         /// The entry as written.
         entry: String,
@@ -104,13 +106,14 @@ pub fn parse_declared_ports(
 ) -> Result<DeclaredPorts, InvalidAnnotation> {
     let default = match annotations.get(ANNOTATION_PROTOCOL) {
         None => PortProtocol::Http,
-        Some(v) => PortProtocol::parse(v.trim()).ok_or_else(|| InvalidAnnotation::BadProtocol {
-            value: v.clone(),
-        })?,
+        Some(v) => PortProtocol::parse(v.trim())
+            .ok_or_else(|| InvalidAnnotation::BadProtocol { value: v.clone() })?,
     };
     let port = match annotations.get(ANNOTATION_PORT) {
         None => DEFAULT_DECLARED_PORT,
-        Some(v) => parse_port_number(v).ok_or_else(|| InvalidAnnotation::BadPort { value: v.clone() })?,
+        Some(v) => {
+            parse_port_number(v).ok_or_else(|| InvalidAnnotation::BadPort { value: v.clone() })?
+        }
     };
 
     let mut listed: BTreeMap<u16, PortProtocol> = BTreeMap::new();
@@ -123,17 +126,20 @@ pub fn parse_declared_ports(
             let (number, protocol) = match entry.split_once('=') {
                 Some((n, s)) => {
                     let suffix = s.trim();
-                    let p = PortProtocol::parse(suffix).ok_or_else(|| InvalidAnnotation::BadSuffix {
-                        entry: entry.to_owned(),
-                        suffix: suffix.to_owned(),
+                    let p = PortProtocol::parse(suffix).ok_or_else(|| {
+                        InvalidAnnotation::BadSuffix {
+                            entry: entry.to_owned(),
+                            suffix: suffix.to_owned(),
+                        }
                     })?;
                     (n, p)
                 }
                 None => (entry, default),
             };
-            let number = parse_port_number(number).ok_or_else(|| InvalidAnnotation::BadPortEntry {
-                entry: entry.to_owned(),
-            })?;
+            let number =
+                parse_port_number(number).ok_or_else(|| InvalidAnnotation::BadPortEntry {
+                    entry: entry.to_owned(),
+                })?;
             if let Some(&first) = listed.get(&number)
                 && first != protocol
             {
@@ -267,11 +273,17 @@ mod tests {
     use super::*;
 
     fn ann(pairs: &[(&str, &str)]) -> BTreeMap<String, String> {
-        pairs.iter().map(|(k, v)| ((*k).to_owned(), (*v).to_owned())).collect()
+        pairs
+            .iter()
+            .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
+            .collect()
     }
 
     fn ports(d: &DeclaredPorts) -> Vec<(u16, &'static str)> {
-        d.protocols.iter().map(|(&p, proto)| (p, proto.as_str())).collect()
+        d.protocols
+            .iter()
+            .map(|(&p, proto)| (p, proto.as_str()))
+            .collect()
     }
 
     #[test]
@@ -289,7 +301,10 @@ mod tests {
             (ANNOTATION_PORTS, "8080=http, 7000"),
         ]))
         .unwrap();
-        assert_eq!(ports(&d), vec![(7000, "tcp"), (8080, "http"), (9000, "tcp")]);
+        assert_eq!(
+            ports(&d),
+            vec![(7000, "tcp"), (8080, "http"), (9000, "tcp")]
+        );
     }
 
     #[test]
@@ -319,7 +334,10 @@ mod tests {
             &[(ANNOTATION_PORT, "")],
         ];
         for case in cases {
-            assert!(parse_declared_ports(&ann(case)).is_err(), "{case:?} must be refused");
+            assert!(
+                parse_declared_ports(&ann(case)).is_err(),
+                "{case:?} must be refused"
+            );
         }
     }
 
@@ -347,7 +365,10 @@ mod tests {
     fn row_problem_names_each_reason() {
         use ProtocolValue::*;
         let http = Known(PortProtocol::Http);
-        assert_eq!(row_problem(&row(8080, &[8080], Some(&[(8080, http.clone())]))), None);
+        assert_eq!(
+            row_problem(&row(8080, &[8080], Some(&[(8080, http.clone())]))),
+            None
+        );
         assert_eq!(
             row_problem(&row(8080, &[8080], None)),
             Some(RowProblem::PortProtocolsMissing)
@@ -388,8 +409,16 @@ mod tests {
             &[],
             &[(ANNOTATION_PORTS, "9090")],
             &[(ANNOTATION_PORTS, "9000=tcp"), (ANNOTATION_PORT, "8080")],
-            &[(ANNOTATION_PROTOCOL, "tcp"), (ANNOTATION_PORT, "9000"), (ANNOTATION_PORTS, "8080=http")],
-            &[(ANNOTATION_PROTOCOL, "http"), (ANNOTATION_PORT, "8080"), (ANNOTATION_PORTS, "8080=tcp")],
+            &[
+                (ANNOTATION_PROTOCOL, "tcp"),
+                (ANNOTATION_PORT, "9000"),
+                (ANNOTATION_PORTS, "8080=http"),
+            ],
+            &[
+                (ANNOTATION_PROTOCOL, "http"),
+                (ANNOTATION_PORT, "8080"),
+                (ANNOTATION_PORTS, "8080=tcp"),
+            ],
             &[(ANNOTATION_PROTOCOL, "udp"), (ANNOTATION_PORT, "5353")],
         ];
         for shape in shapes {
