@@ -101,16 +101,24 @@ pub struct NameValue {
     pub value: String,
 }
 
-/// One query parameter change: `{set: {name, value}}`, `{add: {name, value}}` or `{remove: name}`.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+/// One query parameter change: exactly one of `{set: {name, value}}`, `{add: {name, value}}`
+/// or `{remove: name}`.
+///
+/// A struct rather than an enum: serde_yaml writes externally tagged enums as YAML tags
+/// (`!set`), not as the one-key mappings a manifest uses. The conversion checks that exactly
+/// one field is given.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, rename_all = "camelCase")]
-pub enum QueryChange {
+pub struct QueryChange {
     /// Replace (or add) a parameter.
-    Set(NameValue),
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub set: Option<NameValue>,
     /// Append a parameter.
-    Add(NameValue),
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub add: Option<NameValue>,
     /// Remove every parameter of this name.
-    Remove(String),
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub remove: Option<String>,
 }
 
 /// `rbac`: allow or deny callers by ServiceAccount and namespace.

@@ -8,9 +8,7 @@ use crate::model::snapshot::{
     ExtAuthz, FilterConfig, HeaderModifier, HeaderMutation, MeshFilter, Principal, QueryMutation,
     Rbac, RbacAction,
 };
-use crate::registry::kube::mesh_filter::{
-    HeaderChanges, MeshFilterResource, QueryChange, RbacActionSpec,
-};
+use crate::registry::kube::mesh_filter::{HeaderChanges, MeshFilterResource, RbacActionSpec};
 
 /// The timeout of one external authorization check when `extAuthz.timeout` is absent.
 pub const DEFAULT_EXT_AUTHZ_TIMEOUT_MS: u64 = 200;
@@ -74,19 +72,37 @@ pub fn convert_mesh_filter(filter: &MeshFilterResource) -> Result<MeshFilter, Co
         + usize::from(spec.rbac.is_some())
         + usize::from(spec.ext_authz.is_some());
     let config = match (&spec.header_mutation, &spec.rbac, &spec.ext_authz) {
-        (Some(h), None, None) => FilterConfig::HeaderMutation(HeaderMutation {
-            request: header_modifier(&h.request),
-            query: h
-                .query
-                .iter()
-                .map(|q| match q {
-                    QueryChange::Set(nv) => QueryMutation::Set(nv.name.clone(), nv.value.clone()),
-                    QueryChange::Add(nv) => QueryMutation::Add(nv.name.clone(), nv.value.clone()),
-                    QueryChange::Remove(name) => QueryMutation::Remove(name.clone()),
-                })
-                .collect(),
-            response: header_modifier(&h.response),
-        }),
+        (Some(h), None, None) => {
+            let mut query = Vec::new();
+            for (i, q) in h.query.iter().enumerate() {
+                query.push(match (&q.set, &q.add, &q.remove) {
+                    (Some(nv), None, None) => QueryMutation::Set(nv.name.clone(), nv.value.clone()),
+                    (None, Some(nv), None) => QueryMutation::Add(nv.name.clone(), nv.value.clone()),
+                    (None, None, Some(name)) => QueryMutation::Remove(name.clone()),
+                    _ => {
+                        let given: Vec<&str> = [
+                            q.set.as_ref().map(|_| "set"),
+                            q.add.as_ref().map(|_| "add"),
+                            q.remove.as_ref().map(|_| "remove"),
+                        ]
+                        .into_iter()
+                        .flatten()
+                        .collect();
+                        return Err(ConvertError::InvalidValue {
+                            object: Box::new(key),
+                            field: format!("spec.headerMutation.query[{i}]"),
+                            value: given.join(", "),
+                            expected: "exactly one of set, add, remove",
+                        });
+                    }
+                });
+            }
+            FilterConfig::HeaderMutation(HeaderMutation {
+                request: header_modifier(&h.request),
+                query,
+                response: header_modifier(&h.response),
+            })
+        }
         (None, Some(r), None) => FilterConfig::Rbac(Rbac {
             action: match r.action {
                 RbacActionSpec::Allow => RbacAction::Allow,
