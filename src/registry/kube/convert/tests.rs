@@ -935,3 +935,44 @@ fn bad_mesh_filters_are_refused() {
         Err(ConvertError::InvalidValue { ref field, .. }) if field == "spec.targetRefs[0].group"
     ));
 }
+
+#[test]
+fn the_crd_schema_names_exactly_the_fields_the_resource_reads() {
+    let crd: serde_yaml::Value = serde_yaml::from_str(include_str!(concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/charts/aether/crds/meshfilter.yaml"
+    )))
+    .unwrap();
+    let schema = &crd["spec"]["versions"][0]["schema"]["openAPIV3Schema"]["properties"]["spec"]["properties"];
+    let keys = |v: &serde_yaml::Value| -> Vec<String> {
+        let mut k: Vec<String> = v
+            .as_mapping()
+            .unwrap()
+            .keys()
+            .map(|k| k.as_str().unwrap().to_owned())
+            .collect();
+        k.sort();
+        k
+    };
+    assert_eq!(
+        keys(schema),
+        vec!["extAuthz", "headerMutation", "rbac", "targetRefs"]
+    );
+    assert_eq!(
+        keys(&schema["headerMutation"]["properties"]),
+        vec!["query", "request", "response"]
+    );
+    assert_eq!(
+        keys(&schema["rbac"]["properties"]),
+        vec!["action", "principals"]
+    );
+    assert_eq!(
+        keys(&schema["extAuthz"]["properties"]),
+        vec!["server", "timeout"]
+    );
+    // Every example in the fixtures is also valid against the serde definition (tested above),
+    // and the serde definition refuses any field the schema lacks.
+    let all = mesh_filters();
+    let json = serde_json::to_value(&all[1].spec).unwrap();
+    assert_eq!(json["rbac"]["principals"][0]["serviceAccount"], "frontend");
+}
