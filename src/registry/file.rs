@@ -1,0 +1,496 @@
+//! The file registry: a directory of Kubernetes manifests read as one [`Snapshot`].
+//!
+//! Layer 2 (IO): [`load_dir`] reads files; everything after the read is pure and goes through
+//! the same conversions as the Kubernetes backend ([`crate::registry::kube::convert`]).
+//!
+//! Invariants:
+//! - Every `*.yaml`/`*.yml` file under the directory is read, recursively, in sorted path order,
+//!   and the documents of a file in order, so one directory always gives one snapshot.
+//! - A bad document is reported as a [`ManifestProblem`] (file, 1-based document index, kind and
+//!   name when known, what was wrong) and skipped; it never stops the load. Only a directory or
+//!   file that cannot be read is a [`FileError`].
+//! - The later of two objects with the same (kind, namespace, name) is a problem and skipped.
+//! - Pods carry `status.podIP`; readiness is the `Ready` condition when given, otherwise Ready
+//!   (spec/model.md §3.5). A missing `metadata.namespace` means `default`, as with `kubectl`.
+//! - EndpointSlices of Services with a selector are computed as Kubernetes would
+//!   ([`endpoint_slices_for`]); explicit EndpointSlice documents are kept as well.
+//! - ClusterIPs are kept as written; a Service without one is left without one.
+
+mod slices;
+
+#[cfg(test)]
+mod tests;
+
+use std::collections::BTreeMap;
+use std::fmt;
+use std::io;
+use std::path::{Path, PathBuf};
+
+use gateway_api::experimental::grpcroutes::GrpcRoute as GatewayGrpcRoute;
+use gateway_api::experimental::httproutes::HttpRoute as GatewayHttpRoute;
+use gateway_api::experimental::referencegrants::ReferenceGrant as GatewayReferenceGrant;
+use gateway_api::experimental::tcproutes::TcpRoute as GatewayTcpRoute;
+use gateway_api::experimental::tlsroutes::TlsRoute as GatewayTlsRoute;
+use gateway_api::experimental::udproutes::UdpRoute as GatewayUdpRoute;
+use k8s_openapi::api::core::v1::Namespace as K8sNamespace;
+use k8s_openapi::api::core::v1::Pod as K8sPod;
+use k8s_openapi::api::core::v1::Service as K8sService;
+use k8s_openapi::api::discovery::v1::EndpointSlice as K8sEndpointSlice;
+use serde::Deserialize;
+use serde::de::DeserializeOwned;
+use serde_yaml::Value as YamlValue;
+
+pub use slices::{MANAGED_BY, endpoint_slices_for};
+
+use crate::model::Snapshot;
+use crate::registry::kube::convert::{
+    self, ConvertError, MissingReadyCondition, Registration, convert_endpoint_slice,
+    convert_grpc_route, convert_http_route, convert_mesh_filter, convert_namespace, convert_pod,
+    convert_reference_grant, convert_service, convert_tcp_route, convert_tls_route,
+    convert_udp_route,
+};
+use crate::registry::kube::mesh_filter::MeshFilterResource;
+
+/// What [`load_dir`] read: the snapshot of every good document, and every bad one.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct FileLoad {
+    /// The snapshot.
+    pub snapshot: Snapshot,
+    /// Documents that were reported and skipped, in file and document order.
+    pub problems: Vec<ManifestProblem>,
+}
+
+/// One document that could not be used, and why.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ManifestProblem {
+    /// The file.
+    pub file: PathBuf,
+    /// The document's 1-based index in the file.
+    pub document: usize,
+    /// The document's `kind`, when it has one.
+    pub kind: Option<String>,
+    /// Its `metadata.namespace/metadata.name` (or the name alone), when it has one.
+    pub name: Option<String>,
+    /// What was wrong.
+    pub issue: ManifestIssue,
+}
+
+impl fmt::Display for ManifestProblem {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{} document {}", self.file.display(), self.document)?;
+        match (&self.kind, &self.name) {
+            (Some(k), Some(n)) => write!(f, " ({k} {n})")?,
+            (Some(k), None) => write!(f, " ({k})")?,
+            (None, Some(n)) => write!(f, " ({n})")?,
+            (None, None) => {}
+        }
+        write!(f, ": {}", self.issue)
+    }
+}
+
+/// What was wrong with one document.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum ManifestIssue {
+    /// The YAML does not parse. The parser cannot resynchronise, so the rest of the file is not
+    /// read either.
+    #[error("yaml syntax error ({message}); the rest of the file is not read")]
+    Syntax {
+        /// The parser's message.
+        message: String,
+    },
+    /// The document is not a mapping.
+    #[error("the document is not a mapping")]
+    NotAnObject,
+    /// `apiVersion` or `kind` is missing.
+    #[error("{field} is missing")]
+    MissingTypeField {
+        /// `apiVersion` or `kind`.
+        field: &'static str,
+    },
+    /// A kind the file registry deliberately does not read.
+    #[error("{kind} ({api_version}) is not supported by the file registry: {hint}")]
+    UnsupportedKind {
+        /// `apiVersion`.
+        api_version: String,
+        /// `kind`.
+        kind: String,
+        /// What to write instead.
+        hint: &'static str,
+    },
+    /// A kind the file registry does not know.
+    #[error("unknown kind {kind} ({api_version})")]
+    UnknownKind {
+        /// `apiVersion`.
+        api_version: String,
+        /// `kind`.
+        kind: String,
+    },
+    /// The document does not have the kind's shape (the message names the field).
+    #[error("invalid {kind}: {message}")]
+    Invalid {
+        /// The kind it was read as.
+        kind: &'static str,
+        /// The deserializer's message, with the field path.
+        message: String,
+    },
+    /// The object has the right shape but cannot be converted.
+    #[error(transparent)]
+    Convert(#[from] ConvertError),
+    /// An earlier document defines the same (kind, namespace, name); this one is skipped.
+    #[error("duplicate: already defined in {} document {first_document}; this one is skipped", first_file.display())]
+    Duplicate {
+        /// The file of the first definition.
+        first_file: PathBuf,
+        /// Its document index.
+        first_document: usize,
+    },
+}
+
+/// Why a manifest directory could not be read at all.
+#[derive(Debug, thiserror::Error)]
+pub enum FileError {
+    /// The directory (or a directory under it) cannot be listed.
+    #[error("cannot read manifest directory {}", path.display())]
+    ReadDir {
+        /// The directory.
+        path: PathBuf,
+        /// The IO error.
+        #[source]
+        source: io::Error,
+    },
+    /// A manifest file cannot be read (or is not UTF-8).
+    #[error("cannot read manifest file {}", path.display())]
+    ReadFile {
+        /// The file.
+        path: PathBuf,
+        /// The IO error.
+        #[source]
+        source: io::Error,
+    },
+}
+
+/// Reads every manifest under `dir` and converts it into a [`Snapshot`] (see the module doc).
+pub fn load_dir(dir: &Path) -> Result<FileLoad, FileError> {
+    let mut files = Vec::new();
+    collect_files(dir, &mut files)?;
+    files.sort();
+    let mut texts = Vec::with_capacity(files.len());
+    for path in files {
+        let text = std::fs::read_to_string(&path).map_err(|source| FileError::ReadFile {
+            path: path.clone(),
+            source,
+        })?;
+        texts.push((path, text));
+    }
+    Ok(load_texts(&texts))
+}
+
+fn collect_files(dir: &Path, out: &mut Vec<PathBuf>) -> Result<(), FileError> {
+    let read_dir_error = |source| FileError::ReadDir {
+        path: dir.to_path_buf(),
+        source,
+    };
+    for entry in std::fs::read_dir(dir).map_err(read_dir_error)? {
+        let entry = entry.map_err(read_dir_error)?;
+        let path = entry.path();
+        let file_type = entry.file_type().map_err(read_dir_error)?;
+        if file_type.is_dir() {
+            collect_files(&path, out)?;
+        } else if path
+            .extension()
+            .and_then(|e| e.to_str())
+            .is_some_and(|e| e == "yaml" || e == "yml")
+        {
+            out.push(path);
+        }
+    }
+    Ok(())
+}
+
+/// A typed manifest. Boxed: the Kubernetes types are large and differ in size.
+#[derive(Debug)]
+enum Manifest {
+    Pod(Box<K8sPod>),
+    Service(Box<K8sService>),
+    Namespace(Box<K8sNamespace>),
+    ServiceAccount,
+    EndpointSlice(Box<K8sEndpointSlice>),
+    HttpRoute(Box<GatewayHttpRoute>),
+    GrpcRoute(Box<GatewayGrpcRoute>),
+    TlsRoute(Box<GatewayTlsRoute>),
+    TcpRoute(Box<GatewayTcpRoute>),
+    UdpRoute(Box<GatewayUdpRoute>),
+    ReferenceGrant(Box<GatewayReferenceGrant>),
+    MeshFilter(Box<MeshFilterResource>),
+}
+
+/// Where a document came from.
+#[derive(Clone, Debug)]
+struct Origin {
+    file: PathBuf,
+    document: usize,
+    kind: Option<String>,
+    name: Option<String>,
+}
+
+impl Origin {
+    fn problem(&self, issue: ManifestIssue) -> ManifestProblem {
+        ManifestProblem {
+            file: self.file.clone(),
+            document: self.document,
+            kind: self.kind.clone(),
+            name: self.name.clone(),
+            issue,
+        }
+    }
+}
+
+/// Parses and converts already-read files (pure).
+fn load_texts(texts: &[(PathBuf, String)]) -> FileLoad {
+    let mut problems = Vec::new();
+    let mut manifests = Vec::new();
+    // (kind, "namespace/name"): the namespace is already part of the origin's name.
+    let mut seen: BTreeMap<(String, String), (PathBuf, usize)> = BTreeMap::new();
+    for (path, text) in texts {
+        for (origin, manifest) in parse_documents(path, text, &mut problems) {
+            let key = (
+                origin.kind.clone().unwrap_or_default(),
+                origin.name.clone().unwrap_or_default(),
+            );
+            if let Some((first_file, first_document)) = seen.get(&key) {
+                problems.push(origin.problem(ManifestIssue::Duplicate {
+                    first_file: first_file.clone(),
+                    first_document: *first_document,
+                }));
+                continue;
+            }
+            seen.insert(key, (origin.file.clone(), origin.document));
+            manifests.push((origin, manifest));
+        }
+    }
+    let snapshot = convert_manifests(&manifests, &mut problems);
+    FileLoad { snapshot, problems }
+}
+
+/// Splits one file into documents and reads each as a typed manifest.
+fn parse_documents(
+    path: &Path,
+    text: &str,
+    problems: &mut Vec<ManifestProblem>,
+) -> Vec<(Origin, Manifest)> {
+    let mut out = Vec::new();
+    for (i, document) in serde_yaml::Deserializer::from_str(text).enumerate() {
+        let mut origin = Origin {
+            file: path.to_path_buf(),
+            document: i + 1,
+            kind: None,
+            name: None,
+        };
+        let value = match YamlValue::deserialize(document) {
+            Ok(v) => v,
+            Err(e) => {
+                // The parser repeats the same error for every later document: stop here.
+                problems.push(origin.problem(ManifestIssue::Syntax {
+                    message: e.to_string(),
+                }));
+                break;
+            }
+        };
+        if value.is_null() {
+            continue; // An empty document (a trailing `---`, a comment-only file).
+        }
+        match read_manifest(value, &mut origin) {
+            Ok(m) => out.push((origin, m)),
+            Err(issue) => problems.push(origin.problem(issue)),
+        }
+    }
+    out
+}
+
+fn text_field<'a>(value: &'a YamlValue, path: &[&str]) -> Option<&'a str> {
+    path.iter().try_fold(value, |v, key| v.get(key))?.as_str()
+}
+
+/// Reads a document's `apiVersion` and `kind`, fills in the default namespace, and deserializes
+/// it into its typed manifest. Records the kind and name in `origin` as soon as they are known.
+fn read_manifest(mut value: YamlValue, origin: &mut Origin) -> Result<Manifest, ManifestIssue> {
+    if !value.is_mapping() {
+        return Err(ManifestIssue::NotAnObject);
+    }
+    let kind = text_field(&value, &["kind"]).map(str::to_owned);
+    origin.kind.clone_from(&kind);
+    let api_version = text_field(&value, &["apiVersion"])
+        .map(str::to_owned)
+        .ok_or(ManifestIssue::MissingTypeField {
+            field: "apiVersion",
+        })?;
+    let kind = kind.ok_or(ManifestIssue::MissingTypeField { field: "kind" })?;
+    let (group, version) = api_version
+        .split_once('/')
+        .unwrap_or(("", api_version.as_str()));
+    let cluster_scoped = group.is_empty() && kind == "Namespace";
+    if !cluster_scoped {
+        default_namespace(&mut value);
+    }
+    let name = text_field(&value, &["metadata", "name"]).map(str::to_owned);
+    let namespace = text_field(&value, &["metadata", "namespace"]);
+    origin.name = match (namespace, name) {
+        (Some(ns), Some(n)) => Some(format!("{ns}/{n}")),
+        (_, n) => n,
+    };
+
+    let unknown = || ManifestIssue::UnknownKind {
+        api_version: api_version.clone(),
+        kind: kind.clone(),
+    };
+    match (group, version, kind.as_str()) {
+        ("", "v1", "Pod") => typed(&value, "Pod").map(Manifest::Pod),
+        ("", "v1", "Service") => typed(&value, "Service").map(Manifest::Service),
+        ("", "v1", "Namespace") => typed(&value, "Namespace").map(Manifest::Namespace),
+        ("", "v1", "ServiceAccount") => Ok(Manifest::ServiceAccount),
+        ("discovery.k8s.io", "v1", "EndpointSlice") => {
+            typed(&value, "EndpointSlice").map(Manifest::EndpointSlice)
+        }
+        (convert::GATEWAY_GROUP, _, "HTTPRoute") => {
+            typed(&value, "HTTPRoute").map(Manifest::HttpRoute)
+        }
+        (convert::GATEWAY_GROUP, _, "GRPCRoute") => {
+            typed(&value, "GRPCRoute").map(Manifest::GrpcRoute)
+        }
+        (convert::GATEWAY_GROUP, _, "TLSRoute") => {
+            typed(&value, "TLSRoute").map(Manifest::TlsRoute)
+        }
+        (convert::GATEWAY_GROUP, _, "TCPRoute") => {
+            typed(&value, "TCPRoute").map(Manifest::TcpRoute)
+        }
+        (convert::GATEWAY_GROUP, _, "UDPRoute") => {
+            typed(&value, "UDPRoute").map(Manifest::UdpRoute)
+        }
+        (convert::GATEWAY_GROUP, _, "ReferenceGrant") => {
+            typed(&value, "ReferenceGrant").map(Manifest::ReferenceGrant)
+        }
+        ("aether.io", "v1alpha1", "MeshFilter") => {
+            typed(&value, "MeshFilter").map(Manifest::MeshFilter)
+        }
+        (
+            "apps" | "batch",
+            _,
+            "Deployment" | "ReplicaSet" | "StatefulSet" | "DaemonSet" | "Job" | "CronJob",
+        ) => Err(ManifestIssue::UnsupportedKind {
+            api_version: api_version.clone(),
+            kind: kind.clone(),
+            hint: "the file registry runs no controllers; write the Pods themselves, each with status.podIP",
+        }),
+        _ => Err(unknown()),
+    }
+}
+
+/// Sets `metadata.namespace: default` when the document has none.
+fn default_namespace(value: &mut YamlValue) {
+    let Some(map) = value.as_mapping_mut() else {
+        return;
+    };
+    let meta = map
+        .entry(YamlValue::from("metadata"))
+        .or_insert_with(|| YamlValue::Mapping(serde_yaml::Mapping::new()));
+    if let Some(meta) = meta.as_mapping_mut() {
+        let ns = meta
+            .entry(YamlValue::from("namespace"))
+            .or_insert(YamlValue::Null);
+        if ns.is_null() {
+            *ns = YamlValue::from("default");
+        }
+    }
+}
+
+/// Deserializes a document into `T`, with the field path in the error.
+///
+/// The value is written back to text and read again because only the text deserializer tracks
+/// the path (`spec.ports[0].port: invalid type ...`); its line numbers would refer to the
+/// rewritten text, so they are cut off.
+fn typed<T: DeserializeOwned>(
+    value: &YamlValue,
+    kind: &'static str,
+) -> Result<Box<T>, ManifestIssue> {
+    let invalid = |e: serde_yaml::Error| {
+        let message = e.to_string();
+        let message = match message.rsplit_once(" at line ") {
+            Some((head, _)) => head.to_owned(),
+            None => message,
+        };
+        ManifestIssue::Invalid { kind, message }
+    };
+    let text = serde_yaml::to_string(value).map_err(invalid)?;
+    serde_yaml::from_str(&text).map(Box::new).map_err(invalid)
+}
+
+/// Converts typed manifests into a snapshot; conversion errors become problems.
+fn convert_manifests(
+    manifests: &[(Origin, Manifest)],
+    problems: &mut Vec<ManifestProblem>,
+) -> Snapshot {
+    let mut snapshot = Snapshot::default();
+    let mut good_pods = Vec::new();
+    let mut good_services = Vec::new();
+    let mut service_origins = BTreeMap::new();
+    for (origin, manifest) in manifests {
+        let result = match manifest {
+            Manifest::Pod(pod) => convert_pod(pod, MissingReadyCondition::Ready).map(|converted| {
+                match converted.registration {
+                    Some(Registration::Row(row)) => snapshot.rows.push(row),
+                    Some(Registration::Refused(refused)) => snapshot.refused_pods.push(refused),
+                    None => {}
+                }
+                snapshot.pods.push(converted.pod);
+                good_pods.push(pod.as_ref());
+            }),
+            Manifest::Service(service) => convert_service(service).map(|converted| {
+                service_origins.insert(
+                    (converted.namespace.clone(), converted.name.clone()),
+                    origin,
+                );
+                snapshot.services.push(converted);
+                good_services.push(service.as_ref());
+            }),
+            Manifest::Namespace(ns) => convert_namespace(ns).map(|n| snapshot.namespaces.push(n)),
+            Manifest::ServiceAccount => Ok(()),
+            Manifest::EndpointSlice(s) => {
+                convert_endpoint_slice(s).map(|s| snapshot.endpoint_slices.push(s))
+            }
+            Manifest::HttpRoute(r) => convert_http_route(r).map(|r| snapshot.http_routes.push(r)),
+            Manifest::GrpcRoute(r) => convert_grpc_route(r).map(|r| snapshot.http_routes.push(r)),
+            Manifest::TlsRoute(r) => convert_tls_route(r).map(|r| snapshot.tls_routes.push(r)),
+            Manifest::TcpRoute(r) => convert_tcp_route(r).map(|r| snapshot.tcp_routes.push(r)),
+            Manifest::UdpRoute(r) => convert_udp_route(r).map(|r| snapshot.udp_routes.push(r)),
+            Manifest::ReferenceGrant(g) => {
+                convert_reference_grant(g).map(|g| snapshot.reference_grants.push(g))
+            }
+            Manifest::MeshFilter(f) => {
+                convert_mesh_filter(f).map(|f| snapshot.mesh_filters.push(f))
+            }
+        };
+        if let Err(e) = result {
+            problems.push(origin.problem(e.into()));
+        }
+    }
+    for slice in endpoint_slices_for(&good_services, &good_pods) {
+        match convert_endpoint_slice(&slice) {
+            Ok(s) => snapshot.endpoint_slices.push(s),
+            Err(e) => {
+                // A computed slice only fails when its Service's manifest is odd: blame that.
+                let service = slice
+                    .metadata
+                    .labels
+                    .as_ref()
+                    .and_then(|l| l.get(convert::LABEL_SERVICE_NAME))
+                    .cloned()
+                    .unwrap_or_default();
+                let namespace = slice.metadata.namespace.clone().unwrap_or_default();
+                if let Some(origin) = service_origins.get(&(namespace, service)) {
+                    problems.push(origin.problem(e.into()));
+                }
+            }
+        }
+    }
+    snapshot
+}
