@@ -5,6 +5,7 @@
 //! Each row states the dial, the authority and the bytes, and asserts what a client sees: the
 //! status and `x-aether-error` reason with the exact `ports:` line, or the delivery (service,
 //! port, pod port, and which pods), or raw TCP at accept, or a passthrough.
+#![allow(clippy::unwrap_used)] // Tests unwrap: a panic is the failure report (STYLE.md §6.4).
 
 use std::collections::BTreeSet;
 use std::path::Path;
@@ -221,6 +222,7 @@ impl World {
     }
 
     #[track_caller]
+    #[allow(clippy::needless_pass_by_value)] // Rows read as `check(leg, question, answer)`.
     fn check(&self, leg: &str, q: Q, want: Got) {
         let d = self.decide(&q);
         assert_eq!(

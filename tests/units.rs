@@ -1,5 +1,6 @@
 //! The unit-level legs of spec/legs.md §6 that need a compiled model: U1, U4, U5, U6, U10, U11,
 //! U13, plus determinism. Snapshots are built by hand, small enough to read.
+#![allow(clippy::unwrap_used)] // Tests unwrap: a panic is the failure report (STYLE.md §6.4).
 
 use std::collections::BTreeMap;
 use std::net::{IpAddr, SocketAddr};
@@ -463,7 +464,7 @@ fn u11_a_user_service_over_two_mesh_services_votes_over_its_pods() {
     let c = caller(Some("mp"));
     let http = [(ANNOTATION_PORT, "8080")];
     let tcp = [(ANNOTATION_PORT, "8080"), (ANNOTATION_PROTOCOL, "tcp")];
-    let rows = vec![
+    let rows = [
         row("mp", "v1", "10.0.0.1", &http, true),
         row("mp", "v2", "10.0.0.2", &http, true),
         row("mp", "v3", "10.0.0.3", &tcp, true),

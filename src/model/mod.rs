@@ -1,7 +1,7 @@
 //! The compiled per-port model and its compiler.
 //!
 //! Purity contract: nothing in this module performs IO, reads a clock, spawns a task or touches
-//! a global; time arrives as an argument. [`compile`] is a deterministic, order-independent
+//! a global; time arrives as an argument. [`compile()`] is a deterministic, order-independent
 //! function of a [`Snapshot`] and a [`NodeContext`], and the resulting [`Model`] is immutable:
 //! the daemon swaps a whole new one in.
 //!

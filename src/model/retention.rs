@@ -1,6 +1,6 @@
 //! Retained HTTP entries: grace versus replacement (spec/model.md §10).
 //!
-//! The retention state is an input of [`crate::model::compile`], computed by [`advance`] from
+//! The retention state is an input of [`crate::model::compile()`], computed by [`advance`] from
 //! the previous model's HTTP ports, the previous state, the new snapshot and the time. It is
 //! never copied from an earlier compiled model.
 //!

@@ -1,7 +1,7 @@
 //! The backend-neutral registry input: plain, comparable data.
 //!
 //! Every registry source (Kubernetes watches, the manifest directory, etcd) produces one
-//! [`Snapshot`]; [`crate::model::compile`] turns it into a [`crate::model::Model`]. Nothing here
+//! [`Snapshot`]; [`crate::model::compile()`] turns it into a [`crate::model::Model`]. Nothing here
 //! knows where the data came from, and nothing here is derived: the compiler derives.
 //!
 //! Layer 0 (pure): std, ipnet and serde only.
