@@ -333,6 +333,37 @@ fn a1_a2_a3_every_http_port_answers_on_every_family_and_path() {
 #[test]
 fn a4_a_port_less_parent_ref_applies_its_rule_on_both_paths() {
     let w = world(&["a4"]);
+    let status = w
+        .model
+        .route_statuses()
+        .iter()
+        .find(|s| s.name == "a4")
+        .unwrap();
+    let conditions: Vec<(&str, &str, &str, &str)> = status
+        .conditions
+        .iter()
+        .map(|c| {
+            (
+                c.type_.as_str(),
+                c.status.as_str(),
+                c.reason.as_str(),
+                c.message.as_str(),
+            )
+        })
+        .collect();
+    assert_eq!(
+        conditions,
+        vec![
+            ("Accepted", "True", "Accepted", ""),
+            ("ResolvedRefs", "True", "ResolvedRefs", ""),
+            (
+                "gateway.aether.io/PodPortsJudged",
+                "True",
+                "PodPortsHTTP",
+                "mp/mp-multi:9090->9090=http"
+            ),
+        ]
+    );
     for question in [
         q(CLIENT, format!("{}:9090", mesh("mp-multi"))),
         q(NOCAPTURE, LOOPBACK).host(format!("{}:9090", mesh("mp-multi"))),
@@ -773,6 +804,15 @@ fn n11_an_invalid_backend_share_is_answered_500_and_reported() {
             ("False", reason)
         );
         assert!(refs.message.contains(names), "{}", refs.message);
+        let judged = status
+            .conditions
+            .iter()
+            .find(|c| c.type_ == "gateway.aether.io/PodPortsJudged")
+            .unwrap();
+        assert_eq!(
+            (judged.status.as_str(), judged.reason.as_str()),
+            ("False", "PodPortNotHTTP")
+        );
     }
 }
 

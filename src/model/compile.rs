@@ -715,6 +715,64 @@ impl<'s> Compiler<'s> {
         }
     }
 
+    /// The `gateway.aether.io/PodPortsJudged` condition (routes.md §6.3): one verdict per
+    /// (Service, Service port, pod port) of the route's backendRefs that this node can judge.
+    fn pod_ports_judged(
+        &self,
+        route: &HttpRoute,
+        names: &BTreeMap<(&str, &str), NameEntry>,
+    ) -> Condition {
+        let mut verdicts = BTreeSet::new();
+        for b in route.rules.iter().flat_map(|r| r.backends.iter()) {
+            if !is_service_ref(&b.target) {
+                continue;
+            }
+            let ns = b.target.namespace.as_deref().unwrap_or(&route.namespace);
+            let Some(port) = b.port else { continue };
+            let Some(e) = names.get(&(ns, b.target.name.as_str())) else {
+                continue;
+            };
+            let ports = match e.kind {
+                NameKind::MeshOnly => e.own_ports.as_ref().unwrap_or(&e.ports),
+                NameKind::Generated | NameKind::Routed => &e.ports,
+            };
+            let Some(f) = ports.get(&port) else {
+                // A generated Service's port is its pod port: no served row declares it.
+                if e.kind == NameKind::Generated
+                    && self.services.contains_key(&(ns, b.target.name.as_str()))
+                {
+                    verdicts.insert(format!("{ns}/{}:{port}->{port}=none", b.target.name));
+                }
+                continue;
+            };
+            let (Some(pod_port), Some(verdict)) = (
+                f.pod_port,
+                match f.class {
+                    PortClass::Known(p) => Some(p.as_str()),
+                    PortClass::None => Some("none"),
+                    PortClass::Unknown => None,
+                },
+            ) else {
+                continue;
+            };
+            verdicts.insert(format!(
+                "{ns}/{}:{port}->{pod_port}={verdict}",
+                b.target.name
+            ));
+        }
+        const TYPE: &str = "gateway.aether.io/PodPortsJudged";
+        if verdicts.is_empty() {
+            return cond(TYPE, "Unknown", "NotChecked", String::new());
+        }
+        let all_http = verdicts.iter().all(|v| v.ends_with("=http"));
+        let message = verdicts.into_iter().collect::<Vec<_>>().join("; ");
+        if all_http {
+            cond(TYPE, "True", "PodPortsHTTP", message)
+        } else {
+            cond(TYPE, "False", "PodPortNotHTTP", message)
+        }
+    }
+
     /// Attaches HTTPRoutes and GRPCRoutes to their parents' ports (routes.md §2) and returns
     /// their status entries.
     fn attach_http_routes(
@@ -790,6 +848,7 @@ impl<'s> Compiler<'s> {
                 })
                 .collect();
             let refs = resolved_refs_condition(&rules);
+            let judged = self.pod_ports_judged(route, names);
             let compiled = AttachedRoute {
                 kind: route.kind,
                 namespace: route.namespace.as_str().into(),
@@ -841,7 +900,7 @@ impl<'s> Compiler<'s> {
                     name: route.name.clone(),
                     generation: route.generation,
                     parent: describe_parent(&route.namespace, parent),
-                    conditions: vec![accepted_condition(accepted), refs.clone()],
+                    conditions: vec![accepted_condition(accepted), refs.clone(), judged.clone()],
                 });
             }
         }
