@@ -472,3 +472,34 @@ mod tests {
         );
     }
 }
+
+#[cfg(test)]
+mod never_panics {
+    use proptest::prelude::*;
+
+    use super::*;
+
+    proptest! {
+        /// Malformed Hosts get an answer, never a panic: every parser here is total.
+        #[test]
+        fn any_authority_is_read_without_panicking(host in "\\PC{0,64}", second in proptest::option::of("\\PC{0,16}")) {
+            let d = Domains { mesh: "aether.internal".into(), cluster: "cluster.local".into() };
+            let a = split_authority(&host);
+            let _ = read_name(a.name, &d);
+            let hosts: Vec<&str> = std::iter::once(host.as_str()).chain(second.as_deref()).collect();
+            for version in [HttpVersion::Http10, HttpVersion::Http11, HttpVersion::H2] {
+                let _ = effective_authority(&AuthorityInput { version, absolute: None, h2_authority: Some(&host), hosts: &hosts });
+            }
+        }
+
+        /// Upper and mixed case never change what a name means (I7).
+        #[test]
+        fn case_never_changes_a_name(svc in "[a-z][a-z0-9-]{0,8}", ns in "[a-z][a-z0-9-]{0,8}", flips in proptest::collection::vec(any::<bool>(), 40)) {
+            let d = Domains { mesh: "aether.internal".into(), cluster: "cluster.local".into() };
+            for name in [format!("{svc}.{ns}.aether.internal"), format!("{svc}.{ns}.svc.cluster.local"), format!("{svc}.{ns}"), svc.clone()] {
+                let mixed: String = name.chars().zip(flips.iter().cycle()).map(|(c, &up)| if up { c.to_ascii_uppercase() } else { c }).collect();
+                prop_assert_eq!(read_name(&mixed, &d), read_name(&name, &d));
+            }
+        }
+    }
+}

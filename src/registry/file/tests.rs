@@ -414,3 +414,44 @@ fn load_dir_on_a_missing_directory_is_a_file_error() {
         other => panic!("{other:?}"),
     }
 }
+
+mod never_panics {
+    use proptest::prelude::*;
+
+    use super::*;
+
+    const FIXTURE: &str = include_str!(concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/config/examples/mp/10-mp-mixed.yaml"
+    ));
+
+    proptest! {
+        #![proptest_config(ProptestConfig { cases: 256, ..ProptestConfig::default() })]
+
+        /// Bad manifests are reported, never a panic: arbitrary text.
+        #[test]
+        fn arbitrary_text_loads_or_is_reported(text in "\\PC{0,400}") {
+            let out = load(&[("x.yaml", &text)]);
+            for p in &out.problems {
+                prop_assert_eq!(p.file.to_str(), Some("x.yaml"));
+                prop_assert!(p.document >= 1);
+            }
+        }
+
+        /// A real manifest with one byte range cut out or replaced: still no panic, and every
+        /// document either converts or is reported with its file and document number.
+        #[test]
+        fn a_damaged_fixture_loads_or_is_reported(cut in 0usize..2000, len in 0usize..40, with in "[ :a-z0-9\\-\\n\"]{0,6}") {
+            let start = cut.min(FIXTURE.len());
+            let end = (start + len).min(FIXTURE.len());
+            if FIXTURE.is_char_boundary(start) && FIXTURE.is_char_boundary(end) {
+                let text = format!("{}{with}{}", &FIXTURE[..start], &FIXTURE[end..]);
+                let out = load(&[("damaged.yaml", &text)]);
+                for p in &out.problems {
+                    prop_assert_eq!(p.file.to_str(), Some("damaged.yaml"));
+                    prop_assert!(p.document >= 1);
+                }
+            }
+        }
+    }
+}
