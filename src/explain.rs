@@ -393,10 +393,14 @@ pub fn decide(
         }
         match classify_connection(model, &caller, dialled) {
             ConnDecision::Tcp(c) => {
-                let why = Why::new(
-                    "addressing.md §3",
-                    "raw TCP at accept: no byte is read, nothing is waited for",
-                );
+                // The choice carries the reason its destination was chosen for.
+                let why = match c.backends.first() {
+                    Some((_, TcpBackend::Target(t))) => Why::new(
+                        t.why.rule,
+                        format!("{}; decided at accept: no byte is read, nothing is waited for", t.why.detail),
+                    ),
+                    _ => Why::new("addressing.md §3", "raw TCP at accept: no byte is read, nothing is waited for"),
+                };
                 out.connection = ConnOutcome::Tcp(c, why);
                 return Ok(out);
             }
