@@ -8,3 +8,5 @@
 pub mod model;
 pub mod registry;
 pub mod resolve;
+#[cfg(any(test, feature = "testing"))]
+pub mod test_util;

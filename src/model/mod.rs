@@ -15,6 +15,8 @@ pub mod compile;
 pub mod diag;
 pub mod names;
 pub mod port;
+#[cfg(test)]
+mod proptests;
 pub mod registrar;
 pub mod retention;
 pub mod route_match;
