@@ -25,6 +25,7 @@ use crate::model::names::mesh_name;
 use crate::model::port::{
     LEGACY_PORT, PROXY_PORT, PortClass, PortProtocol, Transport, is_reserved,
 };
+use crate::model::retention::GRACE_MS;
 use crate::model::route_match::{RouteInput, RouteTable};
 use crate::model::rows::{row_problem, served_protocols};
 use crate::model::snapshot::{
@@ -350,6 +351,19 @@ impl<'s> Compiler<'s> {
             if let Some(user) = services.get(&k)
                 && !user.generated
             {
+                continue;
+            }
+            // spec/model.md §10: a generated Service with real ports is evidence of the
+            // service's shape (the port is then cold or gone), and a retained entry is removed
+            // at the end of its grace.
+            if let Some(g) = services.get(&k)
+                && g.ports
+                    .iter()
+                    .any(|p| p.port != PROXY_PORT && p.port != LEGACY_PORT)
+            {
+                continue;
+            }
+            if ctx.now_ms.saturating_sub(r.since_ms) >= GRACE_MS {
                 continue;
             }
             let e = names.entry(k).or_insert_with(|| {
