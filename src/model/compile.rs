@@ -210,11 +210,12 @@ impl<'s> Compiler<'s> {
                 .or_default()
                 .extend(s.endpoints.iter().flat_map(|e| e.addresses.iter().copied()));
             for p in &s.ports {
-                if let (Some(name), Some(port)) = (&p.name, p.port) {
+                // A slice port carries its ServicePort's name ("" for an unnamed one).
+                if let Some(port) = p.port {
                     slice_ports
                         .entry(k)
                         .or_default()
-                        .entry(name)
+                        .entry(p.name.as_deref().unwrap_or(""))
                         .or_default()
                         .insert(port);
                 }
@@ -1166,9 +1167,11 @@ fn user_ports(
         let pod_port = match &p.target {
             TargetPort::Same => Some(p.port),
             TargetPort::Number(n) => Some(*n),
-            TargetPort::Name(name) => slice_ports
+            // spec/model.md §9.2: the slice port that carries the ServicePort's name (not the
+            // targetPort's) gives the number.
+            TargetPort::Name(_) => slice_ports
                 .get(&(u.namespace.as_str(), u.name.as_str()))
-                .and_then(|m| m.get(name.as_str()))
+                .and_then(|m| m.get(p.name.as_deref().unwrap_or("")))
                 .filter(|nums| nums.len() == 1)
                 .and_then(|nums| nums.first().copied()),
         };
