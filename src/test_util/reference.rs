@@ -265,7 +265,9 @@ fn pod_port(s: &Snapshot, u: &Service, sp: &ServicePort) -> Option<u16> {
         TargetPort::Name(_) => {
             // The slice port that carries the ServicePort's name gives the number; every slice
             // that names it must agree.
-            let name = sp.name.as_deref()?;
+            // An unnamed ServicePort's slice port has the empty name; a slice port without a
+            // number tells nothing.
+            let name = sp.name.as_deref().unwrap_or("");
             let mut found: Option<u16> = None;
             for slice in s
                 .endpoint_slices
@@ -275,9 +277,9 @@ fn pod_port(s: &Snapshot, u: &Service, sp: &ServicePort) -> Option<u16> {
                 for p in slice
                     .ports
                     .iter()
-                    .filter(|p| p.name.as_deref() == Some(name))
+                    .filter(|p| p.name.as_deref().unwrap_or("") == name)
                 {
-                    let n = p.port?;
+                    let Some(n) = p.port else { continue };
                     match found {
                         Some(f) if f != n => return None,
                         _ => found = Some(n),
