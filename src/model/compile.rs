@@ -29,8 +29,8 @@ use crate::model::retention::GRACE_MS;
 use crate::model::route_match::{RouteInput, RouteTable};
 use crate::model::rows::{row_problem, served_protocols};
 use crate::model::snapshot::{
-    FilterConfig, HttpFilter, HttpRoute, HttpRouteKind, L4Route, ObjectRef, ParentRef, Row,
-    Service, Snapshot, TargetPort,
+    FilterConfig, HttpFilter, HttpRoute, HttpRouteKind, L4Route, ObjectRef, ParentRef,
+    ProtocolValue, Row, Service, Snapshot, TargetPort,
 };
 use crate::model::vote::{Tally, legacy_target, vote};
 use crate::model::{
@@ -97,14 +97,9 @@ impl<'s> Compiler<'s> {
     /// Step 1 and 2: served rows, votes, endpoints.
     fn serve_rows(&mut self) {
         let mut rows: Vec<&Row> = self.snapshot.rows.iter().collect();
-        rows.sort_by(|a, b| {
-            (&a.namespace, &a.service, a.address, &a.pod).cmp(&(
-                &b.namespace,
-                &b.service,
-                b.address,
-                &b.pod,
-            ))
-        });
+        // A total order, so that de-duplication keeps the same row of a pod listed twice
+        // whatever order the rows arrive in (spec/model.md §3.4, §6.1).
+        rows.sort_by(|a, b| row_order(a, b));
         for p in &self.snapshot.refused_pods {
             self.diagnostics.push(Diagnostic::new(
                 DiagnosticKind::PodRefused,
@@ -1100,6 +1095,38 @@ impl<'s> Compiler<'s> {
             ),
         }
     }
+}
+
+/// A total order on rows: identity first, then every other field.
+fn row_order(a: &Row, b: &Row) -> std::cmp::Ordering {
+    fn value(v: &ProtocolValue) -> (u8, Option<PortProtocol>, &str) {
+        match v {
+            ProtocolValue::Known(p) => (0, Some(*p), ""),
+            ProtocolValue::Unspecified => (1, None, ""),
+            ProtocolValue::Unknown(s) => (2, None, s),
+        }
+    }
+    (&a.namespace, &a.service, a.address, &a.pod)
+        .cmp(&(&b.namespace, &b.service, b.address, &b.pod))
+        .then_with(|| (&a.node, a.ready, a.port).cmp(&(&b.node, b.ready, b.port)))
+        .then_with(|| {
+            // The listed ports as a set: their order carries no meaning.
+            let sorted = |r: &Row| {
+                let mut v = r.ports.clone();
+                v.sort_unstable();
+                v
+            };
+            sorted(a).cmp(&sorted(b))
+        })
+        .then_with(|| match (&a.port_protocols, &b.port_protocols) {
+            (None, None) => std::cmp::Ordering::Equal,
+            (None, Some(_)) => std::cmp::Ordering::Less,
+            (Some(_), None) => std::cmp::Ordering::Greater,
+            (Some(x), Some(y)) => x
+                .iter()
+                .map(|(k, v)| (*k, value(v)))
+                .cmp(y.iter().map(|(k, v)| (*k, value(v)))),
+        })
 }
 
 fn endpoint(row: &Row, _ctx: &NodeContext) -> Endpoint {
