@@ -156,8 +156,61 @@ fn svc_gen() -> impl Strategy<Value = SvcGen> {
         )
 }
 
-fn world() -> impl Strategy<Value = Vec<SvcGen>> {
-    prop::collection::vec(svc_gen(), 1..7)
+/// An extra HTTPRoute between the world's names: consumer routes from another namespace,
+/// parentRef ports, backends in other Services and namespaces, GRPCRoutes.
+#[derive(Clone, Debug)]
+struct RouteGen {
+    route_ns: usize,
+    parent: (usize, usize),
+    /// An index into POOL ∪ FRONTS, or none.
+    parent_port: Option<usize>,
+    backend: (usize, usize),
+    backend_port: usize,
+    grpc: bool,
+}
+
+fn route_gen() -> impl Strategy<Value = RouteGen> {
+    (
+        0..NAMESPACES.len(),
+        (0..NAMESPACES.len(), 0..NAMES.len()),
+        prop::option::weighted(0.4, 0..POOL.len() + FRONTS.len()),
+        (0..NAMESPACES.len(), 0..NAMES.len()),
+        0..POOL.len() + FRONTS.len(),
+        prop::bool::weighted(0.2),
+    )
+        .prop_map(
+            |(route_ns, parent, parent_port, backend, backend_port, grpc)| RouteGen {
+                route_ns,
+                parent,
+                parent_port,
+                backend,
+                backend_port,
+                grpc,
+            },
+        )
+}
+
+/// A world: its services and, sometimes, extra routes between them.
+#[derive(Clone, Debug)]
+struct World {
+    services: Vec<SvcGen>,
+    routes: Vec<RouteGen>,
+}
+
+fn world() -> impl Strategy<Value = World> {
+    (
+        prop::collection::vec(svc_gen(), 1..7),
+        prop::collection::vec(route_gen(), 0..3),
+    )
+        .prop_map(|(services, routes)| World { services, routes })
+}
+
+fn any_port(i: usize) -> u16 {
+    POOL.iter()
+        .chain(FRONTS.iter())
+        .copied()
+        .nth(i)
+        .unwrap_or(UNDECLARED)
 }
 
 fn proto(p: u8) -> PortProtocol {
@@ -207,7 +260,8 @@ fn http_route(ns: &str, name: &str, backend_port: Option<u16>) -> HttpRoute {
 }
 
 /// Builds the snapshot a world describes, completed by the registrar (ClusterIPs included).
-fn build(world: &[SvcGen]) -> Snapshot {
+fn build(w: &World) -> Snapshot {
+    let world = &w.services;
     let mut s = Snapshot {
         namespaces: NAMESPACES.iter().map(|n| (*n).to_owned()).collect(),
         ..Snapshot::default()
@@ -452,6 +506,27 @@ fn build(world: &[SvcGen]) -> Snapshot {
             selector: Some(selector),
             ports,
         });
+    }
+    for (i, r) in w.routes.iter().enumerate() {
+        let obj = |(ns, name): (usize, usize)| ObjectRef {
+            group: String::new(),
+            kind: "Service".into(),
+            namespace: Some(NAMESPACES[ns].into()),
+            name: NAMES[name].into(),
+        };
+        let mut route = http_route(NAMESPACES[r.route_ns], "extra", None);
+        route.name = format!("extra-{i}");
+        if r.grpc {
+            route.kind = HttpRouteKind::Grpc;
+        }
+        route.parents = vec![ParentRef {
+            target: obj(r.parent),
+            port: r.parent_port.map(any_port),
+            section_name: None,
+        }];
+        route.rules[0].backends[0].target = obj(r.backend);
+        route.rules[0].backends[0].port = Some(any_port(r.backend_port));
+        s.http_routes.push(route);
     }
     complete_snapshot(&mut s, "10.96.0.0/16".parse().unwrap());
     s
@@ -975,8 +1050,17 @@ fn garbage_row() -> impl Strategy<Value = Row> {
 
 // === The properties ===
 
+/// The case count: `PROPTEST_CASES` for a deeper run, otherwise a count that keeps the suite
+/// well under a minute in a debug build.
+fn cases(default: u32) -> u32 {
+    std::env::var("PROPTEST_CASES")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(default)
+}
+
 proptest! {
-    #![proptest_config(ProptestConfig { cases: 24, ..ProptestConfig::default() })]
+    #![proptest_config(ProptestConfig { cases: cases(24), ..ProptestConfig::default() })]
 
     /// U9: the compiled answer to every request equals the reference evaluator's.
     #[test]
@@ -987,7 +1071,7 @@ proptest! {
 }
 
 proptest! {
-    #![proptest_config(ProptestConfig { cases: 64, ..ProptestConfig::default() })]
+    #![proptest_config(ProptestConfig { cases: cases(64), ..ProptestConfig::default() })]
 
     /// U9: the compiled classification of every captured connection equals the reference's.
     #[test]
@@ -1001,10 +1085,30 @@ proptest! {
     fn compile_is_deterministic_and_order_independent(
         w in world(),
         garbage in prop::collection::vec(garbage_row(), 0..4),
+        duplicates in prop::collection::vec((any::<prop::sample::Index>(), 0u8..3), 0..3),
         seed in any::<u64>(),
     ) {
         let mut s = build(&w);
         s.rows.extend(garbage);
+        // Rows listed twice (one pod in two protocol listings), the copy disagreeing.
+        for (i, how) in duplicates {
+            if s.rows.is_empty() {
+                break;
+            }
+            let mut copy = s.rows[i.index(s.rows.len())].clone();
+            match how {
+                0 => copy.ready = !copy.ready,
+                1 => copy.pod = Some("other".into()),
+                _ => {
+                    if let Some(m) = &mut copy.port_protocols {
+                        for v in m.values_mut() {
+                            *v = ProtocolValue::Known(PortProtocol::Tcp);
+                        }
+                    }
+                }
+            }
+            s.rows.push(copy);
+        }
         let ctx = context();
         let once = compile(&s, &ctx);
         prop_assert_eq!(&once, &compile(&s, &ctx));
