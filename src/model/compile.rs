@@ -318,12 +318,9 @@ impl<'s> Compiler<'s> {
         // the name makes its mesh-domain spelling (e), not (d) (addressing.md §4.3, §4.5).
         for s in snapshot.services.iter().filter(|s| !s.generated) {
             let k = (s.namespace.as_str(), s.name.as_str());
-            if !names.contains_key(&k) {
-                names.insert(
-                    k,
-                    self.entry(k.0, k.1, NameKind::Unrelated, BTreeMap::new(), None),
-                );
-            }
+            names.entry(k).or_insert_with(|| {
+                self.entry(k.0, k.1, NameKind::Unrelated, BTreeMap::new(), None)
+            });
         }
         // Generated Services with no served row: cold, from their real ports (§9.3).
         for s in snapshot.services.iter().filter(|s| s.generated) {
