@@ -26,7 +26,7 @@ use crate::resolve::answer::HEADER_ERROR;
 use crate::resolve::decision::{Caller, CaptureMode, HttpEntry, RequestDecision, RequestFacts};
 use crate::resolve::{classify_connection, resolve_request};
 use crate::test_util::reference::{reference_connection, reference_request};
-use crate::test_util::{RequestVerdict, conn_verdict_of, verdict_of};
+use crate::test_util::{HoldKind, RequestVerdict, conn_verdict_of, verdict_of};
 
 const NAMESPACES: [&str; 3] = ["ns-a", "ns-b", "ns-c"];
 const NAMES: [&str; 4] = ["alpha", "beta", "gamma", "delta"];
@@ -747,8 +747,8 @@ fn compare_request(
     let compiled = resolve_request(model, caller, f);
     let reference = reference_request(s, ctx, caller, f);
     prop_assert_eq!(
-        verdict_of(&compiled),
-        reference.clone(),
+        &verdict_of(&compiled),
+        &reference,
         "caller {:?} facts {:?}",
         caller,
         f
@@ -849,7 +849,7 @@ fn check_requests(s: &Snapshot) -> Result<usize, TestCaseError> {
                         continue;
                     }
                     let input = authority_input(n / 4, &authority, &decoy, &hosts);
-                    let f = facts(*entry, input, n % 7 == 0);
+                    let f = facts(*entry, input, n.is_multiple_of(7));
                     let d = compare_request(s, &ctx, &model, caller, &f)?;
                     check_invariants(&model, &ctx, caller, &f, &authority, &d)?;
                 }
@@ -1141,4 +1141,155 @@ proptest! {
             }
         }
     }
+}
+
+// === Regressions: the disagreements the properties found, as plain tests ===
+
+fn one_pod(ports: &[(usize, u8)], ready: bool) -> PodGen {
+    PodGen {
+        ports: ports.to_vec(),
+        live: 0,
+        ready,
+        problem: None,
+        reserved: None,
+        tier: 0,
+    }
+}
+
+fn svc(pods: Vec<PodGen>, user: Option<UserGen>) -> SvcGen {
+    SvcGen {
+        ns: 0,
+        name: 0,
+        pods,
+        user,
+        cold: 0,
+        cold_ports: vec![],
+        retained: None,
+        route_on_generated: None,
+    }
+}
+
+fn user(ports: Vec<(usize, u8, usize)>, slices: u8) -> UserGen {
+    UserGen {
+        routed: false,
+        headless: false,
+        ports,
+        udp: false,
+        by_tier: false,
+        tier: 0,
+        slices,
+        backend_port: 0,
+    }
+}
+
+fn loopback(s: &Snapshot, host: &str) -> (RequestVerdict, RequestVerdict) {
+    let ctx = context();
+    let model = compile(s, &ctx);
+    let caller = callers("ns-a")[0].clone();
+    let hosts = [host];
+    let f = facts(
+        HttpEntry::Loopback,
+        authority_input(0, host, &[], &hosts),
+        false,
+    );
+    (
+        verdict_of(&resolve_request(&model, &caller, &f)),
+        reference_request(s, &ctx, &caller, &f),
+    )
+}
+
+/// spec/model.md §10: a generated Service's real ports are evidence; a retained port it does
+/// not declare is gone in the same refresh.
+#[test]
+fn a_retained_entry_yields_to_the_generated_services_real_ports() {
+    let mut g = svc(vec![], None);
+    g.cold = 2;
+    g.cold_ports = vec![(2, 0)]; // 9000/http
+    g.retained = Some((0, false)); // 80
+    let s = build(&World {
+        services: vec![g],
+        routes: vec![],
+    });
+    let (compiled, reference) = loopback(&s, "alpha.ns-a.aether.internal:80");
+    assert_eq!(compiled, reference);
+    assert_eq!(
+        compiled,
+        RequestVerdict::Answer {
+            status: 421,
+            reason: "port-not-declared".into(),
+            service: Some(("alpha.ns-a.aether.internal".into(), "9000/http".into())),
+        }
+    );
+}
+
+/// spec/model.md §10: a retained entry is removed at 90 s.
+#[test]
+fn a_retained_entry_ends_with_its_grace() {
+    let mut g = svc(vec![], None);
+    g.retained = Some((0, true));
+    let s = build(&World {
+        services: vec![g],
+        routes: vec![],
+    });
+    let (compiled, reference) = loopback(&s, "alpha.ns-a.aether.internal:80");
+    assert_eq!(compiled, reference);
+    assert_eq!(compiled, RequestVerdict::Hold(HoldKind::UnknownName));
+}
+
+/// addressing.md §4.3, §4.5 (d): a user Service of the name makes its mesh name (e), at once.
+#[test]
+fn an_unrelated_user_services_mesh_name_is_never_held() {
+    let s = build(&World {
+        services: vec![svc(vec![], Some(user(vec![(0, 0, 0)], 0)))],
+        routes: vec![],
+    });
+    let (compiled, reference) = loopback(&s, "alpha.ns-a.aether.internal:80");
+    assert_eq!(compiled, reference);
+    assert_eq!(
+        compiled,
+        RequestVerdict::Answer {
+            status: 404,
+            reason: "not-a-mesh-name".into(),
+            service: None,
+        }
+    );
+}
+
+/// spec/model.md §9.2: the slice port carrying the ServicePort's name gives the number.
+#[test]
+fn a_named_target_port_resolves_through_the_service_ports_name() {
+    // meshOnly alpha: user Service 80 -> targetPort "web", slices say http-80 = 9000.
+    let s = build(&World {
+        services: vec![svc(
+            vec![one_pod(&[(2, 0)], true)],
+            Some(user(vec![(0, 2, 2)], 1)),
+        )],
+        routes: vec![],
+    });
+    let (compiled, reference) = loopback(&s, "alpha.ns-a.aether.internal:80");
+    assert_eq!(compiled, reference);
+    assert!(
+        matches!(compiled, RequestVerdict::Deliver { pod_port: 9000, .. }),
+        "{compiled:?}"
+    );
+}
+
+/// spec/model.md §3.4, §6.1: a pod listed twice compiles the same in any order.
+#[test]
+fn duplicate_rows_compile_the_same_in_any_order() {
+    let mut s = build(&World {
+        services: vec![svc(vec![one_pod(&[(0, 0)], true)], None)],
+        routes: vec![],
+    });
+    let mut copy = s.rows[0].clone();
+    if let Some(m) = &mut copy.port_protocols {
+        for v in m.values_mut() {
+            *v = ProtocolValue::Known(PortProtocol::Tcp);
+        }
+    }
+    s.rows.push(copy);
+    let ctx = context();
+    let forward = compile(&s, &ctx);
+    s.rows.reverse();
+    assert_eq!(forward, compile(&s, &ctx));
 }
