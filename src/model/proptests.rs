@@ -160,27 +160,30 @@ fn svc_gen() -> impl Strategy<Value = SvcGen> {
 /// parentRef ports, backends in other Services and namespaces, GRPCRoutes.
 #[derive(Clone, Debug)]
 struct RouteGen {
+    /// The route's namespace; `usize::MAX` for the parent's (a producer route).
     route_ns: usize,
-    parent: (usize, usize),
+    /// The parent and the backend: indices into the world's services (modulo its length).
+    parent: usize,
     /// An index into POOL ∪ FRONTS, or none.
     parent_port: Option<usize>,
-    backend: (usize, usize),
+    backend: usize,
     backend_port: usize,
     grpc: bool,
 }
 
 fn route_gen() -> impl Strategy<Value = RouteGen> {
     (
-        0..NAMESPACES.len(),
-        (0..NAMESPACES.len(), 0..NAMES.len()),
+        (prop::bool::weighted(0.6), 0..NAMESPACES.len()),
+        0usize..6,
         prop::option::weighted(0.4, 0..POOL.len() + FRONTS.len()),
-        (0..NAMESPACES.len(), 0..NAMES.len()),
+        0usize..6,
         0..POOL.len() + FRONTS.len(),
         prop::bool::weighted(0.2),
     )
         .prop_map(
-            |(route_ns, parent, parent_port, backend, backend_port, grpc)| RouteGen {
-                route_ns,
+            |((producer, route_ns), parent, parent_port, backend, backend_port, grpc)| RouteGen {
+                // A producer route, or a consumer route from another namespace (§2.3).
+                route_ns: if producer { usize::MAX } else { route_ns },
                 parent,
                 parent_port,
                 backend,
@@ -508,24 +511,51 @@ fn build(w: &World) -> Snapshot {
         });
     }
     for (i, r) in w.routes.iter().enumerate() {
+        let pick = |k: usize| {
+            let g = &world[k % world.len()];
+            (g.ns, g.name)
+        };
         let obj = |(ns, name): (usize, usize)| ObjectRef {
             group: String::new(),
             kind: "Service".into(),
             namespace: Some(NAMESPACES[ns].into()),
             name: NAMES[name].into(),
         };
-        let mut route = http_route(NAMESPACES[r.route_ns], "extra", None);
+        let parent = pick(r.parent);
+        // Mostly a backend beside the parent: one in another namespace needs a ReferenceGrant.
+        let beside: Vec<&SvcGen> = world.iter().filter(|g| g.ns == parent.0).collect();
+        let backend_gen = if r.backend % 4 == 0 {
+            &world[r.backend % world.len()]
+        } else {
+            beside[r.backend % beside.len()]
+        };
+        let backend = (backend_gen.ns, backend_gen.name);
+        let route_ns = NAMESPACES
+            .get(r.route_ns)
+            .copied()
+            .unwrap_or(NAMESPACES[parent.0]);
+        let mut route = http_route(route_ns, "extra", None);
         route.name = format!("extra-{i}");
         if r.grpc {
             route.kind = HttpRouteKind::Grpc;
         }
         route.parents = vec![ParentRef {
-            target: obj(r.parent),
+            target: obj(parent),
             port: r.parent_port.map(any_port),
             section_name: None,
         }];
-        route.rules[0].backends[0].target = obj(r.backend);
-        route.rules[0].backends[0].port = Some(any_port(r.backend_port));
+        route.rules[0].backends[0].target = obj(backend);
+        // Mostly a port the backend declares, so that valid backends are common.
+        let declared = backend_gen
+            .user
+            .as_ref()
+            .and_then(|u| u.ports.first().map(|&(f, _, _)| FRONTS[f]))
+            .or_else(|| backend_gen.pods.first().map(|p| POOL[p.ports[0].0]));
+        let port = match declared {
+            Some(p) if r.backend_port % 3 != 0 => p,
+            _ => any_port(r.backend_port),
+        };
+        route.rules[0].backends[0].port = Some(port);
         s.http_routes.push(route);
     }
     complete_snapshot(&mut s, "10.96.0.0/16".parse().unwrap());
@@ -1060,7 +1090,7 @@ fn cases(default: u32) -> u32 {
 }
 
 proptest! {
-    #![proptest_config(ProptestConfig { cases: cases(24), ..ProptestConfig::default() })]
+    #![proptest_config(ProptestConfig { cases: cases(64), ..ProptestConfig::default() })]
 
     /// U9: the compiled answer to every request equals the reference evaluator's.
     #[test]
