@@ -804,7 +804,7 @@ impl<'s> Compiler<'s> {
                         (Some(s), _) if s.headless => {
                             Err("the parent Service is headless".to_owned())
                         }
-                        (_, Some((&k, e))) => match attach_ports(e, parent) {
+                        (s, Some((&k, e))) => match attach_ports(e, s.copied(), parent) {
                             Ok(ports) => {
                                 let audience: Audience = (ns != route.namespace)
                                     .then(|| Arc::from(route.namespace.as_str()));
@@ -1246,13 +1246,28 @@ fn default_tcp(
 }
 
 /// The front ports an HTTP parentRef attaches to (routes.md §2.1).
-fn attach_ports(e: &NameEntry, parent: &ParentRef) -> Result<Vec<u16>, String> {
+fn attach_ports(
+    e: &NameEntry,
+    service: Option<&Service>,
+    parent: &ParentRef,
+) -> Result<Vec<u16>, String> {
     let http = |f: &FrontPort| f.class.serves_http() && f.pod_port.is_some();
     let by_section = |name: &str| -> Option<u16> {
-        // A generated Service's ports are named p<port>-tcp.
-        name.strip_prefix('p')
-            .and_then(|r| r.strip_suffix("-tcp"))
-            .and_then(|n| n.parse::<u16>().ok())
+        // routes.md §2.1: the front port whose ServicePort is named n; a generated Service's
+        // ports are named p<port>-tcp, also before its Service object exists.
+        let named = service.and_then(|s| {
+            s.ports
+                .iter()
+                .find(|p| p.transport == Transport::Tcp && p.name.as_deref() == Some(name))
+                .map(|p| p.port)
+        });
+        let generated = || {
+            name.strip_prefix('p')
+                .and_then(|r| r.strip_suffix("-tcp"))
+                .and_then(|n| n.parse::<u16>().ok())
+        };
+        named
+            .or_else(|| service.is_none().then(generated).flatten())
             .filter(|p| e.ports.contains_key(p))
     };
     let port = match (&parent.port, &parent.section_name) {
