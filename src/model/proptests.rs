@@ -166,6 +166,9 @@ struct RouteGen {
     parent: usize,
     /// An index into POOL ∪ FRONTS, or none.
     parent_port: Option<usize>,
+    /// A sectionName: 0 the parent's ServicePort name for POOL ∪ FRONTS\[i\], 1 a name no
+    /// ServicePort has.
+    section: Option<(u8, usize)>,
     backend: usize,
     backend_port: usize,
     grpc: bool,
@@ -178,10 +181,21 @@ fn route_gen() -> impl Strategy<Value = RouteGen> {
         prop::option::weighted(0.4, 0..POOL.len() + FRONTS.len()),
         0usize..6,
         0..POOL.len() + FRONTS.len(),
-        prop::bool::weighted(0.2),
+        (
+            prop::bool::weighted(0.2),
+            prop::option::weighted(0.3, (0u8..2, 0..POOL.len() + FRONTS.len())),
+        ),
     )
         .prop_map(
-            |((producer, route_ns), parent, parent_port, backend, backend_port, grpc)| RouteGen {
+            |(
+                (producer, route_ns),
+                parent,
+                parent_port,
+                backend,
+                backend_port,
+                (grpc, section),
+            )| RouteGen {
+                section,
                 // A producer route, or a consumer route from another namespace (§2.3).
                 route_ns: if producer { usize::MAX } else { route_ns },
                 parent,
@@ -539,10 +553,18 @@ fn build(w: &World) -> Snapshot {
         if r.grpc {
             route.kind = HttpRouteKind::Grpc;
         }
+        let user_parent = world
+            .iter()
+            .any(|g| (g.ns, g.name) == parent && g.user.is_some());
+        let section_name = r.section.map(|(kind, i)| match kind {
+            0 if user_parent => format!("http-{}", any_port(i)),
+            0 => format!("p{}-tcp", any_port(i)),
+            _ => "nope".to_owned(),
+        });
         route.parents = vec![ParentRef {
             target: obj(parent),
             port: r.parent_port.map(any_port),
-            section_name: None,
+            section_name,
         }];
         route.rules[0].backends[0].target = obj(backend);
         // Mostly a port the backend declares, so that valid backends are common.
@@ -1322,4 +1344,37 @@ fn duplicate_rows_compile_the_same_in_any_order() {
     let forward = compile(&s, &ctx);
     s.rows.reverse();
     assert_eq!(forward, compile(&s, &ctx));
+}
+
+/// routes.md §2.1: a sectionName names the ServicePort of that name, on a user Service too.
+#[test]
+fn a_section_name_attaches_to_a_user_services_named_port() {
+    // Routed user Service alpha: 8080 -> 8080, ServicePort "http-8080"; the route's parentRef
+    // names that section and sends everything to beta:8080.
+    let mut u = user(vec![(1, 0, 0)], 1);
+    u.routed = false;
+    let mut b = svc(vec![one_pod(&[(1, 0)], true)], None);
+    b.name = 1;
+    let s = build(&World {
+        services: vec![svc(vec![one_pod(&[(1, 0)], true)], Some(u)), b],
+        routes: vec![RouteGen {
+            route_ns: usize::MAX,
+            parent: 0,
+            parent_port: None,
+            section: Some((0, 6)), // FRONTS[1] = 8080
+            backend: 1,
+            backend_port: 1,
+            grpc: false,
+        }],
+    });
+    assert_eq!(
+        s.http_routes[0].parents[0].section_name.as_deref(),
+        Some("http-8080")
+    );
+    let (compiled, reference) = loopback(&s, "alpha.ns-a.aether.internal:8080");
+    assert_eq!(compiled, reference);
+    assert!(
+        matches!(&compiled, RequestVerdict::Deliver { backend, .. } if backend.1 == "beta"),
+        "{compiled:?}"
+    );
 }

@@ -1,7 +1,7 @@
 //! Test helpers: comparable verdicts and the reference evaluator (spec/model.md §13 item 5).
 //!
 //! Compiled only for tests and under the `testing` feature. Nothing here is used by the
-//! daemon. The [`reference`] module answers connections and requests straight from a
+//! daemon. The [`reference`](mod@reference) module answers connections and requests straight from a
 //! [`crate::model::Snapshot`], by linear scans, as a second reading of addressing.md; the
 //! property tests in `model::proptests` check that the compiled model answers the same.
 //!

@@ -3,7 +3,7 @@
 //! This is the second reading that spec/model.md §13 item 5 asks for. It is deliberately
 //! plain: every question ("which rows are served?", "who owns this name?", "which routes are
 //! attached to this port?") is answered by a linear scan of the snapshot at the moment it is
-//! asked. It never calls [`crate::model::compile`], never reads a [`crate::model::Model`], and
+//! asked. It never calls [`crate::model::compile()`], never reads a [`crate::model::Model`], and
 //! reuses none of the compiler's helpers. It does reuse these separately unit-tested pieces,
 //! which both sides must agree on anyway:
 //! - [`split_authority`], [`effective_authority`] and [`read_name`] (addressing.md §4.1, §4.2);
@@ -14,7 +14,7 @@
 //! generated Services with their EndpointSlices, retained entries, and HTTPRoutes whose
 //! attached rule matches every request (one rule, no match or prefix `/`, one backend). It does not
 //! transcribe Gateway API match precedence (the route matcher's own tests do), TLSRoute or
-//! TCPRoute (steps 2 and 3 of §3), sectionName parentRefs, or route filters; snapshots that use
+//! TCPRoute (steps 2 and 3 of §3), or route filters; snapshots that use
 //! them are outside its domain.
 //!
 //! Readings of the spec where the text leaves a choice (each also marked where it is used):
@@ -785,14 +785,27 @@ fn attached_rule<'s>(
     let mut producer: Vec<&HttpRoute> = Vec::new();
     let mut consumer: Vec<&HttpRoute> = Vec::new();
     for r in &s.http_routes {
+        // A sectionName names the front port whose ServicePort carries that name.
+        let section = |n: &str| {
+            s.services
+                .iter()
+                .filter(|x| x.namespace == name.ns && x.name == name.name)
+                .flat_map(|x| x.ports.iter())
+                .find(|p| p.transport == Transport::Tcp && p.name.as_deref() == Some(n))
+                .map(|p| p.port)
+        };
         let attaches = r.parents.iter().any(|p| {
             names_service(r, &p.target, &name.ns, &name.name)
-                && p.section_name.is_none()
-                && match p.port {
+                && http(fp)
+                && match (p.port, p.section_name.as_deref()) {
                     // A port-less parentRef attaches to every HTTP port...
-                    None => name.ports.iter().any(http) && http(fp),
-                    // ...a port to that port only, if it is HTTP.
-                    Some(p) => p == fp.port && http(fp),
+                    (None, None) => true,
+                    // ...a port to that port only, if it is HTTP...
+                    (Some(q), None) => q == fp.port,
+                    // ...a sectionName to the port it names...
+                    (None, Some(n)) => section(n) == Some(fp.port),
+                    // ...and both to one ServicePort that has both.
+                    (Some(q), Some(n)) => q == fp.port && section(n) == Some(q),
                 }
         });
         if !attaches {
