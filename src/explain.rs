@@ -397,9 +397,15 @@ pub fn decide(
                 let why = match c.backends.first() {
                     Some((_, TcpBackend::Target(t))) => Why::new(
                         t.why.rule,
-                        format!("{}; decided at accept: no byte is read, nothing is waited for", t.why.detail),
+                        format!(
+                            "{}; decided at accept: no byte is read, nothing is waited for",
+                            t.why.detail
+                        ),
                     ),
-                    _ => Why::new("addressing.md §3", "raw TCP at accept: no byte is read, nothing is waited for"),
+                    _ => Why::new(
+                        "addressing.md §3",
+                        "raw TCP at accept: no byte is read, nothing is waited for",
+                    ),
                 };
                 out.connection = ConnOutcome::Tcp(c, why);
                 return Ok(out);

@@ -9,3 +9,5 @@ pub mod explain;
 pub mod model;
 pub mod registry;
 pub mod resolve;
+#[cfg(any(test, feature = "testing"))]
+pub mod test_util;

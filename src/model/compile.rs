@@ -25,11 +25,12 @@ use crate::model::names::mesh_name;
 use crate::model::port::{
     LEGACY_PORT, PROXY_PORT, PortClass, PortProtocol, Transport, is_reserved,
 };
+use crate::model::retention::GRACE_MS;
 use crate::model::route_match::{RouteInput, RouteTable};
 use crate::model::rows::{row_problem, served_protocols};
 use crate::model::snapshot::{
-    FilterConfig, HttpFilter, HttpRoute, HttpRouteKind, L4Route, ObjectRef, ParentRef, Row,
-    Service, Snapshot, TargetPort,
+    FilterConfig, HttpFilter, HttpRoute, HttpRouteKind, L4Route, ObjectRef, ParentRef,
+    ProtocolValue, Row, Service, Snapshot, TargetPort,
 };
 use crate::model::vote::{Tally, legacy_target, vote};
 use crate::model::{
@@ -96,14 +97,9 @@ impl<'s> Compiler<'s> {
     /// Step 1 and 2: served rows, votes, endpoints.
     fn serve_rows(&mut self) {
         let mut rows: Vec<&Row> = self.snapshot.rows.iter().collect();
-        rows.sort_by(|a, b| {
-            (&a.namespace, &a.service, a.address, &a.pod).cmp(&(
-                &b.namespace,
-                &b.service,
-                b.address,
-                &b.pod,
-            ))
-        });
+        // A total order, so that de-duplication keeps the same row of a pod listed twice
+        // whatever order the rows arrive in (spec/model.md §3.4, §6.1).
+        rows.sort_by(|a, b| row_order(a, b));
         for p in &self.snapshot.refused_pods {
             self.diagnostics.push(Diagnostic::new(
                 DiagnosticKind::PodRefused,
@@ -318,6 +314,14 @@ impl<'s> Compiler<'s> {
                 self.entry(ns, name, NameKind::Routed, ports, None),
             );
         }
+        // Unrelated user Services (and headless ones with no mesh service): a user Service of
+        // the name makes its mesh-domain spelling (e), not (d) (addressing.md §4.3, §4.5).
+        for s in snapshot.services.iter().filter(|s| !s.generated) {
+            let k = (s.namespace.as_str(), s.name.as_str());
+            names.entry(k).or_insert_with(|| {
+                self.entry(k.0, k.1, NameKind::Unrelated, BTreeMap::new(), None)
+            });
+        }
         // Generated Services with no served row: cold, from their real ports (§9.3).
         for s in snapshot.services.iter().filter(|s| s.generated) {
             let k = (s.namespace.as_str(), s.name.as_str());
@@ -351,6 +355,19 @@ impl<'s> Compiler<'s> {
             if let Some(user) = services.get(&k)
                 && !user.generated
             {
+                continue;
+            }
+            // spec/model.md §10: a generated Service with real ports is evidence of the
+            // service's shape (the port is then cold or gone), and a retained entry is removed
+            // at the end of its grace.
+            if let Some(g) = services.get(&k)
+                && g.ports
+                    .iter()
+                    .any(|p| p.port != PROXY_PORT && p.port != LEGACY_PORT)
+            {
+                continue;
+            }
+            if ctx.now_ms.saturating_sub(r.since_ms) >= GRACE_MS {
                 continue;
             }
             let e = names.entry(k).or_insert_with(|| {
@@ -734,7 +751,7 @@ impl<'s> Compiler<'s> {
             };
             let ports = match e.kind {
                 NameKind::MeshOnly => e.own_ports.as_ref().unwrap_or(&e.ports),
-                NameKind::Generated | NameKind::Routed => &e.ports,
+                NameKind::Generated | NameKind::Routed | NameKind::Unrelated => &e.ports,
             };
             let Some(f) = ports.get(&port) else {
                 // A generated Service's port is its pod port: no served row declares it.
@@ -869,7 +886,7 @@ impl<'s> Compiler<'s> {
                         (Some(s), _) if s.headless => {
                             Err("the parent Service is headless".to_owned())
                         }
-                        (_, Some((&k, e))) => match attach_ports(e, parent) {
+                        (s, Some((&k, e))) => match attach_ports(e, s.copied(), parent) {
                             Ok(ports) => {
                                 let audience: Audience = (ns != route.namespace)
                                     .then(|| Arc::from(route.namespace.as_str()));
@@ -1160,6 +1177,38 @@ impl<'s> Compiler<'s> {
     }
 }
 
+/// A total order on rows: identity first, then every other field.
+fn row_order(a: &Row, b: &Row) -> std::cmp::Ordering {
+    fn value(v: &ProtocolValue) -> (u8, Option<PortProtocol>, &str) {
+        match v {
+            ProtocolValue::Known(p) => (0, Some(*p), ""),
+            ProtocolValue::Unspecified => (1, None, ""),
+            ProtocolValue::Unknown(s) => (2, None, s),
+        }
+    }
+    (&a.namespace, &a.service, a.address, &a.pod)
+        .cmp(&(&b.namespace, &b.service, b.address, &b.pod))
+        .then_with(|| (&a.node, a.ready, a.port).cmp(&(&b.node, b.ready, b.port)))
+        .then_with(|| {
+            // The listed ports as a set: their order carries no meaning.
+            let sorted = |r: &Row| {
+                let mut v = r.ports.clone();
+                v.sort_unstable();
+                v
+            };
+            sorted(a).cmp(&sorted(b))
+        })
+        .then_with(|| match (&a.port_protocols, &b.port_protocols) {
+            (None, None) => std::cmp::Ordering::Equal,
+            (None, Some(_)) => std::cmp::Ordering::Less,
+            (Some(_), None) => std::cmp::Ordering::Greater,
+            (Some(x), Some(y)) => x
+                .iter()
+                .map(|(k, v)| (*k, value(v)))
+                .cmp(y.iter().map(|(k, v)| (*k, value(v)))),
+        })
+}
+
 fn endpoint(row: &Row, _ctx: &NodeContext) -> Endpoint {
     Endpoint {
         address: row.address,
@@ -1301,13 +1350,28 @@ fn default_tcp(
 }
 
 /// The front ports an HTTP parentRef attaches to (routes.md §2.1).
-fn attach_ports(e: &NameEntry, parent: &ParentRef) -> Result<Vec<u16>, String> {
+fn attach_ports(
+    e: &NameEntry,
+    service: Option<&Service>,
+    parent: &ParentRef,
+) -> Result<Vec<u16>, String> {
     let http = |f: &FrontPort| f.class.serves_http() && f.pod_port.is_some();
     let by_section = |name: &str| -> Option<u16> {
-        // A generated Service's ports are named p<port>-tcp.
-        name.strip_prefix('p')
-            .and_then(|r| r.strip_suffix("-tcp"))
-            .and_then(|n| n.parse::<u16>().ok())
+        // routes.md §2.1: the front port whose ServicePort is named n; a generated Service's
+        // ports are named p<port>-tcp, also before its Service object exists.
+        let named = service.and_then(|s| {
+            s.ports
+                .iter()
+                .find(|p| p.transport == Transport::Tcp && p.name.as_deref() == Some(name))
+                .map(|p| p.port)
+        });
+        let generated = || {
+            name.strip_prefix('p')
+                .and_then(|r| r.strip_suffix("-tcp"))
+                .and_then(|n| n.parse::<u16>().ok())
+        };
+        named
+            .or_else(|| service.is_none().then(generated).flatten())
             .filter(|p| e.ports.contains_key(p))
     };
     let port = match (&parent.port, &parent.section_name) {

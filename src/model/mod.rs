@@ -16,6 +16,8 @@ pub mod diag;
 pub mod filters;
 pub mod names;
 pub mod port;
+#[cfg(test)]
+mod proptests;
 pub mod registrar;
 pub mod retention;
 pub mod route_match;
@@ -129,6 +131,9 @@ pub(crate) enum NameKind {
     Routed,
     /// A mesh service whose name an unrouted (or headless) user Service owns.
     MeshOnly,
+    /// An unrelated user Service (§4.3 row 5): none of its names is the mesh's, and its
+    /// mesh-domain spelling is category (e), never (d). It has no ports and is never known.
+    Unrelated,
 }
 
 /// One front port of a name.

@@ -194,7 +194,12 @@ fn categorise<'m>(model: &'m Model, caller: &Caller, name: &str) -> Category<'m>
             service,
             namespace,
         } => {
-            let entry = lookup(&namespace, &service).filter(|e| e.known);
+            let found = lookup(&namespace, &service);
+            if found.is_some_and(|e| e.kind == NameKind::Unrelated) {
+                // addressing.md §4.3 row 5, §4.5 (d): a user Service of the name is not unknown.
+                return Category::Foreign;
+            }
+            let entry = found.filter(|e| e.known);
             match (family, entry) {
                 (crate::model::names::Family::Mesh, Some(e)) => Category::Mesh(e),
                 (crate::model::names::Family::Mesh, None) => Category::UnknownMeshName,
