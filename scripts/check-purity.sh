@@ -3,8 +3,9 @@
 # globals, or imports a crate outside the Layer-0 allow-list. Run from the repository root.
 set -euo pipefail
 
+# Test-only files (tests.rs, proptests.rs) are left out: a test may read PROPTEST_CASES.
 pure_files() {
-  find src/model src/resolve -name '*.rs'
+  find src/model src/resolve -name '*.rs' ! -name 'tests.rs' ! -name 'proptests.rs'
   find src -path '*/convert.rs' -o -path 'src/capture/plan.rs' -o -path 'src/proxy/sniff.rs' | sort -u
 }
 
