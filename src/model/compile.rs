@@ -49,11 +49,15 @@ const H2C: &str = "kubernetes.io/h2c";
 struct Served<'s> {
     row: &'s Row,
     protocols: BTreeMap<u16, PortProtocol>,
+    /// The row as an endpoint, built once and shared by every endpoint set it joins.
+    endpoint: Endpoint,
 }
 
 /// A mesh service's rows and what follows from them.
 #[derive(Debug, Default)]
 struct MeshService<'s> {
+    /// The service's key, allocated once.
+    key: Option<ServiceKey>,
     rows: Vec<Served<'s>>,
     classes: BTreeMap<u16, PortProtocol>,
     endpoints: BTreeMap<u16, Arc<[Endpoint]>>,
@@ -77,7 +81,7 @@ pub fn compile(snapshot: &Snapshot, ctx: &NodeContext) -> Model {
         snapshot,
         ctx,
         diagnostics: Vec::new(),
-        services: BTreeMap::new(),
+        services: HashMap::new(),
         by_address: BTreeMap::new(),
     };
     c.serve_rows();
@@ -88,7 +92,7 @@ struct Compiler<'s> {
     snapshot: &'s Snapshot,
     ctx: &'s NodeContext,
     diagnostics: Vec<Diagnostic>,
-    services: BTreeMap<(&'s str, &'s str), MeshService<'s>>,
+    services: HashMap<(&'s str, &'s str), MeshService<'s>>,
     /// Served rows by pod address: (mesh service, protocols, row).
     by_address: BTreeMap<IpAddr, (&'s str, &'s str, &'s Row)>,
 }
@@ -108,6 +112,7 @@ impl<'s> Compiler<'s> {
             ));
         }
         let mut seen: BTreeSet<(&str, &str, IpAddr)> = BTreeSet::new();
+        let mut nodes: BTreeMap<&str, Arc<str>> = BTreeMap::new();
         for row in rows {
             if let Some(problem) = row_problem(row) {
                 self.diagnostics.push(Diagnostic::new(
@@ -149,13 +154,30 @@ impl<'s> Compiler<'s> {
                         .insert(row.address, (&row.namespace, &row.service, row));
                 }
             }
-            self.services
+            let m = self
+                .services
                 .entry((&row.namespace, &row.service))
-                .or_default()
-                .rows
-                .push(Served { row, protocols });
+                .or_default();
+            let mesh_service = m
+                .key
+                .get_or_insert_with(|| key(&row.namespace, &row.service))
+                .clone();
+            let node = row
+                .node
+                .as_deref()
+                .map(|n| nodes.entry(n).or_insert_with(|| Arc::from(n)).clone());
+            let endpoint = Endpoint {
+                address: row.address,
+                pod: row.pod.as_deref().map(Arc::from),
+                node,
+                mesh_service,
+            };
+            m.rows.push(Served {
+                row,
+                protocols,
+                endpoint,
+            });
         }
-        let ctx = self.ctx;
         for ((ns, svc), m) in &mut self.services {
             let tallies = vote(m.rows.iter().map(|r| &r.protocols));
             for (&port, tally) in &tallies {
@@ -175,7 +197,7 @@ impl<'s> Compiler<'s> {
                     .rows
                     .iter()
                     .filter(|r| r.row.ready && r.protocols.get(&port) == Some(&class))
-                    .map(|r| endpoint(r.row, ctx))
+                    .map(|r| r.endpoint.clone())
                     .collect();
                 m.endpoints.insert(port, eps.into());
             }
@@ -186,16 +208,15 @@ impl<'s> Compiler<'s> {
     fn finish(mut self) -> Model {
         let snapshot = self.snapshot;
         let ctx = self.ctx;
-        let services: BTreeMap<(&str, &str), &Service> = snapshot
+        let services: HashMap<(&str, &str), &Service> = snapshot
             .services
             .iter()
             .map(|s| ((s.namespace.as_str(), s.name.as_str()), s))
             .collect();
 
         // Rows by address, and the pods behind each user Service (its EndpointSlices).
-        let mut behind: BTreeMap<(&str, &str), BTreeSet<IpAddr>> = BTreeMap::new();
-        let mut slice_ports: BTreeMap<(&str, &str), BTreeMap<&str, BTreeSet<u16>>> =
-            BTreeMap::new();
+        let mut behind: HashMap<(&str, &str), BTreeSet<IpAddr>> = HashMap::new();
+        let mut slice_ports: HashMap<(&str, &str), BTreeMap<&str, BTreeSet<u16>>> = HashMap::new();
         let mut slices_read: BTreeSet<(&str, &str)> = BTreeSet::new();
         for s in &snapshot.endpoint_slices {
             let k = (s.namespace.as_str(), s.service.as_str());
@@ -236,7 +257,7 @@ impl<'s> Compiler<'s> {
             }
         }
 
-        let mut names: BTreeMap<(&str, &str), NameEntry> = BTreeMap::new();
+        let mut names: HashMap<(&str, &str), NameEntry> = HashMap::new();
         // Mesh services.
         for (&(ns, svc), m) in &self.services {
             let own = own_ports(m);
@@ -302,7 +323,7 @@ impl<'s> Compiler<'s> {
                         let eps: Vec<Endpoint> = pods
                             .iter()
                             .filter(|r| r.row.ready && r.protocols.get(&pod_port) == Some(&w))
-                            .map(|r| endpoint(r.row, ctx))
+                            .map(|r| r.endpoint.clone())
                             .collect();
                         (PortClass::Known(w), eps.into())
                     }
@@ -498,7 +519,7 @@ impl<'s> Compiler<'s> {
                 .filter(|(p, proto)| m.classes.get(p) == Some(proto))
                 .map(|(&p, &proto)| (p, proto))
                 .collect();
-            let ep = endpoint(row, ctx);
+            let ep = served.endpoint.clone();
             let tcp = declared
                 .iter()
                 .filter(|(_, proto)| **proto == PortProtocol::Tcp)
@@ -642,8 +663,8 @@ impl<'s> Compiler<'s> {
         route: &HttpRoute,
         target: &ObjectRef,
         port: Option<u16>,
-        names: &BTreeMap<(&str, &str), NameEntry>,
-        services: &BTreeMap<(&str, &str), &Service>,
+        names: &HashMap<(&str, &str), NameEntry>,
+        services: &HashMap<(&str, &str), &Service>,
     ) -> Result<HttpBackend, InvalidRef> {
         let invalid = |reason, message: String| Err(InvalidRef { reason, message });
         if !is_service_ref(target) {
@@ -737,7 +758,7 @@ impl<'s> Compiler<'s> {
     fn pod_ports_judged(
         &self,
         route: &HttpRoute,
-        names: &BTreeMap<(&str, &str), NameEntry>,
+        names: &HashMap<(&str, &str), NameEntry>,
     ) -> Condition {
         let mut verdicts = BTreeSet::new();
         for b in route.rules.iter().flat_map(|r| r.backends.iter()) {
@@ -794,8 +815,8 @@ impl<'s> Compiler<'s> {
     /// their status entries.
     fn attach_http_routes(
         &mut self,
-        names: &mut BTreeMap<(&'s str, &'s str), NameEntry>,
-        services: &BTreeMap<(&str, &str), &Service>,
+        names: &mut HashMap<(&'s str, &'s str), NameEntry>,
+        services: &HashMap<(&str, &str), &Service>,
     ) -> Vec<RouteStatus> {
         let mut routes: Vec<&HttpRoute> = self.snapshot.http_routes.iter().collect();
         routes
@@ -973,8 +994,8 @@ impl<'s> Compiler<'s> {
         &self,
         routes: &'s [L4Route],
         kind: &str,
-        names: &'n BTreeMap<(&'s str, &'s str), NameEntry>,
-        services: &BTreeMap<(&str, &str), &Service>,
+        names: &'n HashMap<(&'s str, &'s str), NameEntry>,
+        services: &HashMap<(&str, &str), &Service>,
         statuses: &mut Vec<RouteStatus>,
     ) -> BTreeMap<((&'s str, &'s str), Option<u16>), Vec<TlsRule>> {
         let mut out: BTreeMap<((&str, &str), Option<u16>), Vec<TlsRule>> = BTreeMap::new();
@@ -1095,7 +1116,7 @@ impl<'s> Compiler<'s> {
         target: &ObjectRef,
         port: Option<u16>,
         wanted: Option<PortProtocol>,
-        names: &BTreeMap<(&str, &str), NameEntry>,
+        names: &HashMap<(&str, &str), NameEntry>,
     ) -> Result<TcpTarget, InvalidRef> {
         let invalid = |reason, message: String| Err(InvalidRef { reason, message });
         if !is_service_ref(target) {
@@ -1209,15 +1230,6 @@ fn row_order(a: &Row, b: &Row) -> std::cmp::Ordering {
         })
 }
 
-fn endpoint(row: &Row, _ctx: &NodeContext) -> Endpoint {
-    Endpoint {
-        address: row.address,
-        pod: row.pod.as_deref().map(Arc::from),
-        node: row.node.as_deref().map(Arc::from),
-        mesh_service: key(&row.namespace, &row.service),
-    }
-}
-
 fn front(pod_port: Option<u16>, class: PortClass, endpoints: Arc<[Endpoint]>) -> FrontPort {
     FrontPort {
         pod_port,
@@ -1253,7 +1265,7 @@ fn own_ports(m: &MeshService<'_>) -> BTreeMap<u16, FrontPort> {
 /// class and endpoints of a resolved pod port.
 fn user_ports(
     u: &Service,
-    slice_ports: &BTreeMap<(&str, &str), BTreeMap<&str, BTreeSet<u16>>>,
+    slice_ports: &HashMap<(&str, &str), BTreeMap<&str, BTreeSet<u16>>>,
     class_of: impl Fn(u16) -> (PortClass, Arc<[Endpoint]>),
 ) -> BTreeMap<u16, FrontPort> {
     let mut out = BTreeMap::new();
