@@ -268,6 +268,36 @@ pub fn served_protocols(row: &Row) -> BTreeMap<u16, PortProtocol> {
     out
 }
 
+/// `ListEndpoints(service, protocol)` (spec/model.md §3.4): every served row of the service that
+/// declares at least one port with `protocol`. The listing is a key space only: a port's class is
+/// read from the row's `port_protocols`, never from the listing the row was found in.
+pub fn list_endpoints<'r>(
+    rows: &'r [Row],
+    namespace: &str,
+    service: &str,
+    protocol: PortProtocol,
+) -> Vec<&'r Row> {
+    rows.iter()
+        .filter(|r| r.namespace == namespace && r.service == service)
+        .filter(|r| row_problem(r).is_none())
+        .filter(|r| served_protocols(r).values().any(|&p| p == protocol))
+        .collect()
+}
+
+/// Merges several listings into one set of rows, de-duplicated per (namespace, service,
+/// address) as every consumer of more than one listing must (spec/model.md §3.4). The first
+/// listing's copy of a row is kept.
+pub fn merge_listings<'r>(listings: &[Vec<&'r Row>]) -> Vec<&'r Row> {
+    let mut seen = std::collections::BTreeSet::new();
+    let mut out = Vec::new();
+    for row in listings.iter().flatten() {
+        if seen.insert((row.namespace.as_str(), row.service.as_str(), row.address)) {
+            out.push(*row);
+        }
+    }
+    out
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -400,6 +430,40 @@ mod tests {
         assert_eq!(
             row_problem(&row(70000, &[70000], Some(&[(70000, http)]))),
             Some(RowProblem::InvalidPort)
+        );
+    }
+
+    #[test]
+    fn a_mixed_pod_is_listed_under_each_protocol_and_merged_once() {
+        let ann_mixed = ann(&[(ANNOTATION_PORTS, "9000=tcp")]);
+        let mixed = parse_declared_ports(&ann_mixed).unwrap().to_row(
+            "mp",
+            "mp-mixed",
+            "10.0.0.1".parse().unwrap(),
+            true,
+        );
+        let http_only = parse_declared_ports(&ann(&[])).unwrap().to_row(
+            "mp",
+            "mp-mixed",
+            "10.0.0.2".parse().unwrap(),
+            true,
+        );
+        let mut bad = mixed.clone();
+        bad.address = "10.0.0.3".parse().unwrap();
+        bad.port_protocols = None;
+        let rows = vec![mixed, http_only, bad];
+        let http = list_endpoints(&rows, "mp", "mp-mixed", PortProtocol::Http);
+        let tcp = list_endpoints(&rows, "mp", "mp-mixed", PortProtocol::Tcp);
+        let addrs = |l: &[&Row]| l.iter().map(|r| r.address.to_string()).collect::<Vec<_>>();
+        assert_eq!(addrs(&http), vec!["10.0.0.1", "10.0.0.2"]);
+        assert_eq!(addrs(&tcp), vec!["10.0.0.1"]);
+        assert!(list_endpoints(&rows, "mp", "mp-mixed", PortProtocol::Udp).is_empty());
+        let merged = merge_listings(&[tcp, http]);
+        assert_eq!(addrs(&merged), vec!["10.0.0.1", "10.0.0.2"]);
+        // The class comes from the row, whichever listing it was found in.
+        assert_eq!(
+            served_protocols(merged[0]).get(&8080),
+            Some(&PortProtocol::Http)
         );
     }
 
