@@ -44,6 +44,31 @@ use crate::resolve::decision::{
 
 const H2C: &str = "kubernetes.io/h2c";
 
+/// A backendRef resolved to a front port of its Service.
+struct BackendPort<'n> {
+    service: ServiceKey,
+    port: u16,
+    pod_port: u16,
+    front: &'n FrontPort,
+}
+
+impl BackendPort<'_> {
+    /// The reference is invalid for the class of its pod port (routes.md §3).
+    fn wrong_class(&self, class: PortClass) -> InvalidRef {
+        let (svc, port, pod_port) = (&self.service, self.port, self.pod_port);
+        match class {
+            PortClass::Known(c) => InvalidRef {
+                reason: RefReason::UnsupportedProtocol,
+                message: format!("Service {svc} port {port}: pod port {pod_port} is {c}"),
+            },
+            PortClass::None | PortClass::Unknown => InvalidRef {
+                reason: RefReason::BackendNotFound,
+                message: format!("Service {svc} port {port}: no pod declares pod port {pod_port}"),
+            },
+        }
+    }
+}
+
 /// One served row, its ports read (reserved ports left out).
 #[derive(Debug)]
 struct Served<'s> {
@@ -657,15 +682,19 @@ impl<'s> Compiler<'s> {
             })
     }
 
-    /// Resolves one HTTP backendRef strictly (routes.md §3).
-    fn http_backend(
+    /// Resolves a backendRef to its Service's front port, strictly (routes.md §3): the kind,
+    /// the ReferenceGrant, the port, the port map. The class check is the caller's, since HTTP
+    /// and L4 routes want different classes.
+    #[allow(clippy::too_many_arguments)] // One call per route kind; every argument is a fact of the ref.
+    fn backend_port<'n>(
         &self,
-        route: &HttpRoute,
-        target: &ObjectRef,
+        route_kind: &str,
+        route_ns: &'n str,
+        target: &'n ObjectRef,
         port: Option<u16>,
-        names: &HashMap<(&str, &str), NameEntry>,
+        names: &'n HashMap<(&str, &str), NameEntry>,
         services: &HashMap<(&str, &str), &Service>,
-    ) -> Result<HttpBackend, InvalidRef> {
+    ) -> Result<BackendPort<'n>, InvalidRef> {
         let invalid = |reason, message: String| Err(InvalidRef { reason, message });
         if !is_service_ref(target) {
             return invalid(
@@ -676,12 +705,8 @@ impl<'s> Compiler<'s> {
                 ),
             );
         }
-        let ns = target.namespace.as_deref().unwrap_or(&route.namespace);
-        let kind = match route.kind {
-            HttpRouteKind::Http => "HTTPRoute",
-            HttpRouteKind::Grpc => "GRPCRoute",
-        };
-        if !self.permitted(kind, &route.namespace, ns, &target.name) {
+        let ns = target.namespace.as_deref().unwrap_or(route_ns);
+        if !self.permitted(route_kind, route_ns, ns, &target.name) {
             return invalid(
                 RefReason::RefNotPermitted,
                 format!(
@@ -697,32 +722,29 @@ impl<'s> Compiler<'s> {
                 format!("Service {svc}: backendRef has no port"),
             );
         };
-        let service = services.get(&(ns, target.name.as_str()));
-        let entry = names.get(&(ns, target.name.as_str()));
         // The ports of the backend as a Service: a generated Service's are its mesh service's
         // ports; a user Service's are its front ports through its port map.
-        let ports = match (service, entry) {
-            (_, Some(e)) if e.kind == NameKind::MeshOnly => {
-                e.own_ports.as_ref().unwrap_or(&e.ports)
-            }
-            (_, Some(e)) => &e.ports,
-            (Some(_), None) | (None, None) => {
-                return invalid(
-                    RefReason::BackendNotFound,
-                    format!(
-                        "Service {svc} port {port}: the Service does not exist or has no such port"
-                    ),
-                );
-            }
+        let Some(entry) = names.get(&(ns, target.name.as_str())) else {
+            return invalid(
+                RefReason::BackendNotFound,
+                format!(
+                    "Service {svc} port {port}: the Service does not exist or has no such port"
+                ),
+            );
         };
-        let Some(f) = ports.get(&port) else {
+        let ports = match entry.kind {
+            NameKind::MeshOnly => entry.own_ports.as_ref().unwrap_or(&entry.ports),
+            NameKind::Generated | NameKind::Routed | NameKind::Unrelated => &entry.ports,
+        };
+        let Some(front) = ports.get(&port) else {
             return invalid(
                 RefReason::BackendNotFound,
                 format!("Service {svc} port {port}: not a port of the Service"),
             );
         };
-        let Some(pod_port) = f.pod_port else {
-            let name = service
+        let Some(pod_port) = front.pod_port else {
+            let name = services
+                .get(&(ns, target.name.as_str()))
                 .and_then(|s| s.ports.iter().find(|p| p.port == port))
                 .and_then(|p| match &p.target {
                     TargetPort::Name(n) => Some(n.clone()),
@@ -734,22 +756,38 @@ impl<'s> Compiler<'s> {
                 format!("Service {svc} port {port}: targetPort {name:?} does not resolve"),
             );
         };
-        match f.class {
+        Ok(BackendPort {
+            service: key(ns, &target.name),
+            port,
+            pod_port,
+            front,
+        })
+    }
+
+    /// Resolves one HTTP backendRef strictly (routes.md §3): the pod port must be HTTP, or
+    /// unknown because no node can know.
+    fn http_backend(
+        &self,
+        route: &HttpRoute,
+        target: &ObjectRef,
+        port: Option<u16>,
+        names: &HashMap<(&str, &str), NameEntry>,
+        services: &HashMap<(&str, &str), &Service>,
+    ) -> Result<HttpBackend, InvalidRef> {
+        let kind = match route.kind {
+            HttpRouteKind::Http => "HTTPRoute",
+            HttpRouteKind::Grpc => "GRPCRoute",
+        };
+        let b = self.backend_port(kind, &route.namespace, target, port, names, services)?;
+        match b.front.class {
             PortClass::Known(PortProtocol::Http) | PortClass::Unknown => Ok(HttpBackend {
-                service: key(ns, &target.name),
-                port: Some(port),
-                pod_port,
-                endpoints: f.endpoints.clone(),
-                h2c: f.h2c,
+                port: Some(b.port),
+                pod_port: b.pod_port,
+                endpoints: b.front.endpoints.clone(),
+                h2c: b.front.h2c,
+                service: b.service,
             }),
-            PortClass::Known(other) => invalid(
-                RefReason::UnsupportedProtocol,
-                format!("Service {svc} port {port}: pod port {pod_port} is {other}"),
-            ),
-            PortClass::None => invalid(
-                RefReason::BackendNotFound,
-                format!("Service {svc} port {port}: no pod declares pod port {pod_port}"),
-            ),
+            other => Err(b.wrong_class(other)),
         }
     }
 
@@ -1021,7 +1059,9 @@ impl<'s> Compiler<'s> {
                         .backends
                         .iter()
                         .map(|b| {
-                            let t = self.l4_backend(route, kind, &b.target, b.port, wanted, names);
+                            let t = self.l4_backend(
+                                route, kind, &b.target, b.port, wanted, names, services,
+                            );
                             if let Err(e) = &t {
                                 backend_problems.push(e.clone());
                             }
@@ -1109,6 +1149,9 @@ impl<'s> Compiler<'s> {
         out
     }
 
+    /// Resolves one L4 backendRef strictly: TLSRoute and TCPRoute backends are raw-TCP pod
+    /// ports, UDPRoute backends UDP pod ports (routes.md §9).
+    #[allow(clippy::too_many_arguments)] // Mirrors http_backend with the L4 kind and class.
     fn l4_backend(
         &self,
         route: &L4Route,
@@ -1117,84 +1160,28 @@ impl<'s> Compiler<'s> {
         port: Option<u16>,
         wanted: Option<PortProtocol>,
         names: &HashMap<(&str, &str), NameEntry>,
+        services: &HashMap<(&str, &str), &Service>,
     ) -> Result<TcpTarget, InvalidRef> {
-        let invalid = |reason, message: String| Err(InvalidRef { reason, message });
-        if !is_service_ref(target) {
-            return invalid(
-                RefReason::InvalidKind,
-                format!("backendRef {} is not a Service", target.kind),
-            );
-        }
-        let ns = target.namespace.as_deref().unwrap_or(&route.namespace);
-        if !self.permitted(kind, &route.namespace, ns, &target.name) {
-            return invalid(
-                RefReason::RefNotPermitted,
-                format!("Service {ns}/{} needs a ReferenceGrant", target.name),
-            );
-        }
-        let svc = format!("{ns}/{}", target.name);
-        let Some(port) = port else {
-            return invalid(
-                RefReason::BackendNotFound,
-                format!("Service {svc}: backendRef has no port"),
-            );
-        };
-        let Some(e) = names.get(&(ns, target.name.as_str())) else {
-            return invalid(
-                RefReason::BackendNotFound,
-                format!("Service {svc} port {port}: no such Service"),
-            );
-        };
-        let Some(f) = e.ports.get(&port) else {
-            return invalid(
-                RefReason::BackendNotFound,
-                format!("Service {svc} port {port}: not a port of the Service"),
-            );
-        };
-        let Some(pod_port) = f.pod_port else {
-            return invalid(
-                RefReason::BackendNotFound,
-                format!("Service {svc} port {port}: targetPort does not resolve"),
-            );
-        };
-        // TLSRoute and TCPRoute backends are raw-TCP pod ports; UDPRoute backends UDP ports.
+        let b = self.backend_port(kind, &route.namespace, target, port, names, services)?;
         let want = wanted.unwrap_or(PortProtocol::Tcp);
-        match f.class {
-            PortClass::Known(c) if c == want => Ok(TcpTarget {
-                service: e.key.clone(),
-                port,
-                pod_port,
-                endpoints: f.endpoints.clone(),
-                why: Why::new(
-                    "routes.md §9",
-                    format!(
-                        "{kind} {}/{} backend {svc}:{port}",
-                        route.namespace, route.name
-                    ),
-                ),
-            }),
-            PortClass::Unknown => Ok(TcpTarget {
-                service: e.key.clone(),
-                port,
-                pod_port,
-                endpoints: f.endpoints.clone(),
-                why: Why::new(
-                    "routes.md §9",
-                    format!(
-                        "{kind} {}/{} backend {svc}:{port} (not checked)",
-                        route.namespace, route.name
-                    ),
-                ),
-            }),
-            PortClass::Known(c) => invalid(
-                RefReason::UnsupportedProtocol,
-                format!("Service {svc} port {port}: pod port {pod_port} is {c}"),
-            ),
-            PortClass::None => invalid(
-                RefReason::BackendNotFound,
-                format!("Service {svc} port {port}: no pod declares pod port {pod_port}"),
-            ),
+        match b.front.class {
+            PortClass::Known(c) if c == want => {}
+            PortClass::Unknown => {}
+            other => return Err(b.wrong_class(other)),
         }
+        Ok(TcpTarget {
+            why: Why::new(
+                "routes.md §9",
+                format!(
+                    "{kind} {}/{} backend {}:{}",
+                    route.namespace, route.name, b.service, b.port
+                ),
+            ),
+            port: b.port,
+            pod_port: b.pod_port,
+            endpoints: b.front.endpoints.clone(),
+            service: b.service,
+        })
     }
 }
 
