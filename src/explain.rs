@@ -15,9 +15,9 @@ use crate::model::{Model, Snapshot};
 use crate::resolve::answer::{MeshAnswer, Reason};
 use crate::resolve::decision::{
     AfterSniff, Caller, CaptureMode, ConnDecision, HttpEntry, RequestDecision, RequestFacts,
-    Sniffed, TcpBackend, TcpChoice, Why,
+    Sniffed, TcpBackend, TcpChoice, UdpDecision, Why,
 };
-use crate::resolve::{classify_connection, resolve_request, resolve_sniffed};
+use crate::resolve::{classify_connection, resolve_request, resolve_sniffed, resolve_udp};
 
 /// What the client sends first.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -34,6 +34,8 @@ pub enum Bytes {
     Raw,
     /// Nothing: the client waits for the server.
     Silent,
+    /// One UDP datagram.
+    Udp,
 }
 
 impl std::str::FromStr for Bytes {
@@ -45,12 +47,13 @@ impl std::str::FromStr for Bytes {
             "http1.0" => Ok(Self::Http10),
             "h2c" => Ok(Self::H2c),
             "raw" => Ok(Self::Raw),
+            "udp" => Ok(Self::Udp),
             "none" | "silent" => Ok(Self::Silent),
             _ => match s.strip_prefix("tls:") {
                 Some(sni) => Ok(Self::Tls(sni.to_owned())),
                 None if s == "tls" => Ok(Self::Tls(String::new())),
                 None => Err(format!(
-                    "--bytes {s:?}: expected http, http1.0, h2c, tls:<sni>, raw or none"
+                    "--bytes {s:?}: expected http, http1.0, h2c, tls:<sni>, raw, none or udp"
                 )),
             },
         }
@@ -303,6 +306,8 @@ pub enum ConnOutcome {
     Close(Why),
     /// HTTP on this entry: each request is answered on its own.
     Http(HttpEntry, Why),
+    /// A UDP datagram.
+    Udp(UdpDecision),
 }
 
 /// What the resolvers decided for a question.
@@ -368,8 +373,12 @@ pub fn decide(
         Bytes::Http | Bytes::Http10 | Bytes::H2c => Sniffed::Http,
         Bytes::Tls(sni) => Sniffed::Tls((!sni.is_empty()).then(|| sni.clone())),
         Bytes::Raw => Sniffed::Other,
-        Bytes::Silent => Sniffed::Timeout,
+        Bytes::Silent | Bytes::Udp => Sniffed::Timeout,
     };
+    if q.bytes == Bytes::Udp {
+        out.connection = ConnOutcome::Udp(resolve_udp(model, dialled));
+        return Ok(out);
+    }
     let entry = if ip.is_loopback() {
         if port != PROXY_PORT {
             out.connection = ConnOutcome::NotCaptured(Why::new(
@@ -523,6 +532,25 @@ pub fn explain(
         },
         ConnOutcome::Close(why) => step("close", why.rule, &why.detail),
         ConnOutcome::Http(_, why) => step("http", why.rule, &why.detail),
+        ConnOutcome::Udp(UdpDecision::Forward(t)) => Step {
+            target: vec![format!(
+                "{} port {} -> pod port {} [{}] (plaintext; replies from {}:18082)",
+                t.service,
+                t.port,
+                t.pod_port,
+                t.endpoints
+                    .iter()
+                    .map(|e| e.address.to_string())
+                    .collect::<Vec<_>>()
+                    .join(", "),
+                d.dialled.ip()
+            )],
+            ..step("udp", t.why.rule, &t.why.detail)
+        },
+        ConnOutcome::Udp(UdpDecision::Drop(why)) => step("drop", why.rule, &why.detail),
+        ConnOutcome::Udp(UdpDecision::NotCaptured(why)) => {
+            step("passthrough", why.rule, &why.detail)
+        }
     };
     Ok(Explanation {
         from: q.from.clone(),

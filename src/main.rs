@@ -56,7 +56,7 @@ struct ExplainArgs {
     /// A request header, `name:value` (repeatable).
     #[arg(long = "header")]
     headers: Vec<String>,
-    /// What the client sends first: http, h2c, tls:<sni>, raw, none.
+    /// What the client sends first: http, http1.0, h2c, tls:<sni>, raw, none; or udp (one datagram).
     #[arg(long, default_value = "http")]
     bytes: Bytes,
     /// Mesh domain.

@@ -13,7 +13,7 @@ use std::path::Path;
 use aether::explain::{Bytes, ConnOutcome, Decided, Question, decide};
 use aether::model::snapshot::Snapshot;
 use aether::model::{Model, NodeContext, compile, registrar};
-use aether::resolve::decision::{RequestDecision, TcpBackend, TcpChoice};
+use aether::resolve::decision::{RequestDecision, TcpBackend, TcpChoice, UdpDecision};
 
 const MESH: &str = "aether.internal";
 
@@ -82,6 +82,14 @@ enum Got {
     Close,
     /// A route's redirect.
     Redirect { status: u16, location: String },
+    /// A datagram forwarded: service, pod port, pods.
+    Udp {
+        svc: String,
+        pod_port: u16,
+        pods: BTreeSet<String>,
+    },
+    /// A datagram dropped.
+    Dropped,
 }
 
 fn pods<'a>(
@@ -139,6 +147,13 @@ fn got(d: &Decided) -> Got {
         },
         ConnOutcome::Tcp(c, _) => tcp(c),
         ConnOutcome::Close(_) => Got::Close,
+        ConnOutcome::Udp(UdpDecision::Forward(t)) => Got::Udp {
+            svc: t.service.to_string(),
+            pod_port: t.pod_port,
+            pods: pods(t.endpoints.iter()),
+        },
+        ConnOutcome::Udp(UdpDecision::Drop(_)) => Got::Dropped,
+        ConnOutcome::Udp(UdpDecision::NotCaptured(_)) => Got::Pass,
         ConnOutcome::Http(..) => request(
             d.after_hold
                 .as_ref()
@@ -1217,5 +1232,43 @@ fn m7_x5_generated_services_carry_the_real_ports_and_the_two_anchors() {
             .iter()
             .all(|s| s.name != "mp-owned" || !s.generated),
         "a user Service of the name is never replaced"
+    );
+}
+
+#[test]
+fn n19_udp_reaches_its_udproute_backend_on_18082_only() {
+    let w = world(&[]);
+    let vip = w.vip("mp", "mp-udp");
+    w.check(
+        "N19 (i)",
+        q(CLIENT, format!("{vip}:18082")).bytes(Bytes::Udp),
+        Got::Udp {
+            svc: "mp/mp-udp".into(),
+            pod_port: 5353,
+            pods: ["mp-udp-0".to_owned(), "mp-udp-1".to_owned()]
+                .into_iter()
+                .collect(),
+        },
+    );
+    w.check(
+        "N19 (ii)",
+        q(CLIENT, format!("{vip}:5353")).bytes(Bytes::Udp),
+        Got::Pass,
+    );
+    w.check(
+        "row 30",
+        q(CLIENT, format!("{}:18082", w.vip("mp", "mp-multi"))).bytes(Bytes::Udp),
+        Got::Dropped,
+    );
+    let status = w
+        .model
+        .route_statuses()
+        .iter()
+        .find(|s| s.kind == "UDPRoute")
+        .unwrap();
+    assert!(
+        status.conditions.iter().all(|c| c.status == "True"),
+        "{:?}",
+        status.conditions
     );
 }

@@ -456,7 +456,7 @@ impl<'s> Compiler<'s> {
             &services,
             &mut l4_status,
         );
-        let _udp = self.l4_tables(
+        let udp = self.l4_tables(
             &snapshot.udp_routes,
             "UDPRoute",
             &names,
@@ -517,12 +517,19 @@ impl<'s> Compiler<'s> {
                     None => table.any_port.extend(rules.iter().cloned()),
                 }
             }
+            // routes.md §9.3: one rule, one backend; several UDPRoutes on one parent, the first
+            // by (namespace, name).
+            let udp_choice = udp
+                .get(&(k, None))
+                .and_then(|rules| rules.first())
+                .map(|r| r.choice.clone());
             let e = Arc::new(ClusterIpEntry {
                 key: skey,
                 tcp: tcp_ports,
                 legacy,
                 http,
                 tls: table,
+                udp: udp_choice,
             });
             for ip in &s.cluster_ips {
                 cluster_ips.insert(*ip, e.clone());

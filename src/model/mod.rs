@@ -166,6 +166,8 @@ pub(crate) struct ClusterIpEntry {
     pub(crate) http: BTreeSet<u16>,
     /// TLSRoutes, per port and for any port.
     pub(crate) tls: TlsTable,
+    /// The UDPRoute backend for datagrams to port 18082.
+    pub(crate) udp: Option<TcpChoice>,
 }
 
 /// A served pod, by its IP (addressing.md §3 step 0).

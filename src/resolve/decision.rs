@@ -109,6 +109,17 @@ pub enum TcpBackend {
     Invalid(Why),
 }
 
+/// What a datagram from a managed pod gets (addressing.md §10.2).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub enum UdpDecision {
+    /// Forwarded in plaintext to the UDPRoute's backend.
+    Forward(TcpTarget),
+    /// Dropped: no UDPRoute for the address, or its backend is invalid.
+    Drop(Why),
+    /// Not captured: only port 18082 is.
+    NotCaptured(Why),
+}
+
 /// What to do once the first bytes are known.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize)]
 pub struct SniffPlan {

@@ -26,8 +26,8 @@ use crate::model::{FrontPort, Model, NameEntry, NameKind, NamedFilter};
 use answer::{MeshAnswer, Reason};
 use decision::{
     AfterSniff, Caller, CaptureMode, ConnDecision, Delivery, Fallback, HoldFor, HttpBackend,
-    HttpEntry, RequestDecision, RequestFacts, RuleRef, ServiceKey, SniffPlan, Sniffed, TcpChoice,
-    Why,
+    HttpEntry, RequestDecision, RequestFacts, RuleRef, ServiceKey, SniffPlan, Sniffed, TcpBackend,
+    TcpChoice, Why,
 };
 
 /// Classifies a captured TCP connection when it is accepted (addressing.md §3, steps 0–5).
@@ -135,6 +135,29 @@ pub fn classify_connection(model: &Model, caller: &Caller, dialled: SocketAddr) 
             "sniff: HTTP is handled, anything else passes through",
         ),
     })
+}
+
+/// What a UDP datagram from a managed pod to `dialled` gets (addressing.md §10.2, rows 29–31).
+pub fn resolve_udp(model: &Model, dialled: SocketAddr) -> decision::UdpDecision {
+    use decision::UdpDecision;
+    if dialled.port() != LEGACY_PORT {
+        return UdpDecision::NotCaptured(Why::new(
+            "addressing.md §10.2",
+            "UDP is captured on port 18082 only; the cluster's own routing decides",
+        ));
+    }
+    let route = model
+        .cluster_ips
+        .get(&dialled.ip())
+        .and_then(|t| t.udp.as_ref());
+    match route.and_then(|c| c.backends.first()) {
+        Some((_, TcpBackend::Target(t))) => UdpDecision::Forward(t.clone()),
+        Some((_, TcpBackend::Invalid(why))) => UdpDecision::Drop(why.clone()),
+        None => UdpDecision::Drop(Why::new(
+            "addressing.md §10.2",
+            "no UDPRoute has this address as its parent",
+        )),
+    }
 }
 
 fn tls_rules(rules: &[TlsRule]) -> Vec<(Vec<Arc<str>>, TcpChoice)> {
