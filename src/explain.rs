@@ -138,6 +138,8 @@ pub struct Step {
     pub target: Vec<String>,
     /// Filters that run.
     pub filters: Vec<String>,
+    /// The declaration that was read: the addressed service's ports and classes.
+    pub declared: Option<String>,
     /// The rule of the spec that decided it.
     pub rule: String,
     /// The facts behind it.
@@ -223,6 +225,7 @@ fn step(outcome: &'static str, rule: &str, detail: &str) -> Step {
         body: None,
         target: Vec::new(),
         filters: Vec::new(),
+        declared: None,
         rule: rule.to_owned(),
         detail: detail.to_owned(),
     }
@@ -242,7 +245,7 @@ fn answer_step(a: &MeshAnswer, rule: &str, detail: &str) -> Step {
     }
 }
 
-fn request_step(d: &RequestDecision) -> Step {
+fn request_step(model: &Model, d: &RequestDecision) -> Step {
     match d {
         RequestDecision::Answer(a, why) => answer_step(a, why.rule, &why.detail),
         RequestDecision::Passthrough(why) => step("passthrough", why.rule, &why.detail),
@@ -261,6 +264,11 @@ fn request_step(d: &RequestDecision) -> Step {
             ..step("redirect", why.rule, &why.detail)
         },
         RequestDecision::Deliver(d) => Step {
+            declared: d
+                .addressed
+                .as_ref()
+                .and_then(|k| model.declared(&k.namespace, &k.name))
+                .map(|l| format!("{} declares: {}", l.name, l.ports)),
             target: vec![format!(
                 "{} port {} -> pod port {}{} [{}]",
                 d.backend.service,
@@ -559,8 +567,8 @@ pub fn explain(
         dns: d.dns.clone(),
         path,
         connection,
-        request: d.request.as_ref().map(request_step),
-        after_hold: d.after_hold.as_ref().map(request_step),
+        request: d.request.as_ref().map(|r| request_step(model, r)),
+        after_hold: d.after_hold.as_ref().map(|r| request_step(model, r)),
     })
 }
 
@@ -594,6 +602,9 @@ pub fn render_table(e: &Explanation) -> String {
         }
         for f in &st.filters {
             line("  filter", f);
+        }
+        if let Some(d) = &st.declared {
+            line("  declared", d);
         }
         if !st.rule.is_empty() {
             line("  because", &format!("{}: {}", st.rule, st.detail));

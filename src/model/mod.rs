@@ -262,6 +262,12 @@ impl Model {
         self.names.values().map(HashMap::len).sum()
     }
 
+    /// The mesh name and `ports:` line of the Service `name` in `namespace`, as a refusal body
+    /// would list them (for explain and the debug CLI).
+    pub fn declared(&self, namespace: &str, name: &str) -> Option<&ServiceLine> {
+        self.name(namespace, name).map(|e| &e.line)
+    }
+
     /// The name entry of `name` in `namespace` (both lower case).
     pub(crate) fn name(&self, namespace: &str, name: &str) -> Option<&NameEntry> {
         self.names.get(namespace)?.get(name).map(Arc::as_ref)
