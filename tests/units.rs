@@ -647,3 +647,90 @@ fn compile_is_deterministic_and_independent_of_input_order() {
     s.http_routes.reverse();
     assert_eq!(a, compile(&s, &NodeContext::default()));
 }
+
+#[test]
+fn u2_u3_refused_rows_and_disagreeing_votes_are_reported_once() {
+    use aether::model::diag::DiagnosticKind;
+    use aether::model::port::PortProtocol;
+    use aether::model::rows::RowProblem;
+    use aether::model::snapshot::ProtocolValue;
+
+    let good = row("mp", "web", "10.0.0.1", &[], true);
+    let mut bad_rows = Vec::new();
+    for (i, problem) in RowProblem::ALL.into_iter().enumerate() {
+        let mut r = good.clone();
+        r.address = format!("10.0.1.{i}").parse().unwrap();
+        match problem {
+            RowProblem::PortProtocolsMissing => r.port_protocols = None,
+            RowProblem::PortWithoutProtocol => r.ports.push(9090),
+            RowProblem::ProtocolForUnlistedPort => {
+                r.port_protocols
+                    .as_mut()
+                    .unwrap()
+                    .insert(7070, ProtocolValue::Known(PortProtocol::Http));
+            }
+            RowProblem::InvalidPort => r.ports.push(70_000),
+            // The Kubernetes backend refuses such a pod before it is a row.
+            RowProblem::AnnotationUnparseable => continue,
+        }
+        bad_rows.push((problem, r));
+    }
+    let mut rows: Vec<Row> = bad_rows.iter().map(|(_, r)| r.clone()).collect();
+    // One more pod of web votes 8080 raw TCP: 1 HTTP against 1 TCP is HTTP, and is reported.
+    rows.push(good);
+    rows.push(row(
+        "mp",
+        "web",
+        "10.0.0.2",
+        &[(ANNOTATION_PROTOCOL, "tcp")],
+        true,
+    ));
+    let model = build(Snapshot {
+        rows,
+        ..Snapshot::default()
+    });
+    let c = caller(Some("mp"));
+    // Refused rows contribute nothing: no endpoint, no port (9090, 7070 stay undeclared).
+    let d = ask(
+        &model,
+        &c,
+        HttpEntry::Loopback,
+        "web.mp.aether.internal:9090",
+        false,
+    );
+    let RequestDecision::Answer(a, _) = &d else {
+        panic!("{d:?}")
+    };
+    assert_eq!(a.service.as_ref().unwrap().ports.as_ref(), "8080/http");
+    let to = delivered_to(&ask(
+        &model,
+        &c,
+        HttpEntry::Loopback,
+        "web.mp.aether.internal:8080",
+        false,
+    ));
+    assert_eq!(
+        to,
+        vec!["10.0.0.1".parse::<IpAddr>().unwrap()],
+        "only the HTTP row of the winning protocol"
+    );
+    for (problem, r) in &bad_rows {
+        let n = model
+            .diagnostics
+            .iter()
+            .filter(|d| {
+                d.kind == DiagnosticKind::RowRefused && d.subject.ends_with(&r.address.to_string())
+            })
+            .filter(|d| d.detail == problem.as_str())
+            .count();
+        assert_eq!(n, 1, "{problem} is reported once");
+    }
+    let votes: Vec<_> = model
+        .diagnostics
+        .iter()
+        .filter(|d| d.kind == DiagnosticKind::ClassDisagreement)
+        .collect();
+    assert_eq!(votes.len(), 1);
+    assert_eq!(votes[0].subject, "mp/web:8080");
+    assert_eq!(votes[0].detail, "http=1 tcp=1 udp=0");
+}
