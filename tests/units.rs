@@ -734,3 +734,88 @@ fn u2_u3_refused_rows_and_disagreeing_votes_are_reported_once() {
     assert_eq!(votes[0].subject, "mp/web:8080");
     assert_eq!(votes[0].detail, "http=1 tcp=1 udp=0");
 }
+
+#[test]
+fn tls_and_tcp_routes_on_a_generated_services_cluster_ip() {
+    use aether::resolve::decision::{AfterSniff, ConnDecision, Sniffed, TcpBackend};
+    use aether::resolve::{classify_connection, resolve_sniffed};
+
+    // db: raw TCP 5432 and 443, HTTP 8080. A TLSRoute for db.example on any port, and a
+    // TCPRoute sending 5432 to replica:5432.
+    let l4 =
+        |name: &str, parent: &str, port: Option<u16>, hostnames: &[&str], backend: (&str, u16)| {
+            L4Route {
+                namespace: "mp".into(),
+                name: name.into(),
+                generation: 1,
+                created: None,
+                parents: vec![ParentRef {
+                    target: service_ref(parent),
+                    port,
+                    section_name: None,
+                }],
+                hostnames: hostnames.iter().map(|h| (*h).to_owned()).collect(),
+                rules: vec![L4Rule {
+                    name: None,
+                    backends: vec![L4BackendRef {
+                        target: service_ref(backend.0),
+                        port: Some(backend.1),
+                        weight: 1,
+                        weight_given: false,
+                    }],
+                }],
+            }
+        };
+    let model = build(Snapshot {
+        rows: vec![
+            row(
+                "mp",
+                "db",
+                "10.0.0.1",
+                &[(ANNOTATION_PORTS, "5432=tcp,443=tcp")],
+                true,
+            ),
+            row(
+                "mp",
+                "replica",
+                "10.0.0.2",
+                &[(ANNOTATION_PORT, "5432"), (ANNOTATION_PROTOCOL, "tcp")],
+                true,
+            ),
+        ],
+        tls_routes: vec![l4("tls", "db", None, &["db.example"], ("replica", 5432))],
+        tcp_routes: vec![l4("tcp", "db", Some(5432), &[], ("replica", 5432))],
+        ..Snapshot::default()
+    });
+    let vip = model.mesh_vips("mp", "db")[0];
+    let c = caller(Some("mp"));
+    let target_of = |a: &AfterSniff| match a {
+        AfterSniff::Tcp(choice) => match &choice.backends[0].1 {
+            TcpBackend::Target(t) => format!("{}:{}", t.service, t.pod_port),
+            TcpBackend::Invalid(_) => "invalid".into(),
+        },
+        AfterSniff::Http(_) => "http".into(),
+        AfterSniff::Passthrough => "passthrough".into(),
+        AfterSniff::Close => "close".into(),
+    };
+    let sniffed =
+        |port: u16, s: Sniffed| match classify_connection(&model, &c, SocketAddr::new(vip, port)) {
+            ConnDecision::Sniff(plan) => target_of(&resolve_sniffed(&plan, &s)),
+            other => format!("at accept: {other:?}"),
+        };
+    let tls = |sni: &str| Sniffed::Tls(Some(sni.into()));
+    // Step 2: a raw-TCP port of a service with TLSRoutes waits for a ClientHello.
+    assert_eq!(sniffed(443, tls("db.example")), "mp/replica:5432");
+    assert_eq!(sniffed(443, tls("other.example")), "mp/db:443");
+    assert_eq!(sniffed(443, Sniffed::Timeout), "mp/db:443");
+    // The TCPRoute replaced 5432's default destination.
+    assert_eq!(sniffed(5432, Sniffed::Other), "mp/replica:5432");
+    // Step 3: an undeclared port takes the TLSRoute, HTTP is handled, the rest passes through.
+    assert_eq!(sniffed(9443, tls("DB.EXAMPLE")), "mp/replica:5432");
+    assert_eq!(sniffed(9443, Sniffed::Http), "http");
+    assert_eq!(sniffed(9443, Sniffed::Other), "passthrough");
+    // Row 10: TLS with the route's name to an HTTP port is passed through, never routed.
+    assert_eq!(sniffed(8080, tls("db.example")), "passthrough");
+    // 18081 of a service that serves HTTP: passthrough, not the TLSRoute (addressing.md §9).
+    assert_eq!(sniffed(18081, tls("db.example")), "passthrough");
+}
