@@ -287,10 +287,8 @@ fn request_step(model: &Model, d: &RequestDecision) -> Step {
                     .collect::<Vec<_>>()
                     .join(", ")
             )],
-            filters: d
-                .route_filters
-                .iter()
-                .cloned()
+            filters: crate::resolve::describe_route_filters(d)
+                .into_iter()
                 .chain(crate::resolve::describe_service_filters(d))
                 .collect(),
             ..step("deliver", d.why.rule, &d.why.detail)

@@ -819,3 +819,66 @@ fn tls_and_tcp_routes_on_a_generated_services_cluster_ip() {
     // 18081 of a service that serves HTTP: passthrough, not the TLSRoute (addressing.md §9).
     assert_eq!(sniffed(18081, tls("db.example")), "passthrough");
 }
+
+#[test]
+fn a_rules_filters_travel_with_the_delivery_as_data() {
+    use aether::model::filters::FilterStep;
+    use aether::model::snapshot::{HttpFilter, HttpMatch, PathMatch, PathModifier, UrlRewrite};
+
+    let mut r = route("mp", "rewrite", "web", Some(8080), ("web", 8080));
+    r.rules[0].matches = vec![HttpMatch {
+        path: Some(PathMatch::Prefix("/api".into())),
+        ..HttpMatch::default()
+    }];
+    r.rules[0].filters = vec![HttpFilter::UrlRewrite(UrlRewrite {
+        hostname: None,
+        path: Some(PathModifier::ReplacePrefixMatch("/v2".into())),
+    })];
+    let model = build(Snapshot {
+        rows: vec![row("mp", "web", "10.0.0.1", &[], true)],
+        http_routes: vec![r],
+        ..Snapshot::default()
+    });
+    let c = caller(Some("mp"));
+    let hosts = ["web.mp.aether.internal:8080"];
+    let d = resolve_request(
+        &model,
+        &c,
+        &RequestFacts {
+            entry: HttpEntry::Loopback,
+            authority: AuthorityInput {
+                version: HttpVersion::Http11,
+                absolute: None,
+                h2_authority: None,
+                hosts: &hosts,
+            },
+            method: "GET",
+            path_and_query: Some("/api/users?x=1"),
+            headers: &[],
+            hold_expired: false,
+            entropy: 0,
+        },
+    );
+    let RequestDecision::Deliver(del) = d else {
+        panic!("{d:?}")
+    };
+    let run = del.route.as_ref().expect("the rule chose the delivery");
+    assert_eq!(run.matched_prefix.as_deref(), Some("/api"));
+    assert!(
+        matches!(run.plan.request.as_slice(), [FilterStep::Rewrite(_)]),
+        "{:?}",
+        run.plan.request
+    );
+    assert_eq!(run.backend_index, 0);
+    // The same path outside the prefix matches no rule.
+    assert_eq!(
+        reason(&ask(
+            &model,
+            &c,
+            HttpEntry::Loopback,
+            "web.mp.aether.internal:8080",
+            false
+        )),
+        Some("route-not-matched")
+    );
+}

@@ -9,7 +9,8 @@ use std::sync::Arc;
 
 use serde::{Deserialize, Serialize};
 
-use crate::model::snapshot::{FilterConfig, HttpFilter, HttpRouteKind, ParentRef};
+use crate::model::filters::FilterPlan;
+use crate::model::snapshot::{FilterConfig, HttpRouteKind, ParentRef};
 use crate::resolve::decision::{HttpBackend, TcpChoice};
 
 /// The rules attached to one (name, front port): producer routes, and consumer routes by the
@@ -56,14 +57,12 @@ pub struct AttachedRoute {
 /// One rule, its backends resolved.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct CompiledRule {
-    /// The rule as written (its filters run from a [`crate::model::filters::FilterPlan`]).
-    pub source: crate::model::snapshot::HttpRule,
     /// The rule's name.
     pub name: Option<Arc<str>>,
-    /// Its filters, in order; route-level ExtensionRefs resolved beside them.
-    pub filters: Vec<HttpFilter>,
-    /// The MeshFilters its ExtensionRefs name, in order (route level).
-    pub extension_filters: Vec<(String, FilterConfig)>,
+    /// Its filters in the order a data plane runs them, built once (shared by every delivery).
+    pub plan: Arc<FilterPlan>,
+    /// The MeshFilters its ExtensionRefs name, in order (route level, routes.md §5.1).
+    pub extension_filters: Arc<[(String, FilterConfig)]>,
     /// The backends with their weights.
     pub backends: Vec<CompiledBackend>,
     /// `timeouts.request`, milliseconds.
@@ -77,10 +76,8 @@ pub struct CompiledRule {
 pub struct CompiledBackend {
     /// Its weight.
     pub weight: u32,
-    /// Where it goes, or why it is invalid.
+    /// Where it goes, or why it is invalid. Its backend-level filters are in the rule's plan.
     pub target: Result<HttpBackend, InvalidRef>,
-    /// Its backend-level filters.
-    pub filters: Vec<HttpFilter>,
 }
 
 /// Why a reference is invalid (`ResolvedRefs=False`, routes.md §3).

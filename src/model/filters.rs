@@ -712,6 +712,24 @@ pub struct FilterPlan {
 }
 
 impl FilterPlan {
+    /// Whether a step rewrites or redirects by `ReplacePrefixMatch`, which needs the matched
+    /// prefix of the request.
+    pub fn uses_prefix(&self) -> bool {
+        let prefix =
+            |m: &Option<PathModifier>| matches!(m, Some(PathModifier::ReplacePrefixMatch(_)));
+        let step = |s: &FilterStep| match s {
+            FilterStep::Redirect(r) => prefix(&r.path),
+            FilterStep::Rewrite(r) => prefix(&r.path),
+            FilterStep::RequestHeaders(_)
+            | FilterStep::ResponseHeaders(_)
+            | FilterStep::Extension(_) => false,
+        };
+        let answer = matches!(&self.answer, RuleAnswer::Redirect(r) if prefix(&r.path));
+        answer
+            || self.request.iter().any(step)
+            || self.backends.iter().any(|b| b.request.iter().any(step))
+    }
+
     /// Compiles the plan of one rule. A rule [`check_rule`] finds fault with gets
     /// [`RuleAnswer::Invalid`] with its first fault.
     pub fn for_rule(rule: &HttpRule) -> Self {

@@ -254,8 +254,8 @@ pub struct Delivery {
     pub backend: HttpBackend,
     /// The route rule that chose it, if any.
     pub rule: Option<RuleRef>,
-    /// The rule's filters, in order (request and response), described.
-    pub route_filters: Vec<String>,
+    /// What the route rule runs, when a rule chose the delivery.
+    pub route: Option<RouteRun>,
     /// Services whose service-level filters apply (routes.md §5.5 items 1 and 2; the
     /// destination adds item 3, each endpoint's own mesh service).
     pub filter_services: Vec<ServiceKey>,
@@ -265,6 +265,22 @@ pub struct Delivery {
     pub timeout_ms: Option<u64>,
     /// What decided it.
     pub why: Why,
+}
+
+/// What a route rule runs on a delivery it chose (routes.md §4, §5): data for the data plane to
+/// execute, shared with the compiled model.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub struct RouteRun {
+    /// The rule's filters in the order they run (request, backend, mirrors, response).
+    #[serde(skip)]
+    pub plan: Arc<crate::model::filters::FilterPlan>,
+    /// Which backendRef of the rule was chosen (its backend-level filters are in the plan).
+    pub backend_index: usize,
+    /// The `PathPrefix` value that selected the rule, for `ReplacePrefixMatch`.
+    pub matched_prefix: Option<Arc<str>>,
+    /// The MeshFilters the rule's ExtensionRefs name, in order (route level).
+    #[serde(skip)]
+    pub route_level: Arc<[(String, crate::model::snapshot::FilterConfig)]>,
 }
 
 /// The backend a delivery goes to.

@@ -21,13 +21,13 @@ use crate::model::filters;
 use crate::model::names::{HostPort, NameForm, effective_authority, read_name, split_authority};
 use crate::model::port::{LEGACY_PORT, PORTLESS_PROXY_PORT, PROXY_PORT, PortClass, PortProtocol};
 use crate::model::route_match::RequestView;
-use crate::model::snapshot::{FilterConfig, HttpFilter};
+use crate::model::snapshot::FilterConfig;
 use crate::model::{FrontPort, Model, NameEntry, NameKind, NamedFilter};
 use answer::{MeshAnswer, Reason};
 use decision::{
     AfterSniff, Caller, CaptureMode, ConnDecision, Delivery, Fallback, HoldFor, HttpBackend,
-    HttpEntry, RequestDecision, RequestFacts, RuleRef, ServiceKey, SniffPlan, Sniffed, TcpBackend,
-    TcpChoice, Why,
+    HttpEntry, RequestDecision, RequestFacts, RouteRun, RuleRef, ServiceKey, SniffPlan, Sniffed,
+    TcpBackend, TcpChoice, Why,
 };
 
 /// Classifies a captured TCP connection when it is accepted (addressing.md §3, steps 0–5).
@@ -292,17 +292,12 @@ pub fn resolve_request(model: &Model, caller: &Caller, req: &RequestFacts<'_>) -
                     dialled.port(),
                     backend,
                     None,
-                    Vec::new(),
+                    None,
                     None,
                     false,
                     Why::new(
                         "addressing.md §5.1 Q3",
-                        format!(
-                            "{} is a pod of {} declaring {}/http",
-                            dialled.ip(),
-                            pod.endpoint.mesh_service,
-                            dialled.port()
-                        ),
+                        "a pod-IP dial to a port the pod declares HTTP: that pod, no route",
                     ),
                 );
             }
@@ -556,7 +551,7 @@ fn deliver(
             port,
             backend,
             None,
-            Vec::new(),
+            None,
             None,
             req.hold_expired,
             why,
@@ -625,8 +620,8 @@ fn deliver(
             rule_why(problem),
         );
     }
-    for filter in &rule.filters {
-        if let HttpFilter::RequestRedirect(r) = filter {
+    if let filters::RuleAnswer::Redirect(r) = &rule.plan.answer {
+        {
             let authority = effective_authority(&req.authority)
                 .ok()
                 .flatten()
@@ -666,24 +661,15 @@ fn deliver(
             );
         }
     };
-    let plan = filters::FilterPlan::for_rule(&rule.source);
-    let mut described: Vec<String> = plan
-        .request
-        .iter()
-        .map(|f| format!("request: {f}"))
-        .collect();
-    described.extend(plan.response.iter().map(|f| format!("response: {f}")));
-    described.extend(plan.mirrors.iter().map(|m| format!("mirror: {m}")));
-    described.extend(
-        rule.extension_filters
-            .iter()
-            .map(|(n, c)| format!("route-level {n}: {}", describe_filter(c))),
-    );
-    if let Some(b) = chosen_index.and_then(|i| plan.backends.get(i)) {
-        described.extend(b.request.iter().map(|f| format!("backend request: {f}")));
-        described.extend(b.response.iter().map(|f| format!("backend response: {f}")));
-    }
-    let filters = described;
+    let run = RouteRun {
+        plan: rule.plan.clone(),
+        backend_index: chosen_index.unwrap_or_default(),
+        matched_prefix: selected
+            .matched_prefix()
+            .filter(|_| rule.plan.uses_prefix())
+            .map(Arc::from),
+        route_level: rule.extension_filters.clone(),
+    };
     let detail = format!(
         "backend {}:{}",
         backend.service,
@@ -695,7 +681,7 @@ fn deliver(
         port,
         backend,
         Some(rule_ref.clone()),
-        filters,
+        Some(run),
         rule.timeout_ms,
         req.hold_expired,
         rule_why(&detail),
@@ -710,7 +696,7 @@ fn deliver_to(
     port: u16,
     backend: HttpBackend,
     rule: Option<RuleRef>,
-    route_filters: Vec<String>,
+    route: Option<RouteRun>,
     timeout_ms: Option<u64>,
     hold_expired: bool,
     why: Why,
@@ -761,7 +747,7 @@ fn deliver_to(
         front_port: port,
         backend,
         rule,
-        route_filters,
+        route,
         filter_services,
         service_filters,
         timeout_ms,
@@ -827,4 +813,30 @@ pub fn describe_service_filters(d: &Delivery) -> Vec<String> {
             })
         })
         .collect()
+}
+
+/// The route-level steps of a delivery, one line each, for explain and logs.
+pub fn describe_route_filters(d: &Delivery) -> Vec<String> {
+    let Some(run) = &d.route else {
+        return Vec::new();
+    };
+    let plan = &run.plan;
+    let mut out: Vec<String> = plan
+        .request
+        .iter()
+        .map(|f| format!("request: {f}"))
+        .collect();
+    if let Some(b) = plan.backends.get(run.backend_index) {
+        out.extend(b.request.iter().map(|f| format!("backend request: {f}")));
+        out.extend(b.mirrors.iter().map(|m| format!("backend mirror: {m}")));
+        out.extend(b.response.iter().map(|f| format!("backend response: {f}")));
+    }
+    out.extend(plan.mirrors.iter().map(|m| format!("mirror: {m}")));
+    out.extend(plan.response.iter().map(|f| format!("response: {f}")));
+    out.extend(
+        run.route_level
+            .iter()
+            .map(|(n, c)| format!("route-level {n}: {}", describe_filter(c))),
+    );
+    out
 }

@@ -279,10 +279,9 @@ impl<'s> Compiler<'s> {
                         }
                     }
                     CompiledRule {
-                        source: rule.clone(),
                         name: rule.name.as_deref().map(Arc::from),
-                        filters: rule.filters.clone(),
-                        extension_filters,
+                        plan: Arc::new(crate::model::filters::FilterPlan::for_rule(rule)),
+                        extension_filters: extension_filters.into(),
                         backends: rule
                             .backends
                             .iter()
@@ -290,7 +289,6 @@ impl<'s> Compiler<'s> {
                                 weight: b.weight,
                                 target: self
                                     .http_backend(route, &b.target, b.port, names, services),
-                                filters: b.filters.clone(),
                             })
                             .collect(),
                         timeout_ms: rule.request_timeout_ms,
