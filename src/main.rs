@@ -65,6 +65,9 @@ struct ExplainArgs {
     /// Cluster domain.
     #[arg(long, default_value = "cluster.local", env = "AETHER_CLUSTER_DOMAIN")]
     cluster_domain: String,
+    /// A namespace whose pods the mesh leaves alone (repeatable): unmanaged and unregistered.
+    #[arg(long = "ignore-namespace")]
+    ignored_namespaces: Vec<String>,
     /// The range ClusterIPs are allocated from where the manifests give none.
     #[arg(long, default_value = "10.96.0.0/16", env = "AETHER_SERVICE_CIDR")]
     service_cidr: ipnet::IpNet,
@@ -86,13 +89,14 @@ fn run_explain(args: &ExplainArgs) -> anyhow::Result<ExitCode> {
         }
     }
     let mut snapshot = load.snapshot;
-    registrar::complete_snapshot(&mut snapshot, args.service_cidr);
     let mut ctx = NodeContext::default();
     ctx.domains.mesh = args.mesh_domain.trim_end_matches('.').to_ascii_lowercase();
     ctx.domains.cluster = args
         .cluster_domain
         .trim_end_matches('.')
         .to_ascii_lowercase();
+    ctx.ignored_namespaces = args.ignored_namespaces.iter().cloned().collect();
+    registrar::complete_snapshot_except(&mut snapshot, args.service_cidr, &ctx.ignored_namespaces);
     let model = compile(&snapshot, &ctx);
 
     let mut headers = Vec::new();

@@ -882,3 +882,69 @@ fn a_rules_filters_travel_with_the_delivery_as_data() {
         Some("route-not-matched")
     );
 }
+
+#[test]
+fn pods_of_an_ignored_namespace_are_neither_managed_nor_registered() {
+    use aether::model::snapshot::Pod;
+    let mut s = Snapshot {
+        rows: vec![
+            row("kube-system", "dns", "10.0.0.53", &[], true),
+            row("mp", "web", "10.0.0.1", &[], true),
+        ],
+        pods: vec![Pod {
+            namespace: "kube-system".into(),
+            name: "dns-0".into(),
+            service_account: "dns".into(),
+            node: None,
+            ips: vec!["10.0.0.53".parse().unwrap()],
+            labels: BTreeMap::new(),
+            managed: true,
+            redirect_all: None,
+            exclude_outbound_ports: Vec::new(),
+            exclude_outbound_ip_ranges: Vec::new(),
+            ready: true,
+            netns: None,
+            command: Vec::new(),
+        }],
+        ..Snapshot::default()
+    };
+    let mut ctx = NodeContext::default();
+    ctx.ignored_namespaces.insert("kube-system".into());
+    registrar::complete_snapshot_except(
+        &mut s,
+        "10.96.0.0/16".parse().unwrap(),
+        &ctx.ignored_namespaces,
+    );
+    assert!(
+        s.services.iter().all(|svc| svc.namespace != "kube-system"),
+        "no generated Service"
+    );
+    let model = compile(&s, &ctx);
+    assert!(!model.pod("kube-system", "dns-0").unwrap().managed);
+    assert!(
+        model.classes("kube-system", "dns").is_none(),
+        "not registered"
+    );
+    let c = caller(Some("mp"));
+    assert_eq!(
+        delivered_to(&ask(
+            &model,
+            &c,
+            HttpEntry::Loopback,
+            "web.mp.aether.internal:8080",
+            false
+        ))
+        .len(),
+        1
+    );
+    // A dial to the ignored pod's IP is not a pod-IP dial: it is answered by the name rules.
+    let pod = SocketAddr::new("10.0.0.53".parse().unwrap(), 8080);
+    let d = ask(
+        &model,
+        &c,
+        HttpEntry::PodIp { dialled: pod },
+        "example.com",
+        false,
+    );
+    assert!(matches!(d, RequestDecision::Passthrough(_)), "{d:?}");
+}

@@ -116,6 +116,10 @@ impl<'s> Compiler<'s> {
         let mut seen: BTreeSet<(&str, &str, IpAddr)> = BTreeSet::new();
         let mut nodes: BTreeMap<&str, Arc<str>> = BTreeMap::new();
         for row in rows {
+            if self.ctx.ignored_namespaces.contains(&row.namespace) {
+                // An ignored namespace's pods are not registered (model.md §2).
+                continue;
+            }
             if let Some(problem) = row_problem(row) {
                 self.diagnostics.push(Diagnostic::new(
                     DiagnosticKind::RowRefused,
@@ -557,7 +561,7 @@ impl<'s> Compiler<'s> {
                         name: p.name.clone(),
                         service_account: p.service_account.clone(),
                         ips: p.ips.clone(),
-                        managed: p.managed,
+                        managed: p.managed && !ctx.ignored_namespaces.contains(&p.namespace),
                         capture: if redirect_all {
                             CaptureMode::RedirectAll
                         } else {

@@ -54,6 +54,9 @@ pub struct NodeContext {
     pub node: Option<String>,
     /// `capture_redirect_all_default`: the capture mode of a pod without the annotation.
     pub capture_redirect_all_default: bool,
+    /// Namespaces whose pods are unmanaged, as if `aether.io/managed: "false"` (model.md §2):
+    /// no capture, no listeners, not registered.
+    pub ignored_namespaces: BTreeSet<String>,
     /// The compile time, in milliseconds of the caller's clock (retained entries).
     pub now_ms: u64,
 }
@@ -68,6 +71,7 @@ impl Default for NodeContext {
             trust_domain: "cluster.local".into(),
             node: None,
             capture_redirect_all_default: true,
+            ignored_namespaces: BTreeSet::new(),
             now_ms: 0,
         }
     }

@@ -29,9 +29,22 @@ pub struct RegistrarReport {
 /// per declared port of any served row (the one-truth protocol), reserved ports left off, plus
 /// the anchor ports `mesh` 18081 and `mesh-tcp` 18082.
 pub fn generated_services(snapshot: &Snapshot) -> (Vec<Service>, RegistrarReport) {
+    generated_services_except(snapshot, &BTreeSet::new())
+}
+
+/// [`generated_services`], leaving out the rows of `ignored` namespaces: their pods are not
+/// registered (spec/model.md §2), so they make no mesh service.
+pub fn generated_services_except(
+    snapshot: &Snapshot,
+    ignored: &BTreeSet<String>,
+) -> (Vec<Service>, RegistrarReport) {
     let mut rows_by_service: BTreeMap<(&str, &str), Vec<BTreeMap<u16, PortProtocol>>> =
         BTreeMap::new();
-    for row in snapshot.rows.iter().filter(|r| row_problem(r).is_none()) {
+    let registered = snapshot
+        .rows
+        .iter()
+        .filter(|r| !ignored.contains(&r.namespace) && row_problem(r).is_none());
+    for row in registered {
         rows_by_service
             .entry((&row.namespace, &row.service))
             .or_default()
@@ -172,7 +185,16 @@ pub fn allocate_cluster_ips(services: &mut [Service], cidr: IpNet) -> Vec<(Strin
 /// Completes a snapshot read where no API server runs (the file registry): adds the generated
 /// Services the rows call for (keeping any already present) and allocates missing ClusterIPs.
 pub fn complete_snapshot(snapshot: &mut Snapshot, cidr: IpNet) -> RegistrarReport {
-    let (generated, report) = generated_services(snapshot);
+    complete_snapshot_except(snapshot, cidr, &BTreeSet::new())
+}
+
+/// [`complete_snapshot`] for a node that ignores some namespaces.
+pub fn complete_snapshot_except(
+    snapshot: &mut Snapshot,
+    cidr: IpNet,
+    ignored: &BTreeSet<String>,
+) -> RegistrarReport {
+    let (generated, report) = generated_services_except(snapshot, ignored);
     for g in generated {
         let existing = snapshot
             .services
