@@ -948,3 +948,62 @@ fn pods_of_an_ignored_namespace_are_neither_managed_nor_registered() {
     );
     assert!(matches!(d, RequestDecision::Passthrough(_)), "{d:?}");
 }
+
+#[test]
+fn a_cross_namespace_backend_needs_a_reference_grant() {
+    use aether::model::snapshot::ReferenceGrant;
+    let mut r = route("mp", "to-other", "web", None, ("api", 8080));
+    r.rules[0].backends[0].target.namespace = Some("other".into());
+    let mut s = Snapshot {
+        rows: vec![
+            row("mp", "web", "10.0.0.1", &[], true),
+            row("other", "api", "10.0.0.2", &[], true),
+        ],
+        http_routes: vec![r],
+        ..Snapshot::default()
+    };
+    let model = build(s.clone());
+    let refs = model.route_statuses()[0]
+        .conditions
+        .iter()
+        .find(|c| c.type_ == "ResolvedRefs")
+        .unwrap()
+        .clone();
+    assert_eq!(
+        (refs.status.as_str(), refs.reason.as_str()),
+        ("False", "RefNotPermitted")
+    );
+    let c = caller(Some("mp"));
+    assert_eq!(
+        reason(&ask(
+            &model,
+            &c,
+            HttpEntry::Loopback,
+            "web.mp.aether.internal:8080",
+            false
+        )),
+        Some("invalid-backend")
+    );
+
+    s.reference_grants.push(ReferenceGrant {
+        namespace: "other".into(),
+        name: "from-mp".into(),
+        from: vec![(
+            "gateway.networking.k8s.io".into(),
+            "HTTPRoute".into(),
+            "mp".into(),
+        )],
+        to: vec![(String::new(), "Service".into(), None)],
+    });
+    let granted = build(s);
+    assert_eq!(
+        delivered_to(&ask(
+            &granted,
+            &c,
+            HttpEntry::Loopback,
+            "web.mp.aether.internal:8080",
+            false
+        )),
+        vec!["10.0.0.2".parse::<IpAddr>().unwrap()]
+    );
+}
