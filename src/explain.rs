@@ -14,8 +14,8 @@ use crate::model::port::{LEGACY_PORT, PROXY_PORT};
 use crate::model::{Model, Snapshot};
 use crate::resolve::answer::{MeshAnswer, Reason};
 use crate::resolve::decision::{
-    AfterSniff, Caller, CaptureMode, ConnDecision, HttpEntry, RequestDecision, RequestFacts,
-    Sniffed, TcpBackend, TcpChoice, UdpDecision, Why,
+    AfterSniff, Caller, CaptureMode, ConnDecision, Endpoint, HttpEntry, RequestDecision,
+    RequestFacts, Sniffed, TcpBackend, TcpChoice, UdpDecision, Why,
 };
 use crate::resolve::{classify_connection, resolve_request, resolve_sniffed, resolve_udp};
 
@@ -191,6 +191,17 @@ fn resolve_dial(
     Some((ip, format!("{name} -> {ip} ({via}: Service {ns}/{svc})")))
 }
 
+/// The pods a decision may reach, `<pod> <address>` each.
+fn endpoint_list(eps: &[Endpoint]) -> String {
+    eps.iter()
+        .map(|e| match &e.pod {
+            Some(p) => format!("{p} {}", e.address),
+            None => e.address.to_string(),
+        })
+        .collect::<Vec<_>>()
+        .join(", ")
+}
+
 fn choice_targets(c: &TcpChoice) -> Vec<String> {
     c.backends
         .iter()
@@ -200,14 +211,7 @@ fn choice_targets(c: &TcpChoice) -> Vec<String> {
                 t.service,
                 t.port,
                 t.pod_port,
-                t.endpoints
-                    .iter()
-                    .map(|e| match &e.pod {
-                        Some(p) => format!("{p} {}", e.address),
-                        None => e.address.to_string(),
-                    })
-                    .collect::<Vec<_>>()
-                    .join(", ")
+                endpoint_list(&t.endpoints)
             ),
             TcpBackend::Invalid(why) => format!(
                 "weight {w}: invalid backend ({}), connection closed",
@@ -277,15 +281,7 @@ fn request_step(model: &Model, d: &RequestDecision) -> Step {
                     .map_or_else(|| "-".to_owned(), |p| p.to_string()),
                 d.backend.pod_port,
                 if d.backend.h2c { " (h2c)" } else { "" },
-                d.backend
-                    .endpoints
-                    .iter()
-                    .map(|e| match &e.pod {
-                        Some(p) => format!("{p} {}", e.address),
-                        None => e.address.to_string(),
-                    })
-                    .collect::<Vec<_>>()
-                    .join(", ")
+                endpoint_list(&d.backend.endpoints)
             )],
             filters: crate::resolve::describe_route_filters(d)
                 .into_iter()

@@ -176,6 +176,27 @@ pub struct RouteStatus {
     pub conditions: Vec<Condition>,
 }
 
+impl RouteStatus {
+    /// The status entry of one parentRef of a route.
+    pub fn of(
+        kind: &str,
+        namespace: &str,
+        name: &str,
+        generation: i64,
+        parent: &ParentRef,
+        conditions: Vec<Condition>,
+    ) -> Self {
+        Self {
+            kind: kind.to_owned(),
+            namespace: namespace.to_owned(),
+            name: name.to_owned(),
+            generation,
+            parent: describe_parent(namespace, parent),
+            conditions,
+        }
+    }
+}
+
 /// Renders a parentRef for status and explain output.
 pub fn describe_parent(route_ns: &str, p: &ParentRef) -> String {
     let ns = p.target.namespace.as_deref().unwrap_or(route_ns);

@@ -18,7 +18,7 @@ use std::sync::Arc;
 
 use crate::model::attach::{
     AttachedRoute, CompiledBackend, CompiledRule, Condition, InvalidRef, PortRoutes, RefReason,
-    RouteStatus, RuleSet, TlsRule, TlsTable, describe_parent,
+    RouteStatus, RuleSet, TlsRule, TlsTable,
 };
 use crate::model::diag::{Diagnostic, DiagnosticKind};
 use crate::model::names::mesh_name;

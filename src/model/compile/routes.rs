@@ -343,14 +343,14 @@ impl<'s> Compiler<'s> {
                         parent.target.group, parent.target.kind
                     ))
                 };
-                statuses.push(RouteStatus {
-                    kind: kind.to_owned(),
-                    namespace: route.namespace.clone(),
-                    name: route.name.clone(),
-                    generation: route.generation,
-                    parent: describe_parent(&route.namespace, parent),
-                    conditions: vec![accepted_condition(accepted), refs.clone(), judged.clone()],
-                });
+                statuses.push(RouteStatus::of(
+                    kind,
+                    &route.namespace,
+                    &route.name,
+                    route.generation,
+                    parent,
+                    vec![accepted_condition(accepted), refs.clone(), judged.clone()],
+                ));
             }
         }
         for ((k, port, audience), list) in attached {
@@ -476,7 +476,6 @@ impl<'s> Compiler<'s> {
                         _ => Err("the parent is not a mesh service's generated Service".into()),
                     }
                 };
-                let ok = accepted.is_ok();
                 if let Ok(ports) = &accepted
                     && let Some((&k, _)) = names.get_key_value(&target)
                 {
@@ -508,15 +507,14 @@ impl<'s> Compiler<'s> {
                     ),
                     None => cond("ResolvedRefs", "True", "ResolvedRefs", String::new()),
                 };
-                let _ = ok;
-                statuses.push(RouteStatus {
-                    kind: kind.to_owned(),
-                    namespace: route.namespace.clone(),
-                    name: route.name.clone(),
-                    generation: route.generation,
-                    parent: describe_parent(&route.namespace, parent),
-                    conditions: vec![accepted_cond, refs],
-                });
+                statuses.push(RouteStatus::of(
+                    kind,
+                    &route.namespace,
+                    &route.name,
+                    route.generation,
+                    parent,
+                    vec![accepted_cond, refs],
+                ));
             }
         }
         out
