@@ -258,26 +258,60 @@ macro_rules! path_modifier {
     }};
 }
 
+// The filter kinds HTTPRoute and GRPCRoute share. The gateway-api crate gives each route kind
+// its own filter types, so these are macros over the field names, one per arm body.
+macro_rules! request_headers {
+    ($key:expr, $field:expr, $f:expr) => {
+        match &$f.request_header_modifier {
+            Some(m) => HttpFilter::RequestHeaderModifier(header_modifier!(m)),
+            None => return Err(missing($key, format!("{}.requestHeaderModifier", $field))),
+        }
+    };
+}
+
+macro_rules! response_headers {
+    ($key:expr, $field:expr, $f:expr) => {
+        match &$f.response_header_modifier {
+            Some(m) => HttpFilter::ResponseHeaderModifier(header_modifier!(m)),
+            None => return Err(missing($key, format!("{}.responseHeaderModifier", $field))),
+        }
+    };
+}
+
+macro_rules! request_mirror {
+    ($key:expr, $field:expr, $f:expr) => {
+        match &$f.request_mirror {
+            Some(m) => HttpFilter::RequestMirror(mirror(
+                $key,
+                &format!("{}.requestMirror", $field),
+                &mirror_parts!(m),
+            )?),
+            None => return Err(missing($key, format!("{}.requestMirror", $field))),
+        }
+    };
+}
+
+macro_rules! extension_ref {
+    ($key:expr, $field:expr, $f:expr) => {
+        match &$f.extension_ref {
+            Some(e) => HttpFilter::ExtensionRef(ObjectRef {
+                group: e.group.clone(),
+                kind: e.kind.clone(),
+                namespace: None,
+                name: e.name.clone(),
+            }),
+            None => return Err(missing($key, format!("{}.extensionRef", $field))),
+        }
+    };
+}
+
 macro_rules! http_filter {
     ($key:expr, $field:expr, $f:expr, $T:ident, $Scheme:ident, $RedirectPath:ident, $RewritePath:ident) => {{
         let (key, field, f) = ($key, $field, $f);
         match f.r#type {
-            $T::RequestHeaderModifier => match &f.request_header_modifier {
-                Some(m) => HttpFilter::RequestHeaderModifier(header_modifier!(m)),
-                None => return Err(missing(key, format!("{field}.requestHeaderModifier"))),
-            },
-            $T::ResponseHeaderModifier => match &f.response_header_modifier {
-                Some(m) => HttpFilter::ResponseHeaderModifier(header_modifier!(m)),
-                None => return Err(missing(key, format!("{field}.responseHeaderModifier"))),
-            },
-            $T::RequestMirror => match &f.request_mirror {
-                Some(m) => HttpFilter::RequestMirror(mirror(
-                    key,
-                    &format!("{field}.requestMirror"),
-                    &mirror_parts!(m),
-                )?),
-                None => return Err(missing(key, format!("{field}.requestMirror"))),
-            },
+            $T::RequestHeaderModifier => request_headers!(key, field, f),
+            $T::ResponseHeaderModifier => response_headers!(key, field, f),
+            $T::RequestMirror => request_mirror!(key, field, f),
             $T::RequestRedirect => match &f.request_redirect {
                 Some(r) => {
                     let field = format!("{field}.requestRedirect");
@@ -312,15 +346,7 @@ macro_rules! http_filter {
                 }
                 None => return Err(missing(key, format!("{field}.urlRewrite"))),
             },
-            $T::ExtensionRef => match &f.extension_ref {
-                Some(e) => HttpFilter::ExtensionRef(ObjectRef {
-                    group: e.group.clone(),
-                    kind: e.kind.clone(),
-                    namespace: None,
-                    name: e.name.clone(),
-                }),
-                None => return Err(missing(key, format!("{field}.extensionRef"))),
-            },
+            $T::ExtensionRef => extension_ref!(key, field, f),
             $T::Cors => HttpFilter::Unsupported("CORS".to_owned()),
             $T::ExternalAuth => HttpFilter::Unsupported("ExternalAuth".to_owned()),
         }
@@ -331,31 +357,10 @@ macro_rules! grpc_filter {
     ($key:expr, $field:expr, $f:expr, $T:ident) => {{
         let (key, field, f) = ($key, $field, $f);
         match f.r#type {
-            $T::RequestHeaderModifier => match &f.request_header_modifier {
-                Some(m) => HttpFilter::RequestHeaderModifier(header_modifier!(m)),
-                None => return Err(missing(key, format!("{field}.requestHeaderModifier"))),
-            },
-            $T::ResponseHeaderModifier => match &f.response_header_modifier {
-                Some(m) => HttpFilter::ResponseHeaderModifier(header_modifier!(m)),
-                None => return Err(missing(key, format!("{field}.responseHeaderModifier"))),
-            },
-            $T::RequestMirror => match &f.request_mirror {
-                Some(m) => HttpFilter::RequestMirror(mirror(
-                    key,
-                    &format!("{field}.requestMirror"),
-                    &mirror_parts!(m),
-                )?),
-                None => return Err(missing(key, format!("{field}.requestMirror"))),
-            },
-            $T::ExtensionRef => match &f.extension_ref {
-                Some(e) => HttpFilter::ExtensionRef(ObjectRef {
-                    group: e.group.clone(),
-                    kind: e.kind.clone(),
-                    namespace: None,
-                    name: e.name.clone(),
-                }),
-                None => return Err(missing(key, format!("{field}.extensionRef"))),
-            },
+            $T::RequestHeaderModifier => request_headers!(key, field, f),
+            $T::ResponseHeaderModifier => response_headers!(key, field, f),
+            $T::RequestMirror => request_mirror!(key, field, f),
+            $T::ExtensionRef => extension_ref!(key, field, f),
         }
     }};
 }
