@@ -1007,3 +1007,55 @@ fn a_cross_namespace_backend_needs_a_reference_grant() {
         vec!["10.0.0.2".parse::<IpAddr>().unwrap()]
     );
 }
+
+#[test]
+fn a_consumer_route_applies_to_its_namespaces_callers_only() {
+    // routes.md §2.3: a route in the caller's namespace, parented to a Service of another
+    // namespace, takes precedence for that caller; every other caller sees the producer routes.
+    let mut consumer = route("client", "consumer", "web", None, ("other", 8080));
+    consumer.parents[0].target.namespace = Some("mp".into());
+    consumer.rules[0].backends[0].target.namespace = Some("mp".into());
+    let model = build(Snapshot {
+        rows: vec![
+            row("mp", "web", "10.0.0.1", &[], true),
+            row("mp", "other", "10.0.0.2", &[], true),
+        ],
+        http_routes: vec![consumer],
+        reference_grants: vec![aether::model::snapshot::ReferenceGrant {
+            namespace: "mp".into(),
+            name: "from-client".into(),
+            from: vec![(
+                "gateway.networking.k8s.io".into(),
+                "HTTPRoute".into(),
+                "client".into(),
+            )],
+            to: vec![(String::new(), "Service".into(), None)],
+        }],
+        ..Snapshot::default()
+    });
+    let host = "web.mp.aether.internal:8080";
+    let from_client = delivered_to(&ask(
+        &model,
+        &caller(Some("client")),
+        HttpEntry::Loopback,
+        host,
+        false,
+    ));
+    assert_eq!(
+        from_client,
+        vec!["10.0.0.2".parse::<IpAddr>().unwrap()],
+        "the consumer route's backend"
+    );
+    let from_mp = delivered_to(&ask(
+        &model,
+        &caller(Some("mp")),
+        HttpEntry::Loopback,
+        host,
+        false,
+    ));
+    assert_eq!(
+        from_mp,
+        vec!["10.0.0.1".parse::<IpAddr>().unwrap()],
+        "default delivery for other callers"
+    );
+}
