@@ -139,6 +139,50 @@ fn reason(d: &RequestDecision) -> Option<&'static str> {
     }
 }
 
+/// The `ports:` line of a 421 refusal.
+fn ports_line(d: &RequestDecision) -> String {
+    match d {
+        RequestDecision::Answer(a, _) => a
+            .service
+            .as_ref()
+            .expect("a 421 names its service")
+            .ports
+            .to_string(),
+        other => panic!("expected a refusal, got {other:?}"),
+    }
+}
+
+/// An L4 route with one rule and one backend.
+fn l4(
+    name: &str,
+    parent: &str,
+    port: Option<u16>,
+    hostnames: &[&str],
+    backend: (&str, u16),
+) -> L4Route {
+    L4Route {
+        namespace: "mp".into(),
+        name: name.into(),
+        generation: 1,
+        created: None,
+        parents: vec![ParentRef {
+            target: service_ref(parent),
+            port,
+            section_name: None,
+        }],
+        hostnames: hostnames.iter().map(|h| (*h).to_owned()).collect(),
+        rules: vec![L4Rule {
+            name: None,
+            backends: vec![L4BackendRef {
+                target: service_ref(backend.0),
+                port: Some(backend.1),
+                weight: 1,
+                weight_given: false,
+            }],
+        }],
+    }
+}
+
 fn delivered_to(d: &RequestDecision) -> Vec<IpAddr> {
     match d {
         RequestDecision::Deliver(d) => d.backend.endpoints.iter().map(|e| e.address).collect(),
@@ -202,13 +246,10 @@ fn u4_a_reserved_port_is_served_without_it() {
         "web.mp.aether.internal:7777",
         false,
     );
+    assert_eq!(ports_line(&d), "8080/http 9090/http");
     let RequestDecision::Answer(a, _) = &d else {
         panic!("{d:?}")
     };
-    assert_eq!(
-        a.service.as_ref().unwrap().ports.as_ref(),
-        "8080/http 9090/http"
-    );
     assert!(!a.body().contains("18081"));
     assert_eq!(
         delivered_to(&ask(
@@ -438,13 +479,7 @@ fn u10_readiness_decides_delivery_and_nothing_else() {
         "web.mp.aether.internal:7777",
         false,
     );
-    let RequestDecision::Answer(a, _) = &d else {
-        panic!("{d:?}")
-    };
-    assert_eq!(
-        a.service.as_ref().unwrap().ports.as_ref(),
-        "8080/http 9090/http"
-    );
+    assert_eq!(ports_line(&d), "8080/http 9090/http");
     // A pod-IP dial to the unready pod is delivered to it.
     let pod = SocketAddr::new("10.0.0.2".parse().unwrap(), 8080);
     assert_eq!(
@@ -556,27 +591,6 @@ fn u13_route_status_for_parents_that_take_nothing() {
     )];
     let mut hostnames = route("mp", "with-hostnames", "web", None, ("web", 8080));
     hostnames.hostnames = vec!["example.com".into()];
-    let l4 = |name: &str, parent: &str, port: Option<u16>| L4Route {
-        namespace: "mp".into(),
-        name: name.into(),
-        generation: 1,
-        created: None,
-        parents: vec![ParentRef {
-            target: service_ref(parent),
-            port,
-            section_name: None,
-        }],
-        hostnames: Vec::new(),
-        rules: vec![L4Rule {
-            name: None,
-            backends: vec![L4BackendRef {
-                target: service_ref("web"),
-                port: Some(9000),
-                weight: 1,
-                weight_given: false,
-            }],
-        }],
-    };
     let mut headless = user_service("mp", "headless", "10.96.7.7", &[(80, TargetPort::Same)]);
     headless.headless = true;
     headless.cluster_ips.clear();
@@ -591,15 +605,15 @@ fn u13_route_status_for_parents_that_take_nothing() {
             route("mp", "to-headless", "headless", None, ("web", 8080)),
         ],
         tls_routes: vec![
-            l4("tls-user", "user", None),
-            l4("tls-http", "web", Some(8080)),
+            l4("tls-user", "user", None, &[], ("web", 9000)),
+            l4("tls-http", "web", Some(8080), &[], ("web", 9000)),
         ],
         tcp_routes: vec![
-            l4("tcp-user", "user", None),
-            l4("tcp-http", "web", Some(8080)),
-            l4("tcp-ok", "web", Some(9000)),
+            l4("tcp-user", "user", None, &[], ("web", 9000)),
+            l4("tcp-http", "web", Some(8080), &[], ("web", 9000)),
+            l4("tcp-ok", "web", Some(9000), &[], ("web", 9000)),
         ],
-        udp_routes: vec![l4("udp-user", "user", None)],
+        udp_routes: vec![l4("udp-user", "user", None, &[], ("web", 9000))],
         ..Snapshot::default()
     });
     let accepted = |name: &str| {
@@ -698,10 +712,7 @@ fn u2_u3_refused_rows_and_disagreeing_votes_are_reported_once() {
         "web.mp.aether.internal:9090",
         false,
     );
-    let RequestDecision::Answer(a, _) = &d else {
-        panic!("{d:?}")
-    };
-    assert_eq!(a.service.as_ref().unwrap().ports.as_ref(), "8080/http");
+    assert_eq!(ports_line(&d), "8080/http");
     let to = delivered_to(&ask(
         &model,
         &c,
