@@ -6,7 +6,10 @@
 //! subcommands sit on top.
 
 pub mod explain;
+pub mod marks;
 pub mod model;
+pub mod netns;
+pub mod proxy;
 pub mod registry;
 pub mod resolve;
 #[cfg(any(test, feature = "testing"))]

@@ -568,6 +568,9 @@ impl<'s> Compiler<'s> {
                             CaptureMode::Scoped
                         },
                         node: p.node.clone(),
+                        netns: p.netns.clone(),
+                        exclude_outbound_ports: p.exclude_outbound_ports.clone(),
+                        exclude_outbound_ip_ranges: p.exclude_outbound_ip_ranges.clone(),
                     },
                 )
             })

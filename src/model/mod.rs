@@ -202,6 +202,12 @@ pub struct PodFacts {
     pub capture: CaptureMode,
     /// Its node.
     pub node: Option<String>,
+    /// The network namespace it lives in (`aether.io/netns`, file mode).
+    pub netns: Option<String>,
+    /// `capture.aether.io/exclude-outbound-ports`.
+    pub exclude_outbound_ports: Vec<u16>,
+    /// `capture.aether.io/exclude-outbound-ip-ranges`.
+    pub exclude_outbound_ip_ranges: Vec<ipnet::IpNet>,
 }
 
 impl Model {
