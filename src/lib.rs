@@ -12,5 +12,6 @@ pub mod netns;
 pub mod proxy;
 pub mod registry;
 pub mod resolve;
+pub mod time;
 #[cfg(any(test, feature = "testing"))]
 pub mod test_util;
