@@ -211,6 +211,20 @@ pub struct PodFacts {
 }
 
 impl Model {
+    /// The ports a served pod's row declares, with their protocol (the mesh hop's check,
+    /// model.md §14), and the pod's own mesh service.
+    pub fn pod_ports(&self, ip: IpAddr) -> Option<(&ServiceKey, &BTreeMap<u16, PortProtocol>)> {
+        self.pod_ips
+            .get(&ip)
+            .map(|e| (&e.endpoint.mesh_service, &e.declared))
+    }
+
+    /// Whether any UDPRoute has a parent address (the UDP listener on 18082 is opened only
+    /// then, model.md §12.3).
+    pub fn has_udp_routes(&self) -> bool {
+        self.cluster_ips.values().any(|e| e.udp.is_some())
+    }
+
     /// A pod by namespace and name.
     pub fn pod(&self, namespace: &str, name: &str) -> Option<&PodFacts> {
         self.pods.get(&(namespace.to_owned(), name.to_owned()))

@@ -1,3 +1,175 @@
-//! The data plane: capture, proxy port, mesh hop, UDP (ARCHITECTURE.md "proxy").
+//! The data plane: the capture listener, the proxy port, the mesh hop and UDP
+//! (ARCHITECTURE.md "proxy"). It reads the published model and the workload identities; it never
+//! reads the registry and never programs capture.
 
+pub mod filters;
+pub mod hop;
+pub mod http;
+pub mod outbound;
+pub mod respond;
+pub mod sniff;
 pub mod socket;
+pub mod udp;
+
+use std::net::IpAddr;
+use std::sync::Arc;
+use std::time::Duration;
+
+use bytes::Bytes;
+use rustls::pki_types::CertificateDer;
+
+use crate::resolve::decision::{Caller, CaptureMode};
+use crate::state::ModelHandle;
+use socket::PodNet;
+
+/// The body type every proxied request and response is converted to.
+pub type Body = http_body_util::combinators::BoxBody<Bytes, BoxError>;
+
+/// A boxed error of a body or a connection.
+pub type BoxError = Box<dyn std::error::Error + Send + Sync>;
+
+/// ALPN of an HTTP mesh hop (HTTP/2).
+pub const ALPN_HTTP: &[u8] = b"h2";
+/// ALPN of a raw-TCP mesh hop (a byte stream).
+pub const ALPN_TCP: &[u8] = b"aether-tcp/1";
+
+/// The mesh hop port on every pod IP.
+pub const HOP_PORT: u16 = 18008;
+/// The capture port.
+pub const CAPTURE_PORT: u16 = 18001;
+/// The proxy port.
+pub const PROXY_PORT: u16 = 18081;
+/// The legacy raw-TCP and UDP port.
+pub const LEGACY_PORT: u16 = 18082;
+
+/// A peer the mesh hop proved.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Peer {
+    /// Its namespace.
+    pub namespace: String,
+    /// Its ServiceAccount.
+    pub service_account: String,
+    /// Its SPIFFE ID.
+    pub id: String,
+}
+
+/// The TLS side of the mesh hop, provided by `identity` (wired in `node`).
+pub trait HopTls: Send + Sync + std::fmt::Debug + 'static {
+    /// The client configuration of a source workload, offering `alpn`.
+    fn client(
+        &self,
+        namespace: &str,
+        service_account: &str,
+        alpn: &[u8],
+    ) -> Arc<rustls::ClientConfig>;
+    /// The server configuration of a destination workload (both ALPNs offered).
+    fn server(&self, namespace: &str, service_account: &str) -> Arc<rustls::ServerConfig>;
+    /// The identity a peer's certificate chain proves, in our trust domain; `None` refuses it.
+    fn peer(&self, chain: &[CertificateDer<'_>]) -> Option<Peer>;
+}
+
+/// Settings of the data plane.
+#[derive(Clone, Debug)]
+pub struct ProxySettings {
+    /// The mesh domain (SNI of the hop).
+    pub mesh_domain: String,
+    /// The bound on waiting for a client's first bytes (1 s, spec/README "Fixed numbers").
+    pub sniff_bound: Duration,
+    /// The discovery hold (2 s).
+    pub hold: Duration,
+    /// Connecting to an endpoint or a passthrough destination.
+    pub connect_timeout: Duration,
+    /// The largest HTTP/1 request head accepted.
+    pub max_header_bytes: usize,
+    /// Idle UDP flows are forgotten after this long.
+    pub udp_idle: Duration,
+}
+
+impl Default for ProxySettings {
+    fn default() -> Self {
+        Self {
+            mesh_domain: "aether.internal".into(),
+            sniff_bound: Duration::from_secs(1),
+            hold: Duration::from_secs(2),
+            connect_timeout: Duration::from_secs(5),
+            max_header_bytes: 64 * 1024,
+            udp_idle: Duration::from_secs(60),
+        }
+    }
+}
+
+/// What every connection task shares.
+#[derive(Debug)]
+pub struct Inputs {
+    /// The published model.
+    pub model: Arc<ModelHandle>,
+    /// The mesh hop's TLS.
+    pub tls: Arc<dyn HopTls>,
+    /// Settings.
+    pub settings: ProxySettings,
+    /// Pooled HTTP/2 hop connections.
+    pub pool: hop::Pool,
+    /// Counters.
+    pub stats: Stats,
+}
+
+/// Data-plane counters (exported by `admin`).
+#[derive(Debug, Default)]
+pub struct Stats {
+    /// Connections accepted on capture listeners.
+    pub captured: std::sync::atomic::AtomicU64,
+    /// HTTP requests handled.
+    pub requests: std::sync::atomic::AtomicU64,
+    /// Mesh answers sent (4xx/5xx with a reason).
+    pub answers: std::sync::atomic::AtomicU64,
+    /// Deliveries over the mesh hop.
+    pub deliveries: std::sync::atomic::AtomicU64,
+    /// Passthroughs.
+    pub passthroughs: std::sync::atomic::AtomicU64,
+    /// Inbound hop connections refused (SNI, identity).
+    pub hop_refused: std::sync::atomic::AtomicU64,
+    /// Deliveries to the application that fell back to the pod's own IP (model.md §12.4).
+    pub transparent_fallbacks: std::sync::atomic::AtomicU64,
+}
+
+/// Increment a counter.
+pub fn count(c: &std::sync::atomic::AtomicU64) {
+    c.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+}
+
+/// One local pod, as the data plane sees it.
+#[derive(Debug)]
+pub struct PodCtx {
+    /// Namespace.
+    pub namespace: String,
+    /// Name.
+    pub name: String,
+    /// ServiceAccount (its mesh service and identity).
+    pub service_account: String,
+    /// Its network.
+    pub net: PodNet,
+    /// Its capture mode.
+    pub capture: CaptureMode,
+}
+
+impl PodCtx {
+    /// The pod as a caller (connection facts only, I4).
+    pub fn caller(&self) -> Caller {
+        Caller {
+            namespace: Some(self.namespace.clone()),
+            pod: Some(self.name.clone()),
+            service_account: Some(self.service_account.clone()),
+            capture: self.capture,
+        }
+    }
+
+    /// Its IPs.
+    pub fn ips(&self) -> Vec<IpAddr> {
+        self.net
+            .ipv4
+            .map(IpAddr::V4)
+            .into_iter()
+            .chain(self.net.ipv6.map(IpAddr::V6))
+            .collect()
+    }
+}

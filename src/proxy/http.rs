@@ -1,0 +1,615 @@
+//! HTTP on every entry path (addressing.md §2): the captured dial, the pod-IP dial, the
+//! loopback proxy port and a captured dial to 18081. Every request is resolved on its own from
+//! one model value (model.md §13), then answered, passed through or delivered over the hop.
+
+use std::convert::Infallible;
+use std::net::{IpAddr, SocketAddr};
+use std::sync::Arc;
+
+use http::header::HOST;
+use http::{HeaderValue, Method, Request, Response, Uri, Version};
+use http_body_util::BodyExt;
+use hyper::body::Incoming;
+use hyper_util::rt::{TokioExecutor, TokioIo};
+use tokio::io::AsyncWriteExt;
+use tokio::net::TcpStream;
+use tracing::{debug, info, warn};
+
+use super::filters::{authorize, modify_headers, mutate_request, set_path, strip_mesh_headers};
+use super::socket::Source;
+use super::{Body, BoxError, Inputs, Peer, PodCtx, count, respond, sniff};
+use crate::model::filters::{FilterStep, RedirectInput, RuleAnswer, redirect, rewrite};
+use crate::model::names::{AuthorityInput, HttpVersion};
+use crate::model::snapshot::{FilterConfig, HeaderModifier};
+use crate::resolve::answer::{HEADER_ERROR, MeshAnswer, Reason};
+use crate::resolve::decision::{Delivery, HttpEntry, RequestDecision, RequestFacts};
+use crate::resolve::resolve_request;
+
+/// Serve HTTP on an accepted connection. The first request head is checked before hyper sees
+/// it, so that bytes that are not HTTP (loopback), a head the parser rejects, or an oversized
+/// head get the mesh's own answer with its reason (addressing.md §11.1).
+pub async fn serve(inputs: Arc<Inputs>, pod: Arc<PodCtx>, mut stream: TcpStream, entry: HttpEntry) {
+    if let Some(reason) = precheck(&inputs, &stream, entry).await {
+        let rendered = MeshAnswer::bare(reason).render();
+        let _ = stream
+            .write_all(&rendered.to_http1(reason.status_text()))
+            .await;
+        let _ = stream.shutdown().await;
+        count(&inputs.stats.answers);
+        return;
+    }
+    let service = hyper::service::service_fn(move |req: Request<Incoming>| {
+        let inputs = inputs.clone();
+        let pod = pod.clone();
+        async move {
+            let req = req.map(|b| b.map_err(BoxError::from).boxed());
+            Ok::<_, Infallible>(handle(&inputs, &pod, entry, req).await)
+        }
+    });
+    let mut builder = hyper_util::server::conn::auto::Builder::new(TokioExecutor::new());
+    builder.http1().timer(hyper_util::rt::TokioTimer::new());
+    builder.http2().timer(hyper_util::rt::TokioTimer::new());
+    if let Err(e) = builder
+        .serve_connection_with_upgrades(TokioIo::new(stream), service)
+        .await
+    {
+        debug!(error = %e, "http connection ended");
+    }
+}
+
+/// The first request head: `None` lets hyper serve the connection.
+async fn precheck(inputs: &Inputs, stream: &TcpStream, entry: HttpEntry) -> Option<Reason> {
+    let limit = inputs.settings.max_header_bytes;
+    let mut buf = vec![0u8; limit + 1];
+    let deadline = crate::time::now() + inputs.settings.sniff_bound;
+    loop {
+        let n = match tokio::time::timeout_at(deadline.into(), stream.peek(&mut buf)).await {
+            Ok(Ok(0)) | Ok(Err(_)) => return None,
+            Ok(Ok(n)) => n,
+            // Silence: hyper applies its own header timeout.
+            Err(_) => return None,
+        };
+        let bytes = &buf[..n];
+        match sniff::sniff(bytes) {
+            sniff::Verdict::Known(crate::resolve::decision::Sniffed::Http) => {}
+            sniff::Verdict::Known(_) => {
+                return matches!(entry, HttpEntry::Loopback).then_some(Reason::NotHttp);
+            }
+            sniff::Verdict::NeedMore => {
+                if n > limit {
+                    return Some(Reason::HeadersTooLarge);
+                }
+                tokio::time::sleep(std::time::Duration::from_millis(2)).await;
+                continue;
+            }
+        }
+        if bytes.starts_with(sniff::H2_PREFACE) {
+            return None;
+        }
+        let mut headers = [httparse::EMPTY_HEADER; 128];
+        let mut req = httparse::Request::new(&mut headers);
+        match req.parse(bytes) {
+            Ok(httparse::Status::Complete(_)) => return None,
+            Ok(httparse::Status::Partial) if n > limit => return Some(Reason::HeadersTooLarge),
+            Ok(httparse::Status::Partial) => {
+                tokio::time::sleep(std::time::Duration::from_millis(2)).await;
+            }
+            Err(httparse::Error::TooManyHeaders) => return Some(Reason::HeadersTooLarge),
+            Err(_) => return Some(Reason::BadRequest),
+        }
+    }
+}
+
+/// Owned facts of one request, so the request itself can move on.
+struct Facts {
+    version: HttpVersion,
+    absolute: Option<String>,
+    h2_authority: Option<String>,
+    hosts: Vec<String>,
+    method: String,
+    path: Option<String>,
+    headers: Vec<(String, String)>,
+}
+
+impl Facts {
+    fn of(req: &Request<Body>) -> Self {
+        let version = match req.version() {
+            Version::HTTP_2 => HttpVersion::H2,
+            Version::HTTP_10 => HttpVersion::Http10,
+            _ => HttpVersion::Http11,
+        };
+        let authority = req.uri().authority().map(|a| a.as_str().to_owned());
+        let (absolute, h2_authority) = match version {
+            HttpVersion::H2 => (None, authority),
+            _ if req.method() == Method::CONNECT => (None, None),
+            _ => (authority, None),
+        };
+        let hosts = req
+            .headers()
+            .get_all(HOST)
+            .iter()
+            .map(|v| String::from_utf8_lossy(v.as_bytes()).into_owned())
+            .collect();
+        let path = (req.method() != Method::CONNECT).then(|| {
+            req.uri()
+                .path_and_query()
+                .map_or_else(|| "/".to_owned(), |p| p.as_str().to_owned())
+        });
+        let headers = req
+            .headers()
+            .iter()
+            .filter(|(k, _)| !crate::model::filters::is_mesh_header(k.as_str()))
+            .map(|(k, v)| {
+                (
+                    k.as_str().to_owned(),
+                    String::from_utf8_lossy(v.as_bytes()).into_owned(),
+                )
+            })
+            .collect();
+        Self {
+            version,
+            absolute,
+            h2_authority,
+            hosts,
+            method: req.method().as_str().to_owned(),
+            path,
+            headers,
+        }
+    }
+
+    /// The authority as received (for redirects and the hop's URI).
+    fn authority(&self) -> Option<&str> {
+        self.absolute
+            .as_deref()
+            .or(self.h2_authority.as_deref())
+            .or(self.hosts.first().map(String::as_str))
+    }
+}
+
+/// One request on any entry path.
+pub async fn handle(
+    inputs: &Inputs,
+    pod: &PodCtx,
+    entry: HttpEntry,
+    mut req: Request<Body>,
+) -> Response<Body> {
+    count(&inputs.stats.requests);
+    let facts = Facts::of(&req);
+    strip_mesh_headers(req.headers_mut());
+    let caller = pod.caller();
+    let host_refs: Vec<&str> = facts.hosts.iter().map(String::as_str).collect();
+    let mut hold_expired = false;
+    let started = crate::time::now();
+    loop {
+        let generation = inputs.model.generation();
+        let model = inputs.model.load();
+        let request = RequestFacts {
+            entry,
+            authority: AuthorityInput {
+                version: facts.version,
+                absolute: facts.absolute.as_deref(),
+                h2_authority: facts.h2_authority.as_deref(),
+                hosts: &host_refs,
+            },
+            method: &facts.method,
+            path_and_query: facts.path.as_deref(),
+            headers: &facts.headers,
+            hold_expired,
+            entropy: fastrand::u64(..),
+        };
+        let decision = resolve_request(&model, &caller, &request);
+        let resp = match decision {
+            RequestDecision::Hold(_, _) => {
+                let left = inputs.settings.hold.saturating_sub(started.elapsed());
+                if left.is_zero() || !inputs.model.newer_than(generation, left).await {
+                    hold_expired = true;
+                }
+                continue;
+            }
+            RequestDecision::Answer(answer, why) => {
+                count(&inputs.stats.answers);
+                info!(target: "aether::access", pod = %pod.name, host = ?facts.authority(),
+                    decision = "refuse", reason = answer.reason.code(), rule = why.rule);
+                respond::answer(&answer)
+            }
+            RequestDecision::Redirect {
+                status, location, ..
+            } => respond::redirect(status, &location),
+            RequestDecision::Passthrough(_) => {
+                count(&inputs.stats.passthroughs);
+                let dialled = match entry {
+                    HttpEntry::Captured { dialled }
+                    | HttpEntry::PodIp { dialled }
+                    | HttpEntry::ProxyCaptured { dialled } => dialled,
+                    HttpEntry::Loopback => {
+                        return respond::reason(Reason::NotAMeshName);
+                    }
+                };
+                passthrough(inputs, pod, dialled, req).await
+            }
+            RequestDecision::Deliver(d) => deliver(inputs, pod, &facts, *d, req).await,
+        };
+        return resp;
+    }
+}
+
+/// Forward one request outside the mesh to the address the client dialled, from the client
+/// pod's own address; the application's `x-aether-error` is removed (I12).
+async fn passthrough(
+    inputs: &Inputs,
+    pod: &PodCtx,
+    dialled: SocketAddr,
+    req: Request<Body>,
+) -> Response<Body> {
+    let Ok(Ok(stream)) = tokio::time::timeout(
+        inputs.settings.connect_timeout,
+        pod.net.connect(dialled, Source::PodIp),
+    )
+    .await
+    else {
+        return respond::reason(Reason::UpstreamUnreachable);
+    };
+    let version = req.version();
+    let mut resp = match send_on(stream, version == Version::HTTP_2, origin_form(req)).await {
+        Ok(r) => r,
+        Err(e) => {
+            debug!(error = %e, %dialled, "passthrough request failed");
+            return respond::reason(Reason::UpstreamUnreachable);
+        }
+    };
+    resp.headers_mut().remove(HEADER_ERROR);
+    resp
+}
+
+/// Send one request on a fresh connection (HTTP/1.1 or h2c prior knowledge).
+async fn send_on(
+    stream: TcpStream,
+    h2: bool,
+    req: Request<Body>,
+) -> Result<Response<Body>, hyper::Error> {
+    let io = TokioIo::new(stream);
+    let resp = if h2 {
+        let (mut sender, conn) = hyper::client::conn::http2::Builder::new(TokioExecutor::new())
+            .timer(hyper_util::rt::TokioTimer::new())
+            .handshake(io)
+            .await?;
+        tokio::spawn(conn);
+        sender.send_request(req).await?
+    } else {
+        let (mut sender, conn) = hyper::client::conn::http1::Builder::new()
+            .handshake(io)
+            .await?;
+        tokio::spawn(conn.with_upgrades());
+        sender.send_request(req).await?
+    };
+    Ok(resp.map(|b| b.map_err(BoxError::from).boxed()))
+}
+
+/// HTTP/1 sends origin form (absolute form is kept when the client used it); HTTP/2 needs a
+/// scheme and authority, which stay as received.
+fn origin_form(mut req: Request<Body>) -> Request<Body> {
+    if req.version() == Version::HTTP_2 {
+        return req;
+    }
+    if req.uri().scheme().is_some() {
+        return req;
+    }
+    let pq = req
+        .uri()
+        .path_and_query()
+        .map_or_else(|| "/".to_owned(), |p| p.as_str().to_owned());
+    if let Ok(uri) = Uri::try_from(pq) {
+        *req.uri_mut() = uri;
+    }
+    req
+}
+
+/// The response header modifiers collected while the request filters run.
+#[derive(Default)]
+struct ResponseSteps(Vec<HeaderModifier>);
+
+impl ResponseSteps {
+    fn apply(&self, resp: &mut Response<Body>) {
+        for m in &self.0 {
+            modify_headers(resp.headers_mut(), m);
+        }
+    }
+}
+
+/// The caller as an identity, for route-level authorization on the source node.
+fn self_peer(pod: &PodCtx) -> Peer {
+    Peer {
+        namespace: pod.namespace.clone(),
+        service_account: pod.service_account.clone(),
+        id: format!("ns/{}/sa/{}", pod.namespace, pod.service_account),
+    }
+}
+
+/// Deliver a request over the mesh hop with every filter that applies (routes.md §4, §5).
+async fn deliver(
+    inputs: &Inputs,
+    pod: &PodCtx,
+    facts: &Facts,
+    d: Delivery,
+    mut req: Request<Body>,
+) -> Response<Body> {
+    let mut rule_response = ResponseSteps::default();
+    let mut backend_response = ResponseSteps::default();
+    if let Some(run) = &d.route {
+        let plan = &run.plan;
+        if matches!(plan.answer, RuleAnswer::Invalid(_) | RuleAnswer::NoBackends) {
+            return respond::reason(Reason::InvalidBackend);
+        }
+        let backend = plan.backends.get(run.backend_index);
+        let steps = plan
+            .request
+            .iter()
+            .chain(backend.into_iter().flat_map(|b| b.request.iter()));
+        for step in steps {
+            match step {
+                FilterStep::RequestHeaders(m) => modify_headers(req.headers_mut(), m),
+                FilterStep::ResponseHeaders(m) => rule_response.0.push(m.clone()),
+                FilterStep::Redirect(r) => {
+                    let path = req.uri().path().to_owned();
+                    let answer = redirect(
+                        r,
+                        RedirectInput {
+                            scheme: "http",
+                            authority: facts.authority().unwrap_or(""),
+                            listener_port: d.front_port,
+                            path: &path,
+                            query: req.uri().query(),
+                            matched_prefix: run.matched_prefix.as_deref(),
+                        },
+                    );
+                    let mut resp = respond::redirect(answer.status, &answer.location);
+                    rule_response.apply(&mut resp);
+                    return resp;
+                }
+                FilterStep::Rewrite(rw) => {
+                    let (authority, path) =
+                        rewrite(rw, req.uri().path(), run.matched_prefix.as_deref());
+                    let target = match req.uri().query() {
+                        Some(q) => format!("{path}?{q}"),
+                        None => path,
+                    };
+                    set_path(&mut req, &target);
+                    if let Some(a) = authority
+                        && let Ok(v) = HeaderValue::from_str(&a)
+                    {
+                        req.headers_mut().insert(HOST, v);
+                    }
+                }
+                FilterStep::Extension(obj) => {
+                    let Some((_, config)) = run
+                        .route_level
+                        .iter()
+                        .find(|(n, _)| n.rsplit('/').next() == Some(obj.name.as_str()))
+                    else {
+                        return respond::reason(Reason::InvalidBackend);
+                    };
+                    match config {
+                        FilterConfig::HeaderMutation(m) => {
+                            mutate_request(&mut req, m);
+                            rule_response.0.push(m.response.clone());
+                        }
+                        other => {
+                            let peer = self_peer(pod);
+                            let key = d.backend.service.clone();
+                            if let Some(denied) =
+                                authorize(inputs, pod, other, &key, &peer, &req).await
+                            {
+                                return denied;
+                            }
+                        }
+                    }
+                }
+            }
+        }
+        if let Some(b) = backend {
+            for step in &b.response {
+                if let FilterStep::ResponseHeaders(m) = step {
+                    backend_response.0.push(m.clone());
+                }
+            }
+        }
+        for step in &plan.response {
+            if let FilterStep::ResponseHeaders(m) = step {
+                rule_response.0.push(m.clone());
+            }
+        }
+        if let RuleAnswer::Redirect(r) = &plan.answer {
+            let path = req.uri().path().to_owned();
+            let answer = redirect(
+                r,
+                RedirectInput {
+                    scheme: "http",
+                    authority: facts.authority().unwrap_or(""),
+                    listener_port: d.front_port,
+                    path: &path,
+                    query: req.uri().query(),
+                    matched_prefix: run.matched_prefix.as_deref(),
+                },
+            );
+            let mut resp = respond::redirect(answer.status, &answer.location);
+            backend_response.apply(&mut resp);
+            rule_response.apply(&mut resp);
+            return resp;
+        }
+    }
+    // routes.md §5.5: service-level header mutation runs on the source node.
+    let mut service_response = ResponseSteps::default();
+    for (_, filters) in &d.service_filters {
+        for f in filters.iter() {
+            if let FilterConfig::HeaderMutation(m) = &f.config {
+                mutate_request(&mut req, m);
+                service_response.0.push(m.response.clone());
+            }
+        }
+    }
+    let endpoints = &d.backend.endpoints;
+    if endpoints.is_empty() {
+        return respond::reason(Reason::NoEndpoints);
+    }
+    let endpoint = &endpoints[fastrand::usize(..endpoints.len())];
+    let version = req.version();
+    super::hop::annotate(&mut req, &d.filter_services, version, d.backend.h2c);
+    let req = hop_form(req, facts.authority());
+    count(&inputs.stats.deliveries);
+    let send = inputs
+        .pool
+        .send(inputs, pod, endpoint, d.backend.pod_port, req);
+    let result = match d.timeout_ms {
+        Some(ms) => match tokio::time::timeout(std::time::Duration::from_millis(ms), send).await {
+            Ok(r) => r,
+            Err(_) => return respond::reason(Reason::UpstreamUnreachable),
+        },
+        None => send.await,
+    };
+    let mut resp = match result {
+        Ok(r) => r.map(|b| b.map_err(BoxError::from).boxed()),
+        Err(e) => {
+            warn!(error = %e, endpoint = %endpoint.address, "mesh hop failed");
+            return respond::reason(Reason::UpstreamUnreachable);
+        }
+    };
+    backend_response.apply(&mut resp);
+    rule_response.apply(&mut resp);
+    service_response.apply(&mut resp);
+    resp
+}
+
+/// The request as sent over the HTTP/2 hop: an absolute URI (`http://<authority><path>`) so
+/// that HTTP/2 has its pseudo-headers; the `Host` field travels as sent.
+fn hop_form(mut req: Request<Body>, authority: Option<&str>) -> Request<Body> {
+    let pq = req
+        .uri()
+        .path_and_query()
+        .map_or_else(|| "/".to_owned(), |p| p.as_str().to_owned());
+    let host = authority
+        .filter(|a| http::uri::Authority::try_from(*a).is_ok())
+        .unwrap_or("mesh.invalid");
+    if let Ok(uri) = Uri::try_from(format!("http://{host}{pq}")) {
+        *req.uri_mut() = uri;
+    }
+    *req.version_mut() = Version::HTTP_2;
+    req
+}
+
+/// Connect to the application in the destination pod from a transparent socket bound to the
+/// client pod's IP; where the kernel refuses, from the pod's own IP, counted (model.md §12.4).
+pub async fn connect_app(
+    inputs: &Inputs,
+    pod: &PodCtx,
+    app: SocketAddr,
+    client_ip: IpAddr,
+) -> Option<TcpStream> {
+    let transparent = if client_ip == app.ip() || client_ip.is_ipv4() != app.is_ipv4() {
+        Source::PodIp
+    } else {
+        Source::Transparent(client_ip)
+    };
+    match pod.net.connect(app, transparent).await {
+        Ok(s) => Some(s),
+        Err(super::socket::SocketError::Io { what: "bind", .. }) => {
+            count(&inputs.stats.transparent_fallbacks);
+            pod.net.connect(app, Source::PodIp).await.ok()
+        }
+        Err(e) => {
+            debug!(error = %e, %app, "application refused the delivery");
+            None
+        }
+    }
+}
+
+/// Hand a request that arrived over the hop to the application, in the client's HTTP version;
+/// the application's `x-aether-error` is removed (I12).
+pub async fn to_app(
+    inputs: &Inputs,
+    pod: &PodCtx,
+    app: SocketAddr,
+    client_ip: IpAddr,
+    version: Version,
+    mut req: Request<Body>,
+) -> Response<Body> {
+    let Some(stream) = connect_app(inputs, pod, app, client_ip).await else {
+        return respond::reason(Reason::UpstreamUnreachable);
+    };
+    let h2 = version == Version::HTTP_2;
+    *req.version_mut() = if h2 { Version::HTTP_2 } else { version };
+    let req = if h2 { req } else { origin_form_any(req) };
+    match send_on(stream, h2, req).await {
+        Ok(mut resp) => {
+            resp.headers_mut().remove(HEADER_ERROR);
+            resp
+        }
+        Err(e) => {
+            debug!(error = %e, %app, "application request failed");
+            respond::reason(Reason::UpstreamUnreachable)
+        }
+    }
+}
+
+/// Origin form for HTTP/1 toward the application, whatever form the hop carried.
+fn origin_form_any(mut req: Request<Body>) -> Request<Body> {
+    let pq = req
+        .uri()
+        .path_and_query()
+        .map_or_else(|| "/".to_owned(), |p| p.as_str().to_owned());
+    if let Ok(uri) = Uri::try_from(pq) {
+        *req.uri_mut() = uri;
+    }
+    req
+}
+
+/// A request the mesh itself makes from a pod (an `ext_authz` check): resolved as if the pod
+/// had sent it to its loopback proxy port, delivered over the hop. `None` when it cannot be
+/// delivered.
+pub async fn mesh_call(
+    inputs: &Inputs,
+    pod: &PodCtx,
+    authority: &str,
+    req: Request<Body>,
+) -> Option<Response<Body>> {
+    let model = inputs.model.load();
+    let hosts = [authority];
+    let facts = RequestFacts {
+        entry: HttpEntry::Loopback,
+        authority: AuthorityInput {
+            version: HttpVersion::Http11,
+            absolute: None,
+            h2_authority: None,
+            hosts: &hosts,
+        },
+        method: req.method().as_str(),
+        path_and_query: req
+            .uri()
+            .path_and_query()
+            .map(http::uri::PathAndQuery::as_str),
+        headers: &[],
+        hold_expired: true,
+        entropy: fastrand::u64(..),
+    };
+    let RequestDecision::Deliver(d) = resolve_request(&model, &pod.caller(), &facts) else {
+        return None;
+    };
+    let endpoints = &d.backend.endpoints;
+    if endpoints.is_empty() {
+        return None;
+    }
+    let endpoint = &endpoints[fastrand::usize(..endpoints.len())];
+    let mut req = req;
+    super::hop::annotate(
+        &mut req,
+        &d.filter_services,
+        Version::HTTP_11,
+        d.backend.h2c,
+    );
+    let req = hop_form(req, Some(authority));
+    inputs
+        .pool
+        .send(inputs, pod, endpoint, d.backend.pod_port, req)
+        .await
+        .ok()
+        .map(|r| r.map(|b| b.map_err(BoxError::from).boxed()))
+}

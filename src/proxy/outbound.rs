@@ -1,0 +1,156 @@
+//! The capture listener (`0.0.0.0:18001`, transparent) and the loopback proxy port: accept,
+//! recover the original destination, classify by the model, then raw TCP over the hop, HTTP,
+//! TLS by server name, or passthrough (addressing.md §3).
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+
+use tokio::net::{TcpListener, TcpStream};
+use tracing::{debug, info, warn};
+
+use super::socket::Source;
+use super::{ALPN_TCP, Inputs, PodCtx, count, hop, sniff};
+use crate::model::filters::pick_weighted;
+use crate::resolve::decision::{
+    AfterSniff, ConnDecision, HttpEntry, Sniffed, TcpBackend, TcpChoice,
+};
+use crate::resolve::{classify_connection, resolve_sniffed};
+
+/// Accept captured connections of one pod.
+pub async fn serve_capture(inputs: Arc<Inputs>, pod: Arc<PodCtx>, listener: TcpListener) {
+    loop {
+        match listener.accept().await {
+            Ok((stream, _)) => {
+                count(&inputs.stats.captured);
+                let inputs = inputs.clone();
+                let pod = pod.clone();
+                tokio::spawn(async move { captured(inputs, pod, stream).await });
+            }
+            Err(e) => {
+                warn!(error = %e, pod = %pod.name, "capture accept failed");
+                tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+            }
+        }
+    }
+}
+
+/// Accept on the loopback proxy port of one pod.
+pub async fn serve_loopback(inputs: Arc<Inputs>, pod: Arc<PodCtx>, listener: TcpListener) {
+    loop {
+        match listener.accept().await {
+            Ok((stream, _)) => {
+                let _ = stream.set_nodelay(true);
+                let inputs = inputs.clone();
+                let pod = pod.clone();
+                tokio::spawn(super::http::serve(inputs, pod, stream, HttpEntry::Loopback));
+            }
+            Err(e) => {
+                warn!(error = %e, pod = %pod.name, "loopback accept failed");
+                tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+            }
+        }
+    }
+}
+
+async fn captured(inputs: Arc<Inputs>, pod: Arc<PodCtx>, stream: TcpStream) {
+    let _ = stream.set_nodelay(true);
+    // TPROXY keeps the original destination as the accepted socket's local address.
+    let Ok(dialled) = stream.local_addr() else {
+        return;
+    };
+    let model = inputs.model.load();
+    let decision = classify_connection(&model, &pod.caller(), dialled);
+    drop(model);
+    match decision {
+        ConnDecision::Tcp(choice) => tcp(&inputs, &pod, stream, &choice).await,
+        ConnDecision::Passthrough(_) => passthrough(&inputs, &pod, stream, dialled).await,
+        ConnDecision::Close(why) => debug!(rule = why.rule, %dialled, "closed at accept"),
+        ConnDecision::Sniff(plan) => {
+            let sniffed = sniff_stream(&inputs, &stream).await;
+            match resolve_sniffed(&plan, &sniffed) {
+                AfterSniff::Http(entry) => super::http::serve(inputs, pod, stream, entry).await,
+                AfterSniff::Tcp(choice) => tcp(&inputs, &pod, stream, &choice).await,
+                AfterSniff::Passthrough => passthrough(&inputs, &pod, stream, dialled).await,
+                AfterSniff::Close => debug!(%dialled, "closed after sniffing"),
+            }
+        }
+    }
+}
+
+/// Peek at the first bytes, at most the sniff bound (addressing.md §3.1).
+async fn sniff_stream(inputs: &Inputs, stream: &TcpStream) -> Sniffed {
+    let mut buf = vec![0u8; 16 * 1024 + 5];
+    let deadline = crate::time::now() + inputs.settings.sniff_bound;
+    let mut last = 0;
+    loop {
+        let peeked = tokio::time::timeout_at(deadline.into(), stream.peek(&mut buf)).await;
+        let n = match peeked {
+            Err(_) => return Sniffed::Timeout,
+            Ok(Err(_)) | Ok(Ok(0)) => return Sniffed::Other,
+            Ok(Ok(n)) => n,
+        };
+        match sniff::sniff(&buf[..n]) {
+            sniff::Verdict::Known(s) => return s,
+            sniff::Verdict::NeedMore if n == buf.len() => return Sniffed::Other,
+            sniff::Verdict::NeedMore => {
+                if n == last {
+                    // peek returns at once while the bytes are unchanged: wait a little.
+                    if tokio::time::timeout_at(deadline.into(), stream.readable())
+                        .await
+                        .is_err()
+                    {
+                        return Sniffed::Timeout;
+                    }
+                    tokio::time::sleep(std::time::Duration::from_millis(1)).await;
+                }
+                last = n;
+            }
+        }
+    }
+}
+
+/// Raw TCP to a choice (the default destination or a TCPRoute's weighted backends).
+async fn tcp(inputs: &Inputs, pod: &PodCtx, mut stream: TcpStream, choice: &TcpChoice) {
+    let weights: Vec<u32> = choice.backends.iter().map(|(w, _)| *w).collect();
+    let Some(i) = pick_weighted(&weights, fastrand::u64(..)) else {
+        return;
+    };
+    let target = match &choice.backends[i].1 {
+        TcpBackend::Target(t) => t,
+        TcpBackend::Invalid(why) => {
+            debug!(rule = why.rule, "raw tcp to an invalid backend: closed");
+            return;
+        }
+    };
+    if target.endpoints.is_empty() {
+        debug!(service = %target.service, "raw tcp with no endpoint: closed");
+        return;
+    }
+    let endpoint = &target.endpoints[fastrand::usize(..target.endpoints.len())];
+    let mut upstream = match hop::connect(inputs, pod, endpoint, target.pod_port, ALPN_TCP).await {
+        Ok(s) => s,
+        Err(e) => {
+            warn!(error = %e, service = %target.service, "raw tcp hop failed");
+            return;
+        }
+    };
+    count(&inputs.stats.deliveries);
+    info!(target: "aether::access", pod = %pod.name, svc = %target.service,
+        dst.port = target.pod_port, decision = "deliver", "raw tcp");
+    let _ = tokio::io::copy_bidirectional(&mut stream, &mut upstream).await;
+}
+
+/// Passthrough at the byte level: to the dialled address, from the pod's own address.
+async fn passthrough(inputs: &Inputs, pod: &PodCtx, mut stream: TcpStream, dialled: SocketAddr) {
+    count(&inputs.stats.passthroughs);
+    let connect = tokio::time::timeout(
+        inputs.settings.connect_timeout,
+        pod.net.connect(dialled, Source::PodIp),
+    )
+    .await;
+    let Ok(Ok(mut upstream)) = connect else {
+        debug!(%dialled, "passthrough destination unreachable");
+        return;
+    };
+    let _ = tokio::io::copy_bidirectional(&mut stream, &mut upstream).await;
+}

@@ -1,0 +1,50 @@
+//! Mesh answers as HTTP responses: the one place a [`MeshAnswer`] becomes a response.
+
+use bytes::Bytes;
+use http::{HeaderName, HeaderValue, Response, StatusCode};
+use http_body_util::BodyExt;
+
+use super::Body;
+use crate::resolve::answer::{MeshAnswer, Reason};
+
+/// The response for a mesh answer.
+pub fn answer(answer: &MeshAnswer) -> Response<Body> {
+    let rendered = answer.render();
+    let mut resp = Response::new(full(rendered.body));
+    *resp.status_mut() =
+        StatusCode::from_u16(rendered.status).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
+    for (name, value) in rendered.headers {
+        if let Ok(value) = HeaderValue::from_str(&value) {
+            resp.headers_mut()
+                .append(HeaderName::from_static(name), value);
+        }
+    }
+    resp
+}
+
+/// A bare mesh answer (no service line).
+pub fn reason(reason: Reason) -> Response<Body> {
+    answer(&MeshAnswer::bare(reason))
+}
+
+/// A redirect a route rule configured: no reason header (addressing.md §11.1).
+pub fn redirect(status: u16, location: &str) -> Response<Body> {
+    let mut resp = Response::new(empty());
+    *resp.status_mut() = StatusCode::from_u16(status).unwrap_or(StatusCode::FOUND);
+    if let Ok(v) = HeaderValue::from_str(location) {
+        resp.headers_mut().insert(http::header::LOCATION, v);
+    }
+    resp
+}
+
+/// A body from bytes.
+pub fn full(bytes: impl Into<Bytes>) -> Body {
+    http_body_util::Full::new(bytes.into())
+        .map_err(|never| match never {})
+        .boxed()
+}
+
+/// An empty body.
+pub fn empty() -> Body {
+    full(Bytes::new())
+}
