@@ -210,6 +210,7 @@ async fn inbound_connection(
     peer_addr: SocketAddr,
     local: SocketAddr,
 ) {
+    let _active = super::Active::new(&inputs.stats);
     let acceptor = LazyConfigAcceptor::new(rustls::server::Acceptor::default(), tcp);
     let Ok(start) = acceptor.await else {
         count(&inputs.stats.hop_refused);
@@ -236,7 +237,10 @@ async fn inbound_connection(
         count(&inputs.stats.hop_refused);
         return;
     };
-    let config = inputs.tls.server(&pod.namespace, &pod.service_account);
+    let Some(config) = inputs.tls.server(&pod.namespace, &pod.service_account) else {
+        count(&inputs.stats.hop_refused);
+        return;
+    };
     let Ok(tls) = start.into_stream(config).await else {
         count(&inputs.stats.hop_refused);
         return;

@@ -62,8 +62,9 @@ pub trait HopTls: Send + Sync + std::fmt::Debug + 'static {
         service_account: &str,
         alpn: &[u8],
     ) -> Arc<rustls::ClientConfig>;
-    /// The server configuration of a destination workload (both ALPNs offered).
-    fn server(&self, namespace: &str, service_account: &str) -> Arc<rustls::ServerConfig>;
+    /// The server configuration of a destination workload (both ALPNs offered); `None` when
+    /// it cannot be built (the hop is then refused).
+    fn server(&self, namespace: &str, service_account: &str) -> Option<Arc<rustls::ServerConfig>>;
     /// The identity a peer's certificate chain proves, in our trust domain; `None` refuses it.
     fn peer(&self, chain: &[CertificateDer<'_>]) -> Option<Peer>;
 }
@@ -113,28 +114,104 @@ pub struct Inputs {
     pub stats: Stats,
 }
 
-/// Data-plane counters (exported by `admin`).
+/// Data-plane counters (exported by `admin` through prometheus-client).
 #[derive(Debug, Default)]
 pub struct Stats {
     /// Connections accepted on capture listeners.
-    pub captured: std::sync::atomic::AtomicU64,
+    pub captured: Counter,
     /// HTTP requests handled.
-    pub requests: std::sync::atomic::AtomicU64,
+    pub requests: Counter,
     /// Mesh answers sent (4xx/5xx with a reason).
-    pub answers: std::sync::atomic::AtomicU64,
+    pub answers: Counter,
     /// Deliveries over the mesh hop.
-    pub deliveries: std::sync::atomic::AtomicU64,
+    pub deliveries: Counter,
     /// Passthroughs.
-    pub passthroughs: std::sync::atomic::AtomicU64,
+    pub passthroughs: Counter,
     /// Inbound hop connections refused (SNI, identity).
-    pub hop_refused: std::sync::atomic::AtomicU64,
+    pub hop_refused: Counter,
     /// Deliveries to the application that fell back to the pod's own IP (model.md §12.4).
-    pub transparent_fallbacks: std::sync::atomic::AtomicU64,
+    pub transparent_fallbacks: Counter,
+    /// Connections open now (capture, loopback, inbound hop).
+    pub active: Gauge,
 }
 
+impl Stats {
+    /// Register every counter.
+    pub fn register(&self, registry: &mut prometheus_client::registry::Registry) {
+        let counters = [
+            (
+                "aether_captured_connections",
+                "Connections accepted on capture listeners",
+                &self.captured,
+            ),
+            (
+                "aether_http_requests",
+                "HTTP requests handled",
+                &self.requests,
+            ),
+            (
+                "aether_mesh_answers",
+                "Mesh answers (4xx/5xx with x-aether-error)",
+                &self.answers,
+            ),
+            (
+                "aether_deliveries",
+                "Deliveries over the mesh hop",
+                &self.deliveries,
+            ),
+            (
+                "aether_passthroughs",
+                "Connections and requests passed through",
+                &self.passthroughs,
+            ),
+            (
+                "aether_hop_refused",
+                "Inbound mesh hops refused (SNI, identity, handshake)",
+                &self.hop_refused,
+            ),
+            (
+                "aether_transparent_fallbacks",
+                "Deliveries to the application from the pod's own IP",
+                &self.transparent_fallbacks,
+            ),
+        ];
+        for (name, help, c) in counters {
+            registry.register(name, help, c.clone());
+        }
+        registry.register(
+            "aether_active_connections",
+            "Connections open now",
+            self.active.clone(),
+        );
+    }
+}
+
+/// A counter.
+pub type Counter = prometheus_client::metrics::counter::Counter;
+/// A gauge.
+pub type Gauge = prometheus_client::metrics::gauge::Gauge;
+
 /// Increment a counter.
-pub fn count(c: &std::sync::atomic::AtomicU64) {
-    c.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+pub fn count(c: &Counter) {
+    c.inc();
+}
+
+/// Counts one open connection for as long as it lives.
+#[derive(Debug)]
+pub struct Active(Gauge);
+
+impl Active {
+    /// Start counting.
+    pub fn new(stats: &Stats) -> Self {
+        stats.active.inc();
+        Self(stats.active.clone())
+    }
+}
+
+impl Drop for Active {
+    fn drop(&mut self) {
+        self.0.dec();
+    }
 }
 
 /// One local pod, as the data plane sees it.

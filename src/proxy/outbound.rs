@@ -42,7 +42,10 @@ pub async fn serve_loopback(inputs: Arc<Inputs>, pod: Arc<PodCtx>, listener: Tcp
                 let _ = stream.set_nodelay(true);
                 let inputs = inputs.clone();
                 let pod = pod.clone();
-                tokio::spawn(super::http::serve(inputs, pod, stream, HttpEntry::Loopback));
+                tokio::spawn(async move {
+                    let _active = super::Active::new(&inputs.stats);
+                    super::http::serve(inputs.clone(), pod, stream, HttpEntry::Loopback).await;
+                });
             }
             Err(e) => {
                 warn!(error = %e, pod = %pod.name, "loopback accept failed");
@@ -53,6 +56,7 @@ pub async fn serve_loopback(inputs: Arc<Inputs>, pod: Arc<PodCtx>, listener: Tcp
 }
 
 async fn captured(inputs: Arc<Inputs>, pod: Arc<PodCtx>, stream: TcpStream) {
+    let _active = super::Active::new(&inputs.stats);
     let _ = stream.set_nodelay(true);
     // TPROXY keeps the original destination as the accepted socket's local address.
     let Ok(dialled) = stream.local_addr() else {
