@@ -16,3 +16,19 @@ pub mod state;
 #[cfg(any(test, feature = "testing"))]
 pub mod test_util;
 pub mod time;
+
+/// Displays an error with its chain of sources: `a: b: c`.
+#[derive(Debug)]
+pub struct DisplayChain<'a>(pub &'a dyn std::error::Error);
+
+impl std::fmt::Display for DisplayChain<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{}", self.0)?;
+        let mut source = self.0.source();
+        while let Some(s) = source {
+            write!(f, ": {s}")?;
+            source = s.source();
+        }
+        Ok(())
+    }
+}
