@@ -12,6 +12,7 @@ pub mod netns;
 pub mod proxy;
 pub mod registry;
 pub mod resolve;
-pub mod time;
 #[cfg(any(test, feature = "testing"))]
 pub mod test_util;
+pub mod time;
+pub mod workload;
