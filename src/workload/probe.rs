@@ -450,6 +450,49 @@ impl Outcome {
     pub fn first_line(&self) -> String {
         self.body_text().lines().next().unwrap_or("").to_owned()
     }
+
+    /// One line for a person: status, reason, first body line, timings and how it ended.
+    pub fn summary(&self) -> String {
+        let ms = |d: Option<Duration>| {
+            d.map_or_else(
+                || "-".to_owned(),
+                |d| format!("{:.1}ms", d.as_secs_f64() * 1000.0),
+            )
+        };
+        let mut line = match (&self.connect_error, self.status) {
+            (Some(e), _) => format!("connect failed: {e}"),
+            (None, Some(status)) => format!(
+                "{status} {} {:?}",
+                self.reason().unwrap_or("-"),
+                self.first_line()
+            ),
+            (None, None) => format!("- - {:?}", self.first_line()),
+        };
+        line.push_str(&format!(
+            " connect={} first_byte={} total={}",
+            ms(self.timings.connect),
+            ms(self.timings.first_byte),
+            ms(self.timings.total)
+        ));
+        if let Some(from) = self.udp_from {
+            line.push_str(&format!(" from={from}"));
+        }
+        for (flag, on) in [
+            ("closed", self.peer_closed),
+            ("reset", self.reset),
+            ("timed-out", self.timed_out),
+            ("truncated", self.truncated),
+        ] {
+            if on {
+                line.push(' ');
+                line.push_str(flag);
+            }
+        }
+        if let Some(e) = &self.error {
+            line.push_str(&format!(" error={e:?}"));
+        }
+        line
+    }
 }
 
 // === Running an attempt ===

@@ -154,7 +154,7 @@ impl Resolver {
     }
 
     /// The A records of `name`, resolved through sockets the `connector` opens. An IP literal
-    /// is returned as is.
+    /// is returned as is, and `localhost` is 127.0.0.1 (the stub reads no hosts file).
     pub async fn resolve(
         &self,
         connector: &Connector,
@@ -162,6 +162,9 @@ impl Resolver {
     ) -> Result<Vec<IpAddr>, ProbeError> {
         if let Ok(ip) = name.parse::<IpAddr>() {
             return Ok(vec![ip]);
+        }
+        if name.trim_end_matches('.').eq_ignore_ascii_case("localhost") {
+            return Ok(vec![IpAddr::V4(Ipv4Addr::LOCALHOST)]);
         }
         let candidates = self.candidates(name);
         for fqdn in &candidates {

@@ -548,3 +548,77 @@ async fn a_short_name_resolves_through_the_search_list() {
         ]
     );
 }
+
+/// Prints `SKIPPED: <why>` and returns true, or panics under `CI`.
+fn skip(why: &str) -> bool {
+    assert!(
+        std::env::var_os("CI").is_none(),
+        "cannot run under CI: {why}"
+    );
+    eprintln!("SKIPPED: {why}");
+    true
+}
+
+/// A named network namespace with `lo` up, deleted on drop.
+struct TempNetns(String);
+
+impl TempNetns {
+    fn create() -> Result<Self, String> {
+        let name = format!("wlprobe-{}", std::process::id());
+        let ip = |args: &[&str]| -> Result<(), String> {
+            let st = std::process::Command::new("ip")
+                .args(args)
+                .status()
+                .map_err(|e| format!("run ip: {e}"))?;
+            st.success()
+                .then_some(())
+                .ok_or_else(|| format!("ip {args:?} failed"))
+        };
+        ip(&["netns", "add", &name])?;
+        let ns = Self(name);
+        ip(&["-n", &ns.0, "link", "set", "lo", "up"])?;
+        Ok(ns)
+    }
+}
+
+impl Drop for TempNetns {
+    fn drop(&mut self) {
+        let _ = std::process::Command::new("ip")
+            .args(["netns", "del", &self.0])
+            .status();
+    }
+}
+
+#[tokio::test]
+async fn a_connector_in_a_netns_connects_from_inside_it() {
+    let ns = match TempNetns::create() {
+        Ok(ns) => ns,
+        Err(why) if skip(&format!("needs root and iproute2: {why}")) => return,
+        Err(_) => unreachable!(),
+    };
+    let home = Arc::new(Netns::current().unwrap());
+    let pod = Arc::new(Netns::named(&ns.0).unwrap());
+    // A listener on the pod's own loopback, which the caller's namespace cannot reach.
+    let listener = pod
+        .run(&home, || std::net::TcpListener::bind("127.0.0.1:0"))
+        .unwrap()
+        .unwrap();
+    let addr = listener.local_addr().unwrap();
+    listener.set_nonblocking(true).unwrap();
+    let listener = TcpListener::from_std(listener).unwrap();
+    tokio::spawn(async move {
+        let (mut s, _) = listener.accept().await.unwrap();
+        s.write_all(b"inside\n").await.unwrap();
+    });
+
+    let mut p = Probe::new(Dial::Addr(addr), Send::Nothing);
+    p.until = ReadUntil::Lines(1);
+    let inside = Connector::in_netns(Arc::clone(&pod), Arc::clone(&home));
+    let o = p.run(&inside, &Resolver::default()).await.unwrap();
+    assert_eq!(o.body_text(), "inside\n", "{o:?}");
+    let o = p
+        .run(&Connector::current(), &Resolver::default())
+        .await
+        .unwrap();
+    assert!(!o.connected, "{o:?}");
+}
