@@ -32,3 +32,4 @@ impl std::fmt::Display for DisplayChain<'_> {
         Ok(())
     }
 }
+pub mod workload;

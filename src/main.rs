@@ -21,6 +21,10 @@ struct Cli {
 enum Command {
     /// Answer one connection or request exactly as the daemon would, and say what decided it.
     Explain(ExplainArgs),
+    /// The echo workload: every listener answers with its workload name and its own port.
+    Echo(EchoArgs),
+    /// The e2e client: one request (or several) from where it runs, and what came back.
+    Probe(ProbeArgs),
 }
 
 #[derive(Debug, Clone, Copy, ValueEnum)]
@@ -142,10 +146,248 @@ fn run_explain(args: &ExplainArgs) -> anyhow::Result<ExitCode> {
     Ok(ExitCode::SUCCESS)
 }
 
+#[derive(Debug, clap::Args)]
+struct EchoArgs {
+    /// The workload's name, answered by every listener as `<workload>:<port>`.
+    #[arg(long)]
+    workload: String,
+    /// An HTTP/1.x and h2c echo port (repeatable).
+    #[arg(long)]
+    http: Vec<u16>,
+    /// A raw TCP echo port (repeatable).
+    #[arg(long)]
+    tcp: Vec<u16>,
+    /// A server-first TCP port (repeatable).
+    #[arg(long)]
+    server_first: Vec<u16>,
+    /// A UDP echo port (repeatable).
+    #[arg(long)]
+    udp: Vec<u16>,
+    /// A counting external authorization port (repeatable).
+    #[arg(long)]
+    authz: Vec<u16>,
+    /// The pod's name.
+    #[arg(long, env = "POD_NAME", default_value = "")]
+    pod: String,
+    /// The pod's namespace.
+    #[arg(long, env = "POD_NAMESPACE", default_value = "")]
+    namespace: String,
+}
+
+fn run_echo(args: &EchoArgs) -> anyhow::Result<ExitCode> {
+    use aether::workload::echo::{Echo, EchoOptions, ListenerKind};
+    let _ = tracing_subscriber::fmt()
+        .with_writer(std::io::stderr)
+        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_default_env()
+                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info")),
+        )
+        .try_init();
+    let mut opts = EchoOptions::new(&args.workload);
+    opts.pod.clone_from(&args.pod);
+    opts.namespace.clone_from(&args.namespace);
+    for (kind, ports) in [
+        (ListenerKind::Http, &args.http),
+        (ListenerKind::Tcp, &args.tcp),
+        (ListenerKind::ServerFirst, &args.server_first),
+        (ListenerKind::Udp, &args.udp),
+        (ListenerKind::Authz, &args.authz),
+    ] {
+        for port in ports {
+            opts = opts.with(kind, *port);
+        }
+    }
+    let rt = tokio::runtime::Runtime::new().context("start the runtime")?;
+    rt.block_on(async {
+        let echo = Echo::bind(&opts)?;
+        for b in echo.bound() {
+            tracing::info!(kind = ?b.kind, addr = %b.addr, "echo: listening");
+        }
+        // SIGTERM ends the echo cleanly: as a container's PID 1 it would otherwise be ignored.
+        tokio::select! {
+            r = echo.run() => r?,
+            r = aether::workload::probe::idle() => r.context("wait for a signal")?,
+        }
+        Ok(ExitCode::SUCCESS)
+    })
+}
+
+#[derive(Debug, Clone, Copy, ValueEnum)]
+enum ProbeOutput {
+    Text,
+    Json,
+}
+
+#[derive(Debug, clap::Args)]
+#[command(group(clap::ArgGroup::new("send").args(
+    ["http1", "http10", "h2c", "raw", "wait", "tls", "udp"]
+)))]
+struct ProbeArgs {
+    /// Sleep until SIGTERM or SIGINT, then exit 0 (the client pods' command).
+    #[arg(long, conflicts_with = "dial")]
+    idle: bool,
+    /// What to connect to: `<name-or-ip>:<port>` (a name goes through /etc/resolv.conf).
+    #[arg(long, required_unless_present = "idle")]
+    dial: Option<String>,
+    /// Send HTTP/1.1 (the default).
+    #[arg(long)]
+    http1: bool,
+    /// Send HTTP/1.0.
+    #[arg(long)]
+    http10: bool,
+    /// Send HTTP/2 with prior knowledge (h2c).
+    #[arg(long)]
+    h2c: bool,
+    /// Send these bytes (`\r`, `\n`, `\t`, `\xHH` escapes) and print what comes back.
+    #[arg(long)]
+    raw: Option<String>,
+    /// Send nothing: wait for the server to speak first.
+    #[arg(long)]
+    wait: bool,
+    /// Send a TLS ClientHello with this server name.
+    #[arg(long)]
+    tls: Option<String>,
+    /// Send one UDP datagram with this text (escapes as for --raw).
+    #[arg(long)]
+    udp: Option<String>,
+    /// A `Host` field (repeatable; default: the dialled authority, port left out for 80).
+    #[arg(long, conflicts_with = "no_host")]
+    host: Vec<String>,
+    /// Send no `Host` field.
+    #[arg(long)]
+    no_host: bool,
+    /// The request path (for CONNECT, an authority; default: the dialled one).
+    #[arg(long, default_value = "/")]
+    path: String,
+    /// The request method.
+    #[arg(long, default_value = "GET")]
+    method: String,
+    /// Send the request in absolute form, `http://<authority>/<path>` (overrides --path).
+    #[arg(long)]
+    absolute: Option<String>,
+    /// A request header, `name:value` (repeatable).
+    #[arg(long = "header")]
+    headers: Vec<String>,
+    /// How many attempts, one connection each.
+    #[arg(long, default_value_t = 1)]
+    count: u32,
+    /// The bound on each attempt, in seconds.
+    #[arg(long, default_value_t = 3.0)]
+    timeout: f64,
+    /// For --raw, --wait and --tls: stop reading after this many lines (default: after 500 ms
+    /// without a byte).
+    #[arg(long)]
+    lines: Option<usize>,
+    /// Output format: one line per attempt, or one JSON Outcome per line.
+    #[arg(short = 'o', long, value_enum, default_value = "text")]
+    output: ProbeOutput,
+}
+
+fn probe_from_args(args: &ProbeArgs, dial: &str) -> anyhow::Result<aether::workload::probe::Probe> {
+    use aether::workload::probe::{
+        Dial, Host, HttpRequest, HttpVersion, Probe, ReadUntil, Send, Target, unescape,
+    };
+    let dial = Dial::parse(dial)?;
+    let send = if let Some(raw) = &args.raw {
+        Send::Raw(unescape(raw))
+    } else if args.wait {
+        Send::Nothing
+    } else if let Some(sni) = &args.tls {
+        Send::TlsClientHello { sni: sni.clone() }
+    } else if let Some(text) = &args.udp {
+        Send::Udp(unescape(text))
+    } else {
+        let mut headers = Vec::new();
+        for h in &args.headers {
+            let Some((k, v)) = h.split_once(':') else {
+                bail!("--header {h:?}: expected name:value");
+            };
+            headers.push((k.trim().to_owned(), v.trim().to_owned()));
+        }
+        let target = if let Some(url) = &args.absolute {
+            Target::Absolute(url.clone())
+        } else if args.method.eq_ignore_ascii_case("CONNECT") {
+            Target::Authority(if args.path.starts_with('/') {
+                dial.authority()
+            } else {
+                args.path.clone()
+            })
+        } else {
+            Target::Origin(args.path.clone())
+        };
+        Send::Http(HttpRequest {
+            version: if args.http10 {
+                HttpVersion::Http10
+            } else if args.h2c {
+                HttpVersion::H2c
+            } else {
+                HttpVersion::Http11
+            },
+            method: args.method.clone(),
+            target,
+            host: if args.no_host {
+                Host::None
+            } else if args.host.is_empty() {
+                Host::Default
+            } else {
+                Host::Values(args.host.clone())
+            },
+            headers,
+            body: Vec::new(),
+        })
+    };
+    let mut probe = Probe::new(dial, send);
+    probe.timeout = std::time::Duration::try_from_secs_f64(args.timeout)
+        .with_context(|| format!("--timeout {}", args.timeout))?;
+    probe.until = match args.lines {
+        Some(n) => ReadUntil::Lines(n),
+        None => ReadUntil::Idle(std::time::Duration::from_millis(500)),
+    };
+    Ok(probe)
+}
+
+fn run_probe(args: &ProbeArgs) -> anyhow::Result<ExitCode> {
+    use aether::workload::probe::{Connector, Resolver, idle};
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .context("start the runtime")?;
+    let Some(dial) = &args.dial else {
+        rt.block_on(idle()).context("wait for a signal")?;
+        return Ok(ExitCode::SUCCESS);
+    };
+    let probe = probe_from_args(args, dial)?;
+    let resolver = std::fs::read_to_string("/etc/resolv.conf")
+        .map(|t| Resolver::parse_resolv_conf(&t))
+        .unwrap_or_default();
+    let connector = Connector::current();
+    let mut all_answered = true;
+    for i in 0..args.count {
+        let outcome = rt.block_on(probe.run(&connector, &resolver))?;
+        all_answered &= outcome.connected || outcome.udp_from.is_some();
+        let line = match args.output {
+            ProbeOutput::Text => format!("{i}: {}", outcome.summary()),
+            ProbeOutput::Json => serde_json::to_string(&outcome)?,
+        };
+        #[allow(clippy::print_stdout)] // The command's output.
+        {
+            println!("{line}");
+        }
+    }
+    Ok(if all_answered {
+        ExitCode::SUCCESS
+    } else {
+        ExitCode::FAILURE
+    })
+}
+
 fn main() -> ExitCode {
     let cli = Cli::parse();
     let result = match &cli.command {
         Command::Explain(args) => run_explain(args),
+        Command::Echo(args) => run_echo(args),
+        Command::Probe(args) => run_probe(args),
     };
     match result {
         Ok(code) => code,

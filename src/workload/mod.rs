@@ -1,0 +1,15 @@
+//! The workloads of the demo and of every e2e suite (spec/legs.md §1.3, §1.4): the echo
+//! servers that the acceptance workloads run, and the probe that the client pods run.
+//!
+//! Layer 2 (IO). It imports [`crate::netns`] and [`crate::time`] only: a workload is an
+//! application, not part of the mesh, so nothing here reads the model, and no socket here
+//! carries the daemon's mark (the probe's traffic must be captured like any client's).
+//!
+//! - [`echo`]: `aether echo`. Every listener identifies itself (`<workload>:<port>`), so that
+//!   reaching the wrong port is a failure and never just a 200.
+//! - [`probe`]: `aether probe`, and the library the local e2e suite calls in-process from
+//!   inside a pod's network namespace. It writes HTTP/1.x by hand so that it can send what a
+//!   well-behaved client never would (no `Host`, two `Host` fields, userinfo, absolute form).
+
+pub mod echo;
+pub mod probe;
