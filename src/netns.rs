@@ -29,7 +29,13 @@ pub struct Netns {
 
 impl fmt::Debug for Netns {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "Netns({}, {}:{})", self.path.display(), self.dev, self.inode)
+        write!(
+            f,
+            "Netns({}, {}:{})",
+            self.path.display(),
+            self.dev,
+            self.inode
+        )
     }
 }
 
@@ -119,11 +125,9 @@ impl Netns {
         if self == home {
             return Ok(f());
         }
-        setns(self.file.as_fd(), CloneFlags::CLONE_NEWNET).map_err(|source| {
-            NetnsError::Enter {
-                path: self.path.clone(),
-                source,
-            }
+        setns(self.file.as_fd(), CloneFlags::CLONE_NEWNET).map_err(|source| NetnsError::Enter {
+            path: self.path.clone(),
+            source,
         })?;
         let out = f();
         setns(home.file.as_fd(), CloneFlags::CLONE_NEWNET).map_err(|source| {

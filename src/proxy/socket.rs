@@ -114,7 +114,11 @@ impl PodNet {
 
     /// A UDP socket bound to `addr` in the pod. `transparent` allows a non-local `addr` (the
     /// reply socket of addressing.md §10.2) and receiving TPROXYed datagrams.
-    pub fn udp_socket(&self, addr: SocketAddr, transparent: bool) -> Result<UdpSocket, SocketError> {
+    pub fn udp_socket(
+        &self,
+        addr: SocketAddr,
+        transparent: bool,
+    ) -> Result<UdpSocket, SocketError> {
         let socket = self.netns.run(&self.home, || -> io::Result<Socket> {
             let s = Socket::new(Domain::for_address(addr), Type::DGRAM, Some(Protocol::UDP))?;
             s.set_reuse_address(true)?;
