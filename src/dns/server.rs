@@ -40,9 +40,11 @@ pub const FORWARD_TIMEOUT: Duration = Duration::from_secs(2);
 /// The TTL of the records the table answers, in seconds: short, because the table follows
 /// the model.
 pub const RECORD_TTL: u32 = 5;
-/// The most queries (UDP) and connections (TCP) in flight; more UDP queries are dropped and
-/// more TCP connections wait.
-const MAX_IN_FLIGHT: usize = 512;
+/// The most UDP queries in flight; more are dropped (and counted).
+const MAX_UDP_IN_FLIGHT: usize = 512;
+/// The most TCP connections open; more wait to be accepted. Kept apart from the UDP limit so
+/// that idle TCP clients cannot starve UDP.
+const MAX_TCP_CONNECTIONS: usize = 64;
 /// How long a TCP connection may stay idle between queries.
 const TCP_IDLE: Duration = Duration::from_secs(10);
 /// The UDP payload size our own answers advertise through EDNS.
@@ -106,7 +108,8 @@ pub struct DnsServer {
     forward_socket: ForwardSocketFactory,
     forward_timeout: Duration,
     stats: Arc<DnsStats>,
-    in_flight: Arc<Semaphore>,
+    udp_in_flight: Arc<Semaphore>,
+    tcp_connections: Arc<Semaphore>,
 }
 
 impl std::fmt::Debug for DnsServer {
@@ -147,7 +150,8 @@ impl DnsServer {
             forward_socket,
             forward_timeout: FORWARD_TIMEOUT,
             stats: Arc::default(),
-            in_flight: Arc::new(Semaphore::new(MAX_IN_FLIGHT)),
+            udp_in_flight: Arc::new(Semaphore::new(MAX_UDP_IN_FLIGHT)),
+            tcp_connections: Arc::new(Semaphore::new(MAX_TCP_CONNECTIONS)),
         }
     }
 
@@ -181,7 +185,7 @@ impl DnsServer {
                     continue;
                 }
             };
-            let Ok(permit) = Arc::clone(&self.in_flight).try_acquire_owned() else {
+            let Ok(permit) = Arc::clone(&self.udp_in_flight).try_acquire_owned() else {
                 DnsStats::bump(&self.stats.dropped);
                 continue;
             };
@@ -201,7 +205,7 @@ impl DnsServer {
 
     async fn run_tcp(self: Arc<Self>, listener: TcpListener) {
         loop {
-            let Ok(permit) = Arc::clone(&self.in_flight).acquire_owned().await else {
+            let Ok(permit) = Arc::clone(&self.tcp_connections).acquire_owned().await else {
                 return; // The semaphore is never closed.
             };
             let stream = match listener.accept().await {
