@@ -5,7 +5,9 @@
 //! no tasks); [`registry`] turns the outside world into a [`model::Snapshot`]; the binary's
 //! subcommands sit on top.
 
+pub mod dns;
 pub mod explain;
+pub mod identity;
 pub mod marks;
 pub mod model;
 pub mod netns;
@@ -16,6 +18,7 @@ pub mod state;
 #[cfg(any(test, feature = "testing"))]
 pub mod test_util;
 pub mod time;
+pub mod workload;
 
 /// Displays an error with its chain of sources: `a: b: c`.
 #[derive(Debug)]
@@ -32,4 +35,3 @@ impl std::fmt::Display for DisplayChain<'_> {
         Ok(())
     }
 }
-pub mod workload;
