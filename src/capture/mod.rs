@@ -1,0 +1,11 @@
+//! Traffic capture in pod network namespaces (ARCHITECTURE.md "capture"; spec/model.md §12).
+//!
+//! - [`plan`] (PURE): a pod's capture settings -> the nftables ruleset and policy routing.
+//!
+//! Which pods are local and when to apply is the daemon wiring's business; this module only
+//! offers the steps. It never imports `proxy` (STYLE.md §6.2).
+
+pub mod plan;
+
+#[cfg(test)]
+mod tests;
