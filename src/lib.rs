@@ -5,6 +5,7 @@
 //! no tasks); [`registry`] turns the outside world into a [`model::Snapshot`]; the binary's
 //! subcommands sit on top.
 
+pub mod capture;
 pub mod dns;
 pub mod explain;
 pub mod identity;
