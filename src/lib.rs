@@ -6,12 +6,13 @@
 //! subcommands sit on top.
 
 pub mod explain;
+pub mod lab;
 pub mod marks;
 pub mod model;
 pub mod netns;
 pub mod proxy;
 pub mod registry;
 pub mod resolve;
-pub mod time;
 #[cfg(any(test, feature = "testing"))]
 pub mod test_util;
+pub mod time;
