@@ -206,7 +206,7 @@ pub struct Lab {
     opts: UpOptions,
     state: LabState,
     started: Vec<Started>,
-    home: Option<Arc<Netns>>,
+    home: Arc<Netns>,
     pods: BTreeMap<(String, String), Arc<Netns>>,
     finished: bool,
 }
@@ -305,7 +305,7 @@ impl Lab {
             opts,
             state: LabState::default(),
             started: Vec::new(),
-            home: Some(home),
+            home,
             pods: BTreeMap::new(),
             finished: false,
         };
@@ -544,7 +544,7 @@ impl Lab {
     }
 
     /// The namespace the lab was brought up from (what [`Netns::run`] returns to).
-    pub fn home(&self) -> Option<Arc<Netns>> {
+    pub fn home(&self) -> Arc<Netns> {
         self.home.clone()
     }
 
@@ -563,12 +563,11 @@ impl Lab {
         };
         let plan = self.plan.pod(namespace, pod).ok_or_else(unknown)?;
         let netns = self.pod_netns(namespace, pod).ok_or_else(unknown)?;
-        let home = self.home.clone().ok_or_else(unknown)?;
         let addr = SocketAddr::V4(SocketAddrV4::new(plan.ip, port));
         let deadline = time::now() + timeout;
         loop {
             let socket = netns
-                .run(&home, TcpSocket::new_v4)?
+                .run(&self.home, TcpSocket::new_v4)?
                 .map_err(io_err(Path::new("socket")))?;
             let attempt = tokio::time::timeout(Duration::from_millis(250), socket.connect(addr));
             if let Ok(Ok(_)) = attempt.await {

@@ -320,3 +320,70 @@ fn a_netns_name_that_is_not_a_plain_file_name_is_refused() {
     assert!(matches!(plan_of(vec![p]), Err(InvalidLab::BadName { .. })));
     assert!(valid_name("mp-client-nocapture") && valid_name("aen-node-a"));
 }
+
+const NAMED_AND_UDP: &str = r#"
+apiVersion: v1
+kind: Service
+metadata: {name: dns, namespace: shop}
+spec:
+  clusterIP: 10.96.50.5
+  selector: {app: dns}
+  ports:
+  - {name: web, port: 443, targetPort: web}
+  - {name: dns, port: 53, targetPort: 5353, protocol: UDP}
+---
+apiVersion: v1
+kind: Pod
+metadata: {name: dns-0, namespace: shop, labels: {app: dns}, annotations: {aether.io/netns: dns-0}}
+spec:
+  nodeName: n1
+  containers: [{name: app, image: x, ports: [{name: web, containerPort: 8443}]}]
+status: {podIP: 10.244.1.5}
+---
+apiVersion: v1
+kind: Pod
+metadata: {name: dns-1, namespace: shop, labels: {app: dns}, annotations: {aether.io/netns: dns-1}}
+spec:
+  nodeName: n1
+  containers: [{name: app, image: x, ports: [{name: web, containerPort: 9443}]}]
+status:
+  podIP: 10.244.1.6
+  conditions: [{type: Ready, status: "False"}]
+---
+apiVersion: v1
+kind: Pod
+metadata: {name: dns-2, namespace: shop, labels: {app: dns}, annotations: {aether.io/netns: dns-2}}
+spec:
+  nodeName: n2
+  containers: [{name: app, image: x, ports: [{name: web, containerPort: 7443}]}]
+status: {podIP: 10.244.2.5}
+"#;
+
+#[test]
+fn named_target_ports_resolve_per_pod_udp_ports_get_rules_and_unready_pods_are_left_out() {
+    let dir = std::env::temp_dir().join(format!("aether-lab-named-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    std::fs::write(dir.join("dns.yaml"), NAMED_AND_UDP).unwrap();
+    let planned = plan_dir(&dir, DEFAULT_SERVICE_CIDR.parse().unwrap(), &opts());
+    std::fs::remove_dir_all(&dir).unwrap();
+    let plan = planned.unwrap().plan;
+    let rule = |t: Transport| plan.services.iter().find(|s| s.transport == t).unwrap();
+    assert_eq!(
+        (
+            rule(Transport::Tcp).port,
+            rule(Transport::Tcp).endpoints.as_slice()
+        ),
+        (443, &[ep("10.244.1.5:8443"), ep("10.244.2.5:7443")][..])
+    );
+    assert_eq!(
+        (
+            rule(Transport::Udp).port,
+            rule(Transport::Udp).endpoints.as_slice()
+        ),
+        (53, &[ep("10.244.1.5:5353"), ep("10.244.2.5:5353")][..])
+    );
+    let text = plan.render_kube_proxy();
+    assert!(text.contains("ip daddr 10.96.50.5 udp dport 53 goto svc-shop-dns-udp-53"));
+    assert!(text.contains("meta l4proto udp dnat to 10.244.2.5:5353"));
+    assert!(!text.contains("10.244.1.6"));
+}

@@ -138,7 +138,7 @@ fn the_fixture_lab_routes_across_nodes_translates_user_services_only_and_leaves_
     let resolv = fs::read_to_string(Path::new(ETC_NETNS).join("aelt-mp-client/resolv.conf"));
     assert!(resolv.unwrap().starts_with("nameserver 127.0.0.53\n"));
 
-    let home = lab.home().unwrap();
+    let home = lab.home();
     let ns = |pod: &str| lab.pod_netns("mp", pod).unwrap();
     let owned0 = Listener::start(&ns("mp-owned-0"), &home, 8080, "mp-owned-0");
     let owned1 = Listener::start(&ns("mp-owned-1"), &home, 8080, "mp-owned-1");
