@@ -200,6 +200,7 @@ fn the_fixture_lab_routes_across_nodes_translates_user_services_only_and_leaves_
     }
     assert!(!Path::new(ETC_NETNS).join("aelt-mp-client").exists());
     assert!(!run_dir.join(STATE_FILE).exists());
+    fs::remove_dir_all(&run_dir).unwrap();
 }
 
 fn pid_alive(pid: u32) -> bool {
