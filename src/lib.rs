@@ -9,6 +9,7 @@ pub mod capture;
 pub mod dns;
 pub mod explain;
 pub mod identity;
+pub mod lab;
 pub mod marks;
 pub mod model;
 pub mod netns;
