@@ -6,13 +6,16 @@
 //! subcommands sit on top.
 
 pub mod capture;
+pub mod demo;
 pub mod dns;
 pub mod explain;
 pub mod identity;
 pub mod lab;
+pub mod legs;
 pub mod marks;
 pub mod model;
 pub mod netns;
+pub mod node;
 pub mod proxy;
 pub mod registry;
 pub mod resolve;

@@ -25,6 +25,90 @@ enum Command {
     Echo(EchoArgs),
     /// The e2e client: one request (or several) from where it runs, and what came back.
     Probe(ProbeArgs),
+    /// The node daemon: capture, the data plane and the mesh hop for this node's pods.
+    Node(Box<NodeArgs>),
+    /// A whole mesh on this machine (root): pods as network namespaces, two daemons, the
+    /// legs of spec/legs.md run through it; then it stays up until Ctrl-C and cleans up.
+    Demo(DemoArgs),
+}
+
+/// Every `aether node` setting; each overrides the config file, and each has an environment
+/// variable (docs/node.md lists them with defaults and units).
+#[derive(Debug, clap::Args)]
+struct NodeArgs {
+    /// A YAML config file (keys as in docs/node.md).
+    #[arg(long, env = "AETHER_CONFIG")]
+    config: Option<PathBuf>,
+    /// This node's name.
+    #[arg(long, env = "AETHER_NODE_NAME")]
+    node_name: Option<String>,
+    /// The manifest directory (file registry).
+    #[arg(long, env = "AETHER_REGISTRY")]
+    registry: Option<PathBuf>,
+    /// The state directory (admin.sock, cni.sock, the demo CA).
+    #[arg(long, env = "AETHER_STATE_DIR")]
+    state_dir: Option<PathBuf>,
+    /// CA certificate (PEM), with --ca-key.
+    #[arg(long, env = "AETHER_CA_CERT")]
+    ca_cert: Option<PathBuf>,
+    /// CA private key (PEM).
+    #[arg(long, env = "AETHER_CA_KEY")]
+    ca_key: Option<PathBuf>,
+    /// A CA directory (ca.pem, ca-key.pem), created when missing.
+    #[arg(long, env = "AETHER_CA_DIR")]
+    ca_dir: Option<PathBuf>,
+    /// Admin HTTP on TCP (besides the unix socket).
+    #[arg(long, env = "AETHER_ADMIN_ADDR")]
+    admin_addr: Option<std::net::SocketAddr>,
+    /// The mesh domain.
+    #[arg(long, env = "AETHER_MESH_DOMAIN")]
+    mesh_domain: Option<String>,
+    /// The cluster domain.
+    #[arg(long, env = "AETHER_CLUSTER_DOMAIN")]
+    cluster_domain: Option<String>,
+    /// The SPIFFE trust domain.
+    #[arg(long, env = "AETHER_TRUST_DOMAIN")]
+    trust_domain: Option<String>,
+    /// Capture mode of pods without the annotation: true = redirect-all.
+    #[arg(long, env = "AETHER_CAPTURE_REDIRECT_ALL_DEFAULT")]
+    capture_redirect_all_default: Option<bool>,
+    /// The file registry's service CIDR.
+    #[arg(long, env = "AETHER_SERVICE_CIDR")]
+    service_cidr: Option<ipnet::IpNet>,
+    /// Log format.
+    #[arg(long, env = "AETHER_LOG_FORMAT")]
+    log_format: Option<aether::node::config::LogFormat>,
+    /// Log filter.
+    #[arg(long, env = "AETHER_LOG")]
+    log_level: Option<String>,
+    /// Drain bound at shutdown, in seconds.
+    #[arg(long, env = "AETHER_DRAIN_TIMEOUT_SECS")]
+    drain_timeout_secs: Option<u64>,
+}
+
+#[derive(Debug, clap::Args)]
+struct DemoArgs {
+    /// The manifest directory.
+    #[arg(long, default_value = "config/examples/mp")]
+    registry: PathBuf,
+    /// The route overlays.
+    #[arg(long, default_value = "config/examples/variants")]
+    variants: PathBuf,
+    /// Where the run keeps state and logs.
+    #[arg(long, default_value = "/tmp/aether-demo")]
+    run_dir: PathBuf,
+    /// Prefix of the node namespaces.
+    #[arg(long, default_value = "aen")]
+    prefix: String,
+    /// Run only these legs (repeatable, e.g. --leg A1 --leg N23).
+    #[arg(long = "leg")]
+    legs: Vec<String>,
+    /// Run the legs, print the table and exit (non-zero when a leg failed) instead of staying up.
+    #[arg(long)]
+    check: bool,
+    /// Write the leg results as JSON to this file.
+    #[arg(long)]
+    json: Option<PathBuf>,
 }
 
 #[derive(Debug, Clone, Copy, ValueEnum)]
@@ -382,12 +466,135 @@ fn run_probe(args: &ProbeArgs) -> anyhow::Result<ExitCode> {
     })
 }
 
+fn node_config(args: &NodeArgs) -> anyhow::Result<aether::node::NodeConfig> {
+    let mut c = match &args.config {
+        Some(path) => aether::node::NodeConfig::from_file(path)?,
+        None => aether::node::NodeConfig::default(),
+    };
+    macro_rules! set {
+        ($($field:ident),*) => {$(
+            if let Some(v) = &args.$field {
+                c.$field = v.clone();
+            }
+        )*};
+    }
+    set!(
+        node_name,
+        registry,
+        state_dir,
+        mesh_domain,
+        cluster_domain,
+        trust_domain,
+        capture_redirect_all_default,
+        service_cidr,
+        log_format,
+        log_level,
+        drain_timeout_secs
+    );
+    macro_rules! set_opt {
+        ($($field:ident),*) => {$(
+            if args.$field.is_some() {
+                c.$field = args.$field.clone();
+            }
+        )*};
+    }
+    set_opt!(ca_cert, ca_key, ca_dir, admin_addr);
+    c.validate()?;
+    Ok(c)
+}
+
+fn init_logs(format: aether::node::config::LogFormat, level: &str) {
+    let filter = tracing_subscriber::EnvFilter::try_new(level)
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
+    let builder = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr);
+    let _ = match format {
+        aether::node::config::LogFormat::Json => builder.json().try_init(),
+        aether::node::config::LogFormat::Text => builder.try_init(),
+    };
+}
+
+fn run_node(args: &NodeArgs) -> anyhow::Result<ExitCode> {
+    let config = node_config(args)?;
+    init_logs(config.log_format, &config.log_level);
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .context("start the runtime")?;
+    runtime.block_on(aether::node::run(config))?;
+    Ok(ExitCode::SUCCESS)
+}
+
+#[allow(clippy::print_stdout)] // The demo's output is its purpose.
+fn run_demo(args: &DemoArgs) -> anyhow::Result<ExitCode> {
+    init_logs(aether::node::config::LogFormat::Text, "warn");
+    if !nix::unistd::Uid::effective().is_root() {
+        bail!("the demo builds network namespaces and nftables rules: run it as root");
+    }
+    let opts = aether::demo::DemoOptions {
+        registry: args.registry.clone(),
+        variants: args.variants.clone(),
+        run_dir: args.run_dir.clone(),
+        binary: std::env::current_exe().context("find the aether binary")?,
+        prefix: args.prefix.clone(),
+        legs: args.legs.clone(),
+        mesh_domain: "aether.internal".into(),
+        daemon_args: Vec::new(),
+    };
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .context("start the runtime")?;
+    runtime.block_on(async {
+        println!(
+            "aether demo: building the topology from {}",
+            opts.registry.display()
+        );
+        let running = aether::demo::up(&opts).await?;
+        println!("{}", running.summary);
+        println!("Running the legs of spec/legs.md through real sockets...");
+        let results = tokio::select! {
+            r = aether::demo::run_legs(&running, &opts.legs) => Some(r),
+            _ = tokio::signal::ctrl_c() => None,
+        };
+        let mut code = ExitCode::SUCCESS;
+        if let Some(results) = &results {
+            print!("{}", aether::legs::table(results));
+            if let Some(path) = &args.json {
+                std::fs::write(path, serde_json::to_string_pretty(results)?)
+                    .with_context(|| format!("write {}", path.display()))?;
+            }
+            if results.iter().any(|r| !r.ok) {
+                code = ExitCode::from(1);
+            }
+            if !args.check {
+                println!(
+                    "\nThe mesh stays up until Ctrl-C.\n{}",
+                    aether::demo::try_these(&running)
+                );
+                let _ = tokio::signal::ctrl_c().await;
+            }
+        }
+        println!("Cleaning up...");
+        let run_dir = opts.run_dir.clone();
+        tokio::task::spawn_blocking(move || running.down()).await??;
+        println!(
+            "Removed everything the demo made under {}.",
+            run_dir.display()
+        );
+        anyhow::Ok(code)
+    })
+}
+
 fn main() -> ExitCode {
     let cli = Cli::parse();
     let result = match &cli.command {
         Command::Explain(args) => run_explain(args),
         Command::Echo(args) => run_echo(args),
         Command::Probe(args) => run_probe(args),
+        Command::Node(args) => run_node(args),
+        Command::Demo(args) => run_demo(args),
     };
     match result {
         Ok(code) => code,

@@ -268,7 +268,11 @@ impl CapturePlan {
             ),
             (
                 "2. the pod's replies on a connection the daemon opened to it go back to that socket".to_owned(),
-                vec![format!("ct mark {socket} meta mark set {tproxy} accept")],
+                vec![format!("meta l4proto tcp ct mark {socket} meta mark set {tproxy} accept")],
+            ),
+            (
+                "2b. the pod's answers on connections it accepted are not outbound dials".to_owned(),
+                vec!["ct direction reply accept".to_owned()],
             ),
             (
                 "3. loopback destinations are never captured".to_owned(),

@@ -181,7 +181,7 @@ fn scoped_mode_never_marks_tcp_to_other_ports() {
                 marking,
                 vec![
                     // Replies on the daemon's own connections (rule 2), not new captures.
-                    format!("ct mark {SOCKET_MARK:#010x} {set_mark} accept"),
+                    format!("meta l4proto tcp ct mark {SOCKET_MARK:#010x} {set_mark} accept"),
                     format!("udp dport 18082 {set_mark} accept"),
                     format!("tcp dport {{ 18081, 18082 }} {set_mark} accept"),
                 ],

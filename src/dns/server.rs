@@ -337,6 +337,11 @@ fn handle(table: &DnsTable, bytes: &[u8]) -> Handled {
     };
     let ips = match table.lookup(&query.name().to_ascii(), kind) {
         Lookup::NotOurs => return Handled::Forward(Box::new(message)),
+        Lookup::NxDomain => {
+            let mut reply = reply_to(&message, ResponseCode::NXDomain);
+            reply.metadata.authoritative = true;
+            return encode(&reply).map_or(Handled::Drop, Handled::Answer);
+        }
         Lookup::NoData => Vec::new(),
         Lookup::Records(ips) => ips,
     };

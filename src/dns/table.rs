@@ -34,6 +34,10 @@ pub enum Lookup {
     Records(Vec<IpAddr>),
     /// The name is ours but has no record of the type asked: answer NOERROR, no answers.
     NoData,
+    /// A name inside a zone this table is authoritative for (the mesh domain; with Kubernetes
+    /// names, the cluster domain) that has no record: answer NXDOMAIN, so that a resolver
+    /// walking its search list goes on to the next candidate.
+    NxDomain,
     /// Not a name of this table: forward the query.
     NotOurs,
 }
@@ -45,6 +49,8 @@ pub enum Lookup {
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct DnsTable {
     names: BTreeMap<String, Vec<IpAddr>>,
+    /// Zone suffixes (with a leading dot) this table answers for alone.
+    zones: Vec<String>,
 }
 
 impl DnsTable {
@@ -77,13 +83,25 @@ impl DnsTable {
                 add(&mut names, name, &svc.cluster_ips);
             }
         }
-        Self { names }
+        let mut zones = vec![format!(".{mesh}")];
+        if include_kubernetes_names {
+            // Standing in for the cluster DNS, the table is authoritative for the whole
+            // cluster domain, so a search-list candidate such as `x.cluster.local` ends in
+            // NXDOMAIN here instead of a forward that nobody answers.
+            zones.push(format!(".{cluster}"));
+        }
+        Self { names, zones }
     }
 
     /// The answer for `name` (any case, with or without the trailing dot) and `kind`.
     pub fn lookup(&self, name: &str, kind: QueryKind) -> Lookup {
-        let Some(ips) = self.names.get(&normalize(name)) else {
-            return Lookup::NotOurs;
+        let name = normalize(name);
+        let Some(ips) = self.names.get(&name) else {
+            return if self.zones.iter().any(|z| name.ends_with(z.as_str())) {
+                Lookup::NxDomain
+            } else {
+                Lookup::NotOurs
+            };
         };
         let ips: Vec<IpAddr> = ips
             .iter()
@@ -201,7 +219,7 @@ mod tests {
         let table = DnsTable::build(&s, &domains(), true);
         assert_eq!(
             table.lookup("mp-owned.mp.aether.internal", QueryKind::A),
-            Lookup::NotOurs
+            Lookup::NxDomain
         );
         // Its Kubernetes name is the user Service's (file mode).
         assert_eq!(
@@ -229,7 +247,7 @@ mod tests {
         // A user Service never gets a mesh name.
         assert_eq!(
             with.lookup("ext-http.mp-ext.aether.internal", QueryKind::A),
-            Lookup::NotOurs
+            Lookup::NxDomain
         );
     }
 
@@ -238,7 +256,6 @@ mod tests {
         let table = DnsTable::build(&snapshot(), &domains(), true);
         for name in [
             "example.com",
-            "nope.mp.aether.internal",
             "mp-multi.mp",
             "mp-multi.mp.svc",
             "mp-multi",
@@ -246,6 +263,26 @@ mod tests {
         ] {
             assert_eq!(table.lookup(name, QueryKind::A), Lookup::NotOurs, "{name}");
         }
+    }
+
+    #[test]
+    fn unknown_names_in_our_zones_are_nxdomain() {
+        // A search-list walk must move on: `x.mp.aether.internal.mp.svc.cluster.local` is
+        // NXDOMAIN, and so is an unknown mesh name.
+        let with = DnsTable::build(&snapshot(), &domains(), true);
+        for name in [
+            "nope.mp.aether.internal",
+            "mp-multi.mp.aether.internal.mp.svc.cluster.local",
+            "nope.mp.svc.cluster.local.",
+            "mp-multi.mp.aether.internal.cluster.local",
+        ] {
+            assert_eq!(with.lookup(name, QueryKind::A), Lookup::NxDomain, "{name}");
+        }
+        let without = DnsTable::build(&snapshot(), &domains(), false);
+        assert_eq!(
+            without.lookup("nope.mp.svc.cluster.local", QueryKind::A),
+            Lookup::NotOurs
+        );
     }
 
     #[test]
@@ -279,7 +316,7 @@ mod tests {
         );
         assert_eq!(
             table.lookup("headless.ns.svc.cluster.local", QueryKind::A),
-            Lookup::NotOurs
+            Lookup::NxDomain
         );
         assert_eq!(table.len(), 2);
     }

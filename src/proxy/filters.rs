@@ -15,10 +15,12 @@ use crate::model::snapshot::{
 use crate::resolve::answer::{MESH_HEADER_PREFIX, Reason};
 use crate::resolve::decision::ServiceKey;
 
-/// Authorization check header: the Service whose filter asks (`ns/name`).
-pub const AUTHZ_SERVICE: &str = "x-aether-authz-service";
+/// Authorization check header: the Service whose filter asks (`ns/name`). Not an `x-aether-`
+/// header: those are removed from every request the mesh delivers (I12), the check included.
+/// A client's own copy is never passed into a check.
+pub const AUTHZ_SERVICE: &str = "x-authz-service";
 /// Authorization check header: the caller's SPIFFE ID.
-pub const AUTHZ_CALLER: &str = "x-aether-authz-caller";
+pub const AUTHZ_CALLER: &str = "x-authz-caller";
 
 /// Remove every `x-aether-` header (addressing.md I12).
 pub fn strip_mesh_headers(headers: &mut HeaderMap) {
@@ -133,7 +135,11 @@ async fn ext_authz<B>(
         .method(req.method())
         .uri(req.uri().path_and_query().map_or("/", |p| p.as_str()));
     for (k, v) in req.headers() {
-        if k != http::header::HOST && !k.as_str().starts_with(MESH_HEADER_PREFIX) {
+        if k != http::header::HOST
+            && !k.as_str().starts_with(MESH_HEADER_PREFIX)
+            && k.as_str() != AUTHZ_SERVICE
+            && k.as_str() != AUTHZ_CALLER
+        {
             check = check.header(k, v);
         }
     }

@@ -19,11 +19,11 @@
 //!
 //! The authz listener stands in for the mesh's external authorization service:
 //!
-//! 1. A **check** is any request that carries the header `x-aether-authz-service` (the mesh
+//! 1. A **check** is any request that carries the header `x-authz-service` (the mesh
 //!    sets it on every check it makes). Each check is counted.
 //! 2. A check is allowed (`200`, body `<workload>:<port>\n`) unless the request carries
 //!    `x-authz-deny: 1`; then it is denied: `403`, body `denied by <workload>\n`.
-//! 3. `GET /count` **without** `x-aether-authz-service` answers the number of checks so far,
+//! 3. `GET /count` **without** `x-authz-service` answers the number of checks so far,
 //!    `<n>\n`. It is not a check and is not counted.
 //! 4. Any other request is answered as by the HTTP echo.
 //!
@@ -55,7 +55,7 @@ use tokio::net::{TcpListener, TcpStream, UdpSocket};
 use tokio::task::JoinSet;
 
 /// The request header that makes a request to the authz listener a check.
-pub const AUTHZ_CHECK_HEADER: &str = "x-aether-authz-service";
+pub const AUTHZ_CHECK_HEADER: &str = crate::proxy::filters::AUTHZ_SERVICE;
 /// The request header (`1`) that makes the authz listener deny a check.
 pub const AUTHZ_DENY_HEADER: &str = "x-authz-deny";
 /// The request header (`<name>: <value>`) that asks the HTTP echo to add a response header.

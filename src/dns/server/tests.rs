@@ -214,14 +214,16 @@ async fn an_unknown_name_is_forwarded_unchanged_and_the_reply_relayed() {
     assert_eq!(addresses(&a), [IpAddr::V4(UPSTREAM_IP)]);
     assert_eq!(a.answers[0].ttl, UPSTREAM_TTL, "the upstream's own record");
     assert_eq!(received.recv().await.unwrap(), sent, "forwarded unchanged");
-    // A name under the mesh domain that the table does not hold is not ours either.
+    // A name under the mesh domain that the table does not hold is answered NXDOMAIN here,
+    // never forwarded.
     let b = ask(
         server.udp,
         &query("nope.mp.aether.internal.", RecordType::A),
     )
     .await;
-    assert_eq!(addresses(&b), [IpAddr::V4(UPSTREAM_IP)]);
-    assert_eq!(server.stats.counts().forwarded, 2);
+    assert_eq!(b.metadata.response_code, ResponseCode::NXDomain);
+    assert!(addresses(&b).is_empty());
+    assert_eq!(server.stats.counts().forwarded, 1);
 }
 
 #[tokio::test]

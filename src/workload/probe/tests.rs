@@ -332,7 +332,7 @@ async fn authz_counts_checks_and_denies_on_request() {
             addr,
             req("/check", move |r| {
                 r.headers
-                    .push(("x-aether-authz-service".into(), "mp-multi.mp".into()));
+                    .push(("x-authz-service".into(), "mp-multi.mp".into()));
                 if deny {
                     r.headers.push(("x-authz-deny".into(), "1".into()));
                 }

@@ -1,0 +1,260 @@
+//! `aether demo` and the local e2e suite: a whole mesh on one machine. Every Pod of a manifest
+//! directory becomes a network namespace on its node's bridge, every node a daemon process,
+//! every pod runs its manifest's command; then the legs of spec/legs.md run through it.
+
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use crate::lab::run::{Lab, UpOptions};
+use crate::lab::{LabError, plan::LabOptions, plan_dir};
+use crate::legs::{self, Env, LegResult, RegistryControl};
+
+/// What the demo runs on.
+#[derive(Debug, Clone)]
+pub struct DemoOptions {
+    /// The manifest directory (copied into the run directory, where the daemons watch it).
+    pub registry: PathBuf,
+    /// The route overlays (`config/examples/variants`).
+    pub variants: PathBuf,
+    /// Where the run keeps its state, logs and the copy of the registry.
+    pub run_dir: PathBuf,
+    /// The `aether` binary started for daemons and pods.
+    pub binary: PathBuf,
+    /// Prefix of the node namespaces.
+    pub prefix: String,
+    /// Only these legs (all when empty).
+    pub legs: Vec<String>,
+    /// The mesh domain.
+    pub mesh_domain: String,
+    /// Extra arguments for every daemon (e.g. `--log-format json`).
+    pub daemon_args: Vec<String>,
+}
+
+/// The demo could not run.
+#[derive(Debug, thiserror::Error)]
+pub enum DemoError {
+    /// The topology failed.
+    #[error(transparent)]
+    Lab(#[from] LabError),
+    /// A file operation failed.
+    #[error("{what} {path}")]
+    Io {
+        /// What was attempted.
+        what: &'static str,
+        /// On what.
+        path: PathBuf,
+        /// The cause.
+        #[source]
+        source: std::io::Error,
+    },
+    /// The CA could not be created.
+    #[error(transparent)]
+    Identity(#[from] crate::identity::IdentityError),
+    /// A daemon did not become ready.
+    #[error("daemon of {node} not ready after {secs} s: {detail} (log: {log})")]
+    NotReady {
+        /// The node.
+        node: String,
+        /// The bound.
+        secs: u64,
+        /// The last answer.
+        detail: String,
+        /// Its log file.
+        log: PathBuf,
+    },
+    /// A pod's workload did not start listening.
+    #[error("pod {pod} not listening on {port}: {detail}")]
+    PodNotListening {
+        /// The pod.
+        pod: String,
+        /// The port.
+        port: u16,
+        /// What happened.
+        detail: String,
+    },
+}
+
+fn io(what: &'static str, path: &Path) -> impl FnOnce(std::io::Error) -> DemoError {
+    let path = path.to_path_buf();
+    move |source| DemoError::Io { what, path, source }
+}
+
+/// A running mesh: the topology and where its daemons answer.
+#[derive(Debug)]
+pub struct Running {
+    /// The topology (taken down by [`Running::down`] or on drop).
+    pub lab: Option<Lab>,
+    /// The legs' environment.
+    pub env: Env,
+    /// The summary of nodes and pods.
+    pub summary: String,
+}
+
+impl Running {
+    /// Take everything down.
+    pub fn down(mut self) -> Result<(), DemoError> {
+        if let Some(lab) = self.lab.take() {
+            lab.down()?;
+        }
+        Ok(())
+    }
+}
+
+fn copy_dir(from: &Path, to: &Path) -> Result<(), DemoError> {
+    std::fs::create_dir_all(to).map_err(io("create", to))?;
+    for e in std::fs::read_dir(from).map_err(io("read", from))?.flatten() {
+        let p = e.path();
+        if p.is_file() && p.extension().is_some_and(|x| x == "yaml" || x == "yml") {
+            let dest = to.join(e.file_name());
+            std::fs::copy(&p, &dest).map_err(io("copy", &p))?;
+        }
+    }
+    Ok(())
+}
+
+/// The ports a pod's echo command listens on (TCP), to wait for.
+fn listening_ports(argv: &[String]) -> Vec<u16> {
+    argv.windows(2)
+        .filter(|w| {
+            matches!(
+                w[0].as_str(),
+                "--http" | "--tcp" | "--server-first" | "--authz"
+            )
+        })
+        .filter_map(|w| w[1].parse().ok())
+        .collect()
+}
+
+/// Build the topology, start the daemons and the pods, and wait until all answer.
+pub async fn up(opts: &DemoOptions) -> Result<Running, DemoError> {
+    let run_dir = opts.run_dir.clone();
+    let grace = Duration::from_secs(3);
+    let stale = run_dir.clone();
+    tokio::task::spawn_blocking(move || Lab::cleanup_stale(&stale, grace))
+        .await
+        .map_err(|e| io("clean up", &run_dir)(std::io::Error::other(e)))??;
+    let registry = run_dir.join("registry");
+    let _ = std::fs::remove_dir_all(&registry);
+    copy_dir(&opts.registry, &registry)?;
+    let lab_opts = LabOptions {
+        prefix: opts.prefix.clone(),
+        binary: opts.binary.clone(),
+        ..LabOptions::default()
+    };
+    let cidr = crate::lab::DEFAULT_SERVICE_CIDR
+        .parse()
+        .expect("the default service CIDR is a valid literal");
+    let planned = plan_dir(&registry, cidr, &lab_opts)?;
+    let summary = planned.plan.render_summary();
+    let ca_dir = run_dir.join("ca");
+    crate::identity::Ca::load_or_create(&ca_dir)?;
+    let plan = planned.plan.clone();
+    let up_opts = UpOptions::new(run_dir.clone());
+    let mut lab = tokio::task::spawn_blocking(move || Lab::up(plan, up_opts))
+        .await
+        .map_err(|e| io("bring up", &run_dir)(std::io::Error::other(e)))??;
+    let mut sockets = Vec::new();
+    let nodes: Vec<String> = planned.plan.nodes.iter().map(|n| n.name.clone()).collect();
+    for node in &nodes {
+        let state = run_dir.join(format!("node-{node}"));
+        let mut argv: Vec<String> = ["aether", "node", "--node-name", node, "--registry"]
+            .iter()
+            .map(|s| (*s).to_owned())
+            .collect();
+        argv.push(registry.display().to_string());
+        argv.extend([
+            "--state-dir".to_owned(),
+            state.display().to_string(),
+            "--ca-dir".to_owned(),
+            ca_dir.display().to_string(),
+            "--mesh-domain".to_owned(),
+            opts.mesh_domain.clone(),
+        ]);
+        argv.extend(opts.daemon_args.iter().cloned());
+        lab.start_daemon(node, &argv)?;
+        sockets.push((node.clone(), state.join("admin.sock")));
+    }
+    for (node, sock) in &sockets {
+        let deadline = crate::time::now() + Duration::from_secs(30);
+        loop {
+            match legs::admin_get(sock, "/ready").await {
+                Ok(_) => break,
+                Err(detail) if crate::time::now() > deadline => {
+                    return Err(DemoError::NotReady {
+                        node: node.clone(),
+                        secs: 30,
+                        detail,
+                        log: run_dir.join("logs").join(format!("node-{node}.log")),
+                    });
+                }
+                Err(_) => tokio::time::sleep(Duration::from_millis(100)).await,
+            }
+        }
+    }
+    lab.start_pods()?;
+    for pod in &planned.plan.pods {
+        for port in listening_ports(&pod.argv) {
+            lab.wait_tcp(&pod.namespace, &pod.name, port, Duration::from_secs(10))
+                .await
+                .map_err(|e| DemoError::PodNotListening {
+                    pod: pod.name.clone(),
+                    port,
+                    detail: crate::DisplayChain(&e).to_string(),
+                })?;
+        }
+    }
+    let mut clients = std::collections::BTreeMap::new();
+    for pod in &planned.plan.pods {
+        if pod.name.starts_with("mp-client")
+            && let Some(ns) = lab.pod_netns(&pod.namespace, &pod.name)
+        {
+            clients.insert(pod.name.clone(), ns);
+        }
+    }
+    let env = Env {
+        home: lab.home(),
+        clients,
+        snapshot: planned.snapshot,
+        mesh_domain: opts.mesh_domain.clone(),
+        registry: Some(RegistryControl {
+            dir: registry,
+            variants: opts.variants.clone(),
+            admin_sockets: sockets.into_iter().map(|(_, s)| s).collect(),
+        }),
+    };
+    Ok(Running {
+        lab: Some(lab),
+        env,
+        summary,
+    })
+}
+
+/// Run the legs on a running mesh.
+pub async fn run_legs(running: &Running, only: &[String]) -> Vec<LegResult> {
+    let filter = (!only.is_empty()).then_some(only);
+    legs::run(&running.env, filter).await
+}
+
+/// Commands to try by hand while the demo runs.
+pub fn try_these(running: &Running) -> String {
+    let mesh = &running.env.mesh_domain;
+    let multi = running
+        .env
+        .cluster_ip("mp", "mp-multi")
+        .map(|ip| ip.to_string())
+        .unwrap_or_default();
+    format!(
+        "Try (as root, in another terminal):\n\
+         \x20 ip netns exec mp-client aether probe --dial mp-multi.mp.{mesh}:9090\n\
+         \x20 ip netns exec mp-client aether probe --dial mp-multi.mp.{mesh}:8080 --host mp-multi.mp.{mesh}:9090\n\
+         \x20 ip netns exec mp-client-nocapture aether probe --dial 127.0.0.1:18081 --host mp-eighty.mp.{mesh}\n\
+         \x20 ip netns exec mp-client aether probe --dial {multi}:7777\n\
+         \x20 ip netns exec mp-client aether probe --dial mp-serverfirst.mp.{mesh}:3306 --wait --lines 2\n\
+         (with curl installed: ip netns exec mp-client curl -si http://mp-multi.mp.{mesh}:9090/)\n\
+         Logs: {}/logs\n",
+        running
+            .lab
+            .as_ref()
+            .map_or_else(String::new, |l| l.run_dir().display().to_string())
+    )
+}

@@ -1,0 +1,389 @@
+//! The leg catalogue of spec/legs.md, run through real sockets from inside client pods: the
+//! local e2e suite and `aether demo` both run it against a topology of network namespaces.
+//!
+//! A leg sends what the spec says a client sends and checks what the spec says the client
+//! sees: the status, the `x-aether-error` reason, the `ports:` line, the echo's own identity
+//! string, and the time bounds.
+
+mod catalogue;
+
+use std::collections::BTreeMap;
+use std::net::{IpAddr, SocketAddr};
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+
+use crate::model::Snapshot;
+use crate::netns::Netns;
+use crate::workload::probe::{Connector, Dial, Outcome, Probe, Resolver, Send};
+
+pub use catalogue::{LEGS, Leg};
+
+/// Where the legs run.
+#[derive(Debug)]
+pub struct Env {
+    /// The runner's own namespace.
+    pub home: Arc<Netns>,
+    /// Each client pod's namespace, by pod name (`mp-client`, `mp-client-nocapture`,
+    /// `mp-client-other`).
+    pub clients: BTreeMap<String, Arc<Netns>>,
+    /// The completed registry snapshot (ClusterIPs, pod IPs).
+    pub snapshot: Snapshot,
+    /// The mesh domain.
+    pub mesh_domain: String,
+    /// Registry control, for the legs that need a route overlay (None skips them).
+    pub registry: Option<RegistryControl>,
+}
+
+/// How the runner changes the registry the daemons watch.
+#[derive(Debug, Clone)]
+pub struct RegistryControl {
+    /// The directory the daemons watch.
+    pub dir: PathBuf,
+    /// The overlays (`config/examples/variants`).
+    pub variants: PathBuf,
+    /// Each daemon's admin socket.
+    pub admin_sockets: Vec<PathBuf>,
+}
+
+/// What one leg got.
+#[derive(Debug, Clone, serde::Serialize)]
+pub struct LegResult {
+    /// The leg (`A1`, `N23`, ...).
+    pub id: &'static str,
+    /// What it checks, in short.
+    pub title: &'static str,
+    /// Passed.
+    pub ok: bool,
+    /// Skipped, with why (e.g. no registry control).
+    pub skipped: Option<String>,
+    /// What each request got, or the first failure.
+    pub detail: String,
+    /// Wall time of the leg, in milliseconds.
+    pub ms: u64,
+}
+
+/// A leg's own failure text.
+pub type Check = Result<String, String>;
+
+/// The workload identity strings: a byte containing any of them is an application's answer.
+pub const WORKLOADS: &[&str] = &[
+    "mp-httponly:",
+    "mp-multi:",
+    "mp-eighty:",
+    "mp-mixed:",
+    "mp-tcpfirst:",
+    "mp-nine:",
+    "mp-serverfirst:",
+    "mp-owned:",
+    "mp-udp:",
+    "ext-http:",
+];
+
+impl Env {
+    /// A client's connector and resolver.
+    fn client(&self, pod: &str) -> Result<(Connector, Resolver), String> {
+        let netns = self
+            .clients
+            .get(pod)
+            .ok_or_else(|| format!("client pod {pod} is not in the topology"))?;
+        let ns = self
+            .snapshot
+            .pods
+            .iter()
+            .find(|p| p.name == pod)
+            .map_or("mp", |p| p.namespace.as_str());
+        Ok((
+            Connector::in_netns(netns.clone(), self.home.clone()),
+            Resolver::cluster(ns),
+        ))
+    }
+
+    /// Run one probe from a client pod.
+    pub async fn probe(&self, pod: &str, probe: &Probe) -> Result<Outcome, String> {
+        let (connector, resolver) = self.client(pod)?;
+        probe
+            .run(&connector, &resolver)
+            .await
+            .map_err(|e| format!("{pod}: {}", crate::DisplayChain(&e)))
+    }
+
+    /// The ClusterIP of a Service.
+    pub fn cluster_ip(&self, ns: &str, name: &str) -> Result<IpAddr, String> {
+        self.snapshot
+            .services
+            .iter()
+            .find(|s| s.namespace == ns && s.name == name)
+            .and_then(|s| s.cluster_ips.first().copied())
+            .ok_or_else(|| format!("no ClusterIP for {ns}/{name}"))
+    }
+
+    /// The IP of a pod.
+    pub fn pod_ip(&self, ns: &str, name: &str) -> Result<IpAddr, String> {
+        self.snapshot
+            .pods
+            .iter()
+            .find(|p| p.namespace == ns && p.name == name)
+            .and_then(|p| p.ips.first().copied())
+            .ok_or_else(|| format!("no IP for pod {ns}/{name}"))
+    }
+
+    /// `<wl>.mp.<mesh-domain>`.
+    pub fn mesh(&self, wl: &str) -> String {
+        format!("{wl}.mp.{}", self.mesh_domain)
+    }
+
+    /// Replace the overlay: remove every earlier variant's files from the watched registry,
+    /// copy `variant`'s (none for `None`), and wait until every daemon published a newer model.
+    pub async fn overlay(&self, variant: Option<&str>) -> Result<(), String> {
+        let Some(reg) = &self.registry else {
+            return Err("no registry control".into());
+        };
+        let before = generations(&reg.admin_sockets).await?;
+        let mut changed = false;
+        let entries = std::fs::read_dir(&reg.dir).map_err(|e| e.to_string())?;
+        for e in entries.flatten() {
+            let name = e.file_name().to_string_lossy().into_owned();
+            if name.starts_with("zz-variant-") {
+                std::fs::remove_file(e.path()).map_err(|e| e.to_string())?;
+                changed = true;
+            }
+        }
+        if let Some(v) = variant {
+            let dir = reg.variants.join(v);
+            let entries = std::fs::read_dir(&dir).map_err(|e| format!("{}: {e}", dir.display()))?;
+            for e in entries.flatten() {
+                let name = e.file_name().to_string_lossy().into_owned();
+                if name.ends_with(".yaml") {
+                    std::fs::copy(e.path(), reg.dir.join(format!("zz-variant-{v}-{name}")))
+                        .map_err(|e| e.to_string())?;
+                    changed = true;
+                }
+            }
+        }
+        if !changed {
+            return Ok(());
+        }
+        let deadline = crate::time::now() + Duration::from_secs(10);
+        loop {
+            let now = generations(&reg.admin_sockets).await?;
+            if now.iter().zip(&before).all(|(n, b)| n > b) {
+                // Give the last reconcile a moment.
+                tokio::time::sleep(Duration::from_millis(100)).await;
+                return Ok(());
+            }
+            if crate::time::now() > deadline {
+                return Err(format!(
+                    "daemons did not publish the overlay {variant:?} within 10 s"
+                ));
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+}
+
+/// Each daemon's model generation, from its admin socket.
+pub async fn generations(sockets: &[PathBuf]) -> Result<Vec<u64>, String> {
+    let mut out = Vec::new();
+    for s in sockets {
+        let body = admin_get(s, "/model").await?;
+        let v: serde_json::Value = serde_json::from_str(&body).map_err(|e| e.to_string())?;
+        out.push(v["generation"].as_u64().unwrap_or(0));
+    }
+    Ok(out)
+}
+
+/// GET a path on a daemon's admin unix socket; the body.
+pub async fn admin_get(socket: &std::path::Path, path: &str) -> Result<String, String> {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let mut s = tokio::net::UnixStream::connect(socket)
+        .await
+        .map_err(|e| format!("{}: {e}", socket.display()))?;
+    s.write_all(
+        format!("GET {path} HTTP/1.1\r\nHost: admin\r\nConnection: close\r\n\r\n").as_bytes(),
+    )
+    .await
+    .map_err(|e| e.to_string())?;
+    let mut buf = Vec::new();
+    tokio::time::timeout(Duration::from_secs(3), s.read_to_end(&mut buf))
+        .await
+        .map_err(|_| "admin socket timed out".to_owned())?
+        .map_err(|e| e.to_string())?;
+    let text = String::from_utf8_lossy(&buf);
+    let (head, body) = text.split_once("\r\n\r\n").unwrap_or((&text, ""));
+    if !head.starts_with("HTTP/1.1 200") {
+        return Err(format!(
+            "admin {path}: {}",
+            head.lines().next().unwrap_or("")
+        ));
+    }
+    Ok(body.to_owned())
+}
+
+/// Run the legs whose id matches `filter` (all for `None`), in catalogue order.
+pub async fn run(env: &Env, filter: Option<&[String]>) -> Vec<LegResult> {
+    let mut out = Vec::new();
+    for leg in LEGS {
+        if let Some(f) = filter
+            && !f.iter().any(|id| id.eq_ignore_ascii_case(leg.id))
+        {
+            continue;
+        }
+        let started = crate::time::now();
+        let (ok, skipped, detail) = if leg.overlay.is_some() && env.registry.is_none() {
+            (
+                true,
+                Some("needs registry control".to_owned()),
+                String::new(),
+            )
+        } else {
+            let outcome = (leg.run)(env).await;
+            // A leg's overlay never outlives it.
+            let reset = match leg.overlay {
+                Some(_) => env.overlay(None).await,
+                None => Ok(()),
+            };
+            match (outcome, reset) {
+                (Ok(d), Ok(())) => (true, None, d),
+                (Err(d), _) => (false, None, d),
+                (Ok(_), Err(e)) => (false, None, format!("removing the overlay: {e}")),
+            }
+        };
+        out.push(LegResult {
+            id: leg.id,
+            title: leg.title,
+            ok,
+            skipped,
+            detail,
+            ms: u64::try_from(started.elapsed().as_millis()).unwrap_or(u64::MAX),
+        });
+    }
+    if env.registry.is_some() {
+        let _ = env.overlay(None).await;
+    }
+    out
+}
+
+/// The results as a table, one line per leg, and a closing count.
+pub fn table(results: &[LegResult]) -> String {
+    let mut s = String::new();
+    for r in results {
+        let verdict = match (&r.skipped, r.ok) {
+            (Some(_), _) => "SKIP",
+            (None, true) => "ok",
+            (None, false) => "FAIL",
+        };
+        let detail = r.skipped.as_deref().unwrap_or(&r.detail);
+        s.push_str(&format!(
+            "{:<5} {:<4} {:>6}ms  {}  {}\n",
+            r.id, verdict, r.ms, r.title, detail
+        ));
+    }
+    let passed = results
+        .iter()
+        .filter(|r| r.ok && r.skipped.is_none())
+        .count();
+    let failed = results.iter().filter(|r| !r.ok).count();
+    let skipped = results.iter().filter(|r| r.skipped.is_some()).count();
+    s.push_str(&format!(
+        "legs: {passed} passed, {failed} failed, {skipped} skipped\n"
+    ));
+    s
+}
+
+// === Building blocks for the catalogue ===
+
+/// A dial by name.
+pub fn name(n: &str, port: u16) -> Dial {
+    Dial::Name {
+        name: n.to_owned(),
+        port,
+    }
+}
+
+/// A dial by address.
+pub fn addr(ip: IpAddr, port: u16) -> Dial {
+    Dial::Addr(SocketAddr::new(ip, port))
+}
+
+/// The loopback proxy port.
+pub fn loopback() -> Dial {
+    addr(IpAddr::from([127, 0, 0, 1]), 18081)
+}
+
+/// A probe.
+pub fn probe(dial: Dial, send: Send) -> Probe {
+    Probe::new(dial, send)
+}
+
+/// Status 200, body `<wl>:<port>`, no reason, and (when given) `x-echo-host` exactly.
+pub fn echo(o: &Outcome, wl: &str, port: u16, host: Option<&str>) -> Check {
+    let want = format!("{wl}:{port}");
+    if o.status != Some(200) || o.first_line() != want || o.reason().is_some() {
+        return Err(format!("want echo {want}, got {}", o.summary()));
+    }
+    if let Some(h) = host
+        && o.header("x-echo-host") != Some(h)
+    {
+        return Err(format!(
+            "echo {want}: x-echo-host {:?}, want {h:?}",
+            o.header("x-echo-host")
+        ));
+    }
+    Ok(want)
+}
+
+/// A mesh answer: the status, the reason, the body's first line, and (when given) exactly the
+/// `ports:` line.
+pub fn answer(o: &Outcome, status: u16, reason: &str, ports: Option<&str>) -> Check {
+    if o.status != Some(status) || o.reason() != Some(reason) || o.first_line() != reason {
+        return Err(format!("want {status} {reason}, got {}", o.summary()));
+    }
+    if let Some(p) = ports {
+        let want = if p.is_empty() {
+            "ports:".to_owned()
+        } else {
+            format!("ports: {p}")
+        };
+        if !o.body_text().lines().any(|l| l == want) {
+            return Err(format!(
+                "{status} {reason}: want {want:?} in {:?}",
+                o.body_text()
+            ));
+        }
+    }
+    Ok(format!("{status} {reason}"))
+}
+
+/// No application answered: no workload identity in anything received; for HTTP, a mesh 503
+/// also counts.
+pub fn no_app(o: &Outcome) -> Check {
+    let text = o.body_text();
+    if let Some(w) = WORKLOADS.iter().find(|w| text.contains(*w)) {
+        return Err(format!("an application answered ({w}): {}", o.summary()));
+    }
+    match o.status {
+        Some(200) => Err(format!("got 200: {}", o.summary())),
+        Some(503) if matches!(o.reason(), Some("upstream-unreachable" | "no-endpoints")) => {
+            Ok("mesh 503".into())
+        }
+        Some(s) if o.reason().is_none() => Err(format!("an application answered {s}")),
+        _ => Ok(if o.connected {
+            "no answer".into()
+        } else {
+            "refused".into()
+        }),
+    }
+}
+
+/// Under a bound, from send to the status line (or first byte).
+pub fn within(o: &Outcome, bound: Duration) -> Check {
+    match o.timings.first_byte {
+        Some(t) if t <= bound => Ok(format!("{:.1}ms", t.as_secs_f64() * 1000.0)),
+        Some(t) => Err(format!(
+            "took {:.1}ms, bound {bound:?}",
+            t.as_secs_f64() * 1000.0
+        )),
+        None => Err(format!("no answer within {bound:?}: {}", o.summary())),
+    }
+}

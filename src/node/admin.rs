@@ -1,0 +1,117 @@
+//! The admin endpoints, on the unix socket `<state-dir>/admin.sock` and an optional TCP
+//! address: `/live`, `/ready`, `/metrics` (Prometheus text), `/pods`, `/model`.
+
+use std::convert::Infallible;
+use std::sync::Arc;
+
+use http::{Request, Response, StatusCode};
+use hyper::body::Incoming;
+use hyper_util::rt::TokioIo;
+use tokio::io::{AsyncRead, AsyncWrite};
+use tokio::sync::{Mutex, watch};
+
+use super::pods::Pods;
+use crate::proxy::{Body, Inputs, respond};
+
+/// The endpoints, by path, with what they answer (drives the router and its test).
+pub const ENDPOINTS: &[(&str, &str)] = &[
+    ("/live", "200 while the process runs"),
+    (
+        "/ready",
+        "200 once the first model is published and every local pod reconciled, else 503",
+    ),
+    ("/metrics", "Prometheus text exposition"),
+    ("/pods", "the pods this node serves, JSON"),
+    ("/model", "the published model's generation and size, JSON"),
+];
+
+/// What the admin endpoints read.
+#[derive(Debug)]
+pub struct Admin {
+    /// The data plane (model and counters).
+    pub inputs: Arc<Inputs>,
+    /// The served pods.
+    pub pods: Arc<Mutex<Pods>>,
+    /// Readiness.
+    pub ready: watch::Receiver<bool>,
+    /// This node.
+    pub node: String,
+}
+
+fn json(value: &serde_json::Value) -> Response<Body> {
+    let mut r = Response::new(respond::full(value.to_string()));
+    r.headers_mut().insert(
+        http::header::CONTENT_TYPE,
+        http::HeaderValue::from_static("application/json"),
+    );
+    r
+}
+
+fn status(code: StatusCode, text: &'static str) -> Response<Body> {
+    let mut r = Response::new(respond::full(text));
+    *r.status_mut() = code;
+    r
+}
+
+async fn handle(admin: &Admin, req: &Request<Incoming>) -> Response<Body> {
+    match req.uri().path() {
+        "/live" => status(StatusCode::OK, "live\n"),
+        "/ready" if *admin.ready.borrow() => status(StatusCode::OK, "ready\n"),
+        "/ready" => status(StatusCode::SERVICE_UNAVAILABLE, "not ready\n"),
+        "/metrics" => {
+            let mut registry = prometheus_client::registry::Registry::default();
+            admin.inputs.stats.register(&mut registry);
+            let generation = prometheus_client::metrics::gauge::Gauge::<i64>::default();
+            generation.set(i64::try_from(admin.inputs.model.generation()).unwrap_or(i64::MAX));
+            registry.register(
+                "aether_model_generation",
+                "The published model's generation",
+                generation,
+            );
+            let mut text = String::new();
+            if prometheus_client::encoding::text::encode(&mut text, &registry).is_err() {
+                return status(StatusCode::INTERNAL_SERVER_ERROR, "encoding failed\n");
+            }
+            Response::new(respond::full(text))
+        }
+        "/pods" => json(&serde_json::Value::Array(admin.pods.lock().await.list())),
+        "/model" => {
+            let model = admin.inputs.model.load();
+            json(&serde_json::json!({
+                "node": admin.node,
+                "generation": admin.inputs.model.generation(),
+                "names": model.name_count(),
+                "pods": model.pods().count(),
+                "diagnostics": model.diagnostics.len(),
+            }))
+        }
+        _ => status(StatusCode::NOT_FOUND, "unknown admin path\n"),
+    }
+}
+
+async fn serve_conn<I>(admin: Arc<Admin>, io: I)
+where
+    I: AsyncRead + AsyncWrite + Unpin + Send + 'static,
+{
+    let service = hyper::service::service_fn(move |req: Request<Incoming>| {
+        let admin = admin.clone();
+        async move { Ok::<_, Infallible>(handle(&admin, &req).await) }
+    });
+    let _ = hyper::server::conn::http1::Builder::new()
+        .serve_connection(TokioIo::new(io), service)
+        .await;
+}
+
+/// Serve the admin unix socket.
+pub async fn serve_unix(admin: Arc<Admin>, listener: tokio::net::UnixListener) {
+    while let Ok((s, _)) = listener.accept().await {
+        tokio::spawn(serve_conn(admin.clone(), s));
+    }
+}
+
+/// Serve the admin TCP listener.
+pub async fn serve_tcp(admin: Arc<Admin>, listener: tokio::net::TcpListener) {
+    while let Ok((s, _)) = listener.accept().await {
+        tokio::spawn(serve_conn(admin.clone(), s));
+    }
+}

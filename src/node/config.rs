@@ -1,0 +1,205 @@
+//! The daemon's settings: defaults, then a YAML file, then environment and flags (main.rs
+//! merges them). Every setting is documented in docs/node.md with its default and unit.
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+
+use serde::Deserialize;
+
+/// How logs are written.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Deserialize, clap::ValueEnum)]
+#[serde(rename_all = "lowercase")]
+pub enum LogFormat {
+    /// Human-readable lines.
+    #[default]
+    Text,
+    /// One JSON object per line.
+    Json,
+}
+
+/// Every setting of `aether node`.
+#[derive(Clone, Debug, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct NodeConfig {
+    /// This node's name: the daemon's pods are those whose `spec.nodeName` is this.
+    pub node_name: String,
+    /// The file registry: a directory of Kubernetes manifests, watched for changes.
+    pub registry: PathBuf,
+    /// Where the daemon keeps its sockets (`admin.sock`, `cni.sock`) and, when no CA is
+    /// given, the demo CA.
+    pub state_dir: PathBuf,
+    /// The CA certificate (PEM); with `ca_key`. Absent: a CA is created once in
+    /// `<state_dir>/ca` (demo only).
+    pub ca_cert: Option<PathBuf>,
+    /// The CA private key (PEM).
+    pub ca_key: Option<PathBuf>,
+    /// A directory holding `ca.pem` and `ca-key.pem`, created when missing (shared by the
+    /// daemons of a local topology). Used when `ca_cert` is not given.
+    pub ca_dir: Option<PathBuf>,
+    /// The admin HTTP listener on TCP, in the daemon's own network namespace; the admin unix
+    /// socket `<state_dir>/admin.sock` is always served.
+    pub admin_addr: Option<SocketAddr>,
+    /// The mesh domain.
+    pub mesh_domain: String,
+    /// The cluster domain.
+    pub cluster_domain: String,
+    /// The SPIFFE trust domain.
+    pub trust_domain: String,
+    /// Capture mode of a pod without `capture.aether.io/redirect-all`.
+    pub capture_redirect_all_default: bool,
+    /// Namespaces whose pods are never managed.
+    pub ignored_namespaces: Vec<String>,
+    /// The file registry's service CIDR: ClusterIPs of generated Services are allocated from
+    /// it deterministically.
+    pub service_cidr: ipnet::IpNet,
+    /// Upstream resolvers for names mesh DNS does not answer; empty: the host's
+    /// `/etc/resolv.conf`.
+    pub dns_upstreams: Vec<SocketAddr>,
+    /// Answer the Kubernetes Service names in mesh DNS (file mode stands in for the cluster
+    /// DNS).
+    pub dns_kubernetes_names: bool,
+    /// Workload certificate lifetime, in hours (re-issued at half-life).
+    pub cert_lifetime_hours: u64,
+    /// How long shutdown waits for open connections, in seconds.
+    pub drain_timeout_secs: u64,
+    /// Quiet time after a registry change before recompiling, in milliseconds.
+    pub watch_debounce_ms: u64,
+    /// Log format.
+    pub log_format: LogFormat,
+    /// Log filter (tracing-subscriber `EnvFilter` syntax).
+    pub log_level: String,
+}
+
+impl Default for NodeConfig {
+    fn default() -> Self {
+        Self {
+            node_name: String::new(),
+            registry: PathBuf::from("config/examples/mp"),
+            state_dir: PathBuf::from("/var/run/aether"),
+            ca_cert: None,
+            ca_key: None,
+            ca_dir: None,
+            admin_addr: None,
+            mesh_domain: "aether.internal".into(),
+            cluster_domain: "cluster.local".into(),
+            trust_domain: "cluster.local".into(),
+            capture_redirect_all_default: true,
+            ignored_namespaces: vec!["kube-system".into()],
+            service_cidr: "10.96.0.0/16".parse().expect("a valid CIDR literal"),
+            dns_upstreams: Vec::new(),
+            dns_kubernetes_names: true,
+            cert_lifetime_hours: 24,
+            drain_timeout_secs: 5,
+            watch_debounce_ms: 200,
+            log_format: LogFormat::Text,
+            log_level: "info".into(),
+        }
+    }
+}
+
+/// A setting is unusable.
+#[derive(Debug, thiserror::Error)]
+pub enum ConfigError {
+    /// The config file could not be read.
+    #[error("read config file {path}")]
+    Read {
+        /// The file.
+        path: PathBuf,
+        /// The cause.
+        #[source]
+        source: std::io::Error,
+    },
+    /// The config file is not valid.
+    #[error("config file {path}: {message}")]
+    Parse {
+        /// The file.
+        path: PathBuf,
+        /// What is wrong, with its location.
+        message: String,
+    },
+    /// A value is invalid.
+    #[error("setting {setting}: {message}")]
+    Invalid {
+        /// The setting.
+        setting: &'static str,
+        /// What is wrong.
+        message: String,
+    },
+}
+
+impl NodeConfig {
+    /// Read a YAML config file over the defaults.
+    pub fn from_file(path: &std::path::Path) -> Result<Self, ConfigError> {
+        let text = std::fs::read_to_string(path).map_err(|source| ConfigError::Read {
+            path: path.to_path_buf(),
+            source,
+        })?;
+        serde_yaml::from_str(&text).map_err(|e| ConfigError::Parse {
+            path: path.to_path_buf(),
+            message: e.to_string(),
+        })
+    }
+
+    /// Check the values that have no safe default.
+    pub fn validate(&self) -> Result<(), ConfigError> {
+        if self.node_name.is_empty() {
+            return Err(ConfigError::Invalid {
+                setting: "node_name",
+                message: "required (flag --node-name or AETHER_NODE_NAME)".into(),
+            });
+        }
+        if self.ca_cert.is_some() != self.ca_key.is_some() {
+            return Err(ConfigError::Invalid {
+                setting: "ca_cert",
+                message: "ca_cert and ca_key are given together".into(),
+            });
+        }
+        for (setting, value) in [
+            ("mesh_domain", &self.mesh_domain),
+            ("cluster_domain", &self.cluster_domain),
+            ("trust_domain", &self.trust_domain),
+        ] {
+            if value.is_empty() || value.starts_with('.') || value.ends_with('.') {
+                return Err(ConfigError::Invalid {
+                    setting,
+                    message: format!("{value:?} is not a domain"),
+                });
+            }
+        }
+        if self.cert_lifetime_hours == 0 {
+            return Err(ConfigError::Invalid {
+                setting: "cert_lifetime_hours",
+                message: "must be at least 1".into(),
+            });
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_file_overrides_defaults_and_unknown_keys_are_refused() {
+        let dir = std::env::temp_dir().join(format!("aether-config-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let good = dir.join("good.yaml");
+        std::fs::write(&good, "node_name: node-a\nmesh_domain: mesh.example\n").unwrap();
+        let c = NodeConfig::from_file(&good).unwrap();
+        assert_eq!(c.node_name, "node-a");
+        assert_eq!(c.mesh_domain, "mesh.example");
+        assert_eq!(c.cluster_domain, "cluster.local");
+        c.validate().unwrap();
+        let bad = dir.join("bad.yaml");
+        std::fs::write(&bad, "node_name: a\nmesh_domian: x\n").unwrap();
+        let err = NodeConfig::from_file(&bad).unwrap_err().to_string();
+        assert!(err.contains("mesh_domian"), "{err}");
+        let mut c = NodeConfig::default();
+        assert!(c.validate().unwrap_err().to_string().contains("node_name"));
+        c.node_name = "n".into();
+        c.mesh_domain = ".x".into();
+        assert!(c.validate().is_err());
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+}

@@ -1,0 +1,299 @@
+//! The pods of this node: which are local, their capture rules and listeners, reconciled with
+//! every published model (present = desired).
+
+use std::collections::BTreeMap;
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
+use std::path::PathBuf;
+use std::sync::Arc;
+
+use tokio::task::AbortHandle;
+use tracing::{info, warn};
+
+use crate::capture::nft;
+use crate::capture::plan::{Mode, PodCapture, plan};
+use crate::model::Model;
+use crate::netns::Netns;
+use crate::proxy::socket::PodNet;
+use crate::proxy::{CAPTURE_PORT, HOP_PORT, Inputs, LEGACY_PORT, PROXY_PORT, PodCtx};
+use crate::resolve::decision::CaptureMode;
+
+/// Where mesh DNS listens inside each pod.
+pub const DNS_ADDR: SocketAddr = SocketAddr::new(IpAddr::V4(Ipv4Addr::new(127, 0, 0, 53)), 53);
+
+/// A local pod the daemon should serve.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Desired {
+    /// Its capture settings.
+    pub capture: PodCapture,
+    /// Its ServiceAccount.
+    pub service_account: String,
+    /// Its network namespace.
+    pub netns: PathBuf,
+}
+
+/// What the daemon made for one pod.
+#[derive(Debug)]
+struct Served {
+    desired: Desired,
+    tasks: Vec<AbortHandle>,
+}
+
+impl Drop for Served {
+    fn drop(&mut self) {
+        // Only the accept loops stop; connections already accepted run to their end.
+        for t in &self.tasks {
+            t.abort();
+        }
+    }
+}
+
+/// The pods this node serves.
+#[derive(Debug, Default)]
+pub struct Pods {
+    served: BTreeMap<(String, String), Served>,
+}
+
+/// Netns paths the CNI API told the daemon about, by (namespace, pod).
+pub type CniPods = BTreeMap<(String, String), PathBuf>;
+
+/// The local pods a model asks for.
+pub fn desired(model: &Model, node: &str, cni: &CniPods) -> BTreeMap<(String, String), Desired> {
+    let udp = model.has_udp_routes();
+    let mut out = BTreeMap::new();
+    for p in model.pods() {
+        if !p.managed || p.node.as_deref() != Some(node) {
+            continue;
+        }
+        let key = (p.namespace.clone(), p.name.clone());
+        let netns = match (cni.get(&key), &p.netns) {
+            (Some(path), _) => path.clone(),
+            (None, Some(name)) if name.contains('/') => PathBuf::from(name),
+            (None, Some(name)) => PathBuf::from(crate::netns::NETNS_DIR).join(name),
+            (None, None) => continue,
+        };
+        let ipv4 = p.ips.iter().find_map(|ip| match ip {
+            IpAddr::V4(v) => Some(*v),
+            IpAddr::V6(_) => None,
+        });
+        let ipv6: Option<Ipv6Addr> = p.ips.iter().find_map(|ip| match ip {
+            IpAddr::V6(v) => Some(*v),
+            IpAddr::V4(_) => None,
+        });
+        if ipv4.is_none() && ipv6.is_none() {
+            continue;
+        }
+        out.insert(
+            key,
+            Desired {
+                capture: PodCapture {
+                    namespace: p.namespace.clone(),
+                    name: p.name.clone(),
+                    ipv4,
+                    ipv6,
+                    mode: match p.capture {
+                        CaptureMode::RedirectAll => Mode::RedirectAll,
+                        CaptureMode::Scoped => Mode::Scoped,
+                    },
+                    exclude_ports: p.exclude_outbound_ports.clone(),
+                    exclude_ranges: p.exclude_outbound_ip_ranges.clone(),
+                    udp,
+                },
+                service_account: p.service_account.clone(),
+                netns,
+            },
+        );
+    }
+    out
+}
+
+/// Everything a pod's listeners need besides the pod.
+#[derive(Debug, Clone)]
+pub struct Shared {
+    /// The data plane's inputs.
+    pub inputs: Arc<Inputs>,
+    /// The daemon's own namespace.
+    pub home: Arc<Netns>,
+    /// Mesh DNS.
+    pub dns: crate::node::dns::DnsShared,
+}
+
+/// A pod could not be served.
+#[derive(Debug, thiserror::Error)]
+pub enum PodError {
+    /// Its namespace could not be opened.
+    #[error(transparent)]
+    Netns(#[from] crate::netns::NetnsError),
+    /// Capture could not be programmed.
+    #[error(transparent)]
+    Capture(#[from] nft::ApplyError),
+    /// A listener could not be opened.
+    #[error(transparent)]
+    Socket(#[from] crate::proxy::socket::SocketError),
+}
+
+impl Pods {
+    /// Reconcile: serve every desired pod, change those whose settings changed, and remove
+    /// the rules and listeners of pods that are gone. Returns the pods that failed.
+    pub async fn reconcile(
+        &mut self,
+        shared: &Shared,
+        want: BTreeMap<(String, String), Desired>,
+    ) -> Vec<((String, String), PodError)> {
+        let gone: Vec<_> = self
+            .served
+            .keys()
+            .filter(|k| !want.contains_key(*k))
+            .cloned()
+            .collect();
+        for key in gone {
+            if let Some(served) = self.served.remove(&key) {
+                if let Err(e) = nft::remove(&served.desired.netns).await {
+                    warn!(error = %e, pod = %key.1, "removing capture");
+                }
+                info!(namespace = %key.0, pod = %key.1, "pod no longer served");
+            }
+        }
+        let mut failed = Vec::new();
+        for (key, d) in want {
+            if self.served.get(&key).is_some_and(|s| s.desired == d) {
+                continue;
+            }
+            // Changed settings: stop the old listeners before the new ones bind.
+            self.served.remove(&key);
+            match serve_pod(shared, &d).await {
+                Ok(tasks) => {
+                    info!(namespace = %key.0, pod = %key.1, netns = %d.netns.display(),
+                        mode = d.capture.mode.as_str(), "pod served");
+                    self.served.insert(key, Served { desired: d, tasks });
+                }
+                Err(e) => failed.push((key, e)),
+            }
+        }
+        failed
+    }
+
+    /// How many pods are served.
+    pub fn len(&self) -> usize {
+        self.served.len()
+    }
+
+    /// Whether none is.
+    pub fn is_empty(&self) -> bool {
+        self.served.is_empty()
+    }
+
+    /// The served pods, for the admin endpoint.
+    pub fn list(&self) -> Vec<serde_json::Value> {
+        self.served
+            .iter()
+            .map(|((ns, name), s)| {
+                serde_json::json!({
+                    "namespace": ns,
+                    "pod": name,
+                    "netns": s.desired.netns.display().to_string(),
+                    "ipv4": s.desired.capture.ipv4,
+                    "ipv6": s.desired.capture.ipv6,
+                    "mode": s.desired.capture.mode.as_str(),
+                    "udp": s.desired.capture.udp,
+                })
+            })
+            .collect()
+    }
+}
+
+/// Program one pod's capture and open its listeners (model.md §12).
+async fn serve_pod(shared: &Shared, d: &Desired) -> Result<Vec<AbortHandle>, PodError> {
+    let netns = Arc::new(Netns::open(&d.netns)?);
+    let net = PodNet {
+        netns,
+        home: shared.home.clone(),
+        ipv4: d.capture.ipv4,
+        ipv6: d.capture.ipv6,
+    };
+    let any4 = IpAddr::V4(Ipv4Addr::UNSPECIFIED);
+    let any6 = IpAddr::V6(Ipv6Addr::UNSPECIFIED);
+    let mut capture = vec![net.tcp_listener(SocketAddr::new(any4, CAPTURE_PORT), true)?];
+    let mut loopback = vec![net.tcp_listener(
+        SocketAddr::new(IpAddr::V4(Ipv4Addr::LOCALHOST), PROXY_PORT),
+        false,
+    )?];
+    let mut hop = Vec::new();
+    if let Some(v4) = d.capture.ipv4 {
+        hop.push(net.tcp_listener(SocketAddr::new(IpAddr::V4(v4), HOP_PORT), false)?);
+    }
+    if let Some(v6) = d.capture.ipv6 {
+        capture.push(net.tcp_listener(SocketAddr::new(any6, CAPTURE_PORT), true)?);
+        loopback.push(net.tcp_listener(
+            SocketAddr::new(IpAddr::V6(Ipv6Addr::LOCALHOST), PROXY_PORT),
+            false,
+        )?);
+        hop.push(net.tcp_listener(SocketAddr::new(IpAddr::V6(v6), HOP_PORT), false)?);
+    }
+    let udp = if d.capture.udp && d.capture.ipv4.is_some() {
+        let s = net.udp_socket(SocketAddr::new(any4, LEGACY_PORT), true)?;
+        crate::proxy::udp::want_original_destination(&s).map_err(|source| {
+            crate::proxy::socket::SocketError::Io {
+                what: "IP_RECVORIGDSTADDR on",
+                addr: SocketAddr::new(any4, LEGACY_PORT),
+                source,
+            }
+        })?;
+        Some(s)
+    } else {
+        None
+    };
+    let dns_udp = net.udp_socket(DNS_ADDR, false)?;
+    let dns_tcp = net.tcp_listener(DNS_ADDR, false)?;
+    // Listeners are open: now capture may send traffic to them.
+    nft::apply(&d.netns, &plan(&d.capture)).await?;
+    let pod = Arc::new(PodCtx {
+        namespace: d.capture.namespace.clone(),
+        name: d.capture.name.clone(),
+        service_account: d.service_account.clone(),
+        net,
+        capture: match d.capture.mode {
+            Mode::RedirectAll => CaptureMode::RedirectAll,
+            Mode::Scoped => CaptureMode::Scoped,
+        },
+    });
+    let inputs = &shared.inputs;
+    let mut tasks = Vec::new();
+    for l in capture {
+        tasks.push(
+            tokio::spawn(crate::proxy::outbound::serve_capture(
+                inputs.clone(),
+                pod.clone(),
+                l,
+            ))
+            .abort_handle(),
+        );
+    }
+    for l in loopback {
+        tasks.push(
+            tokio::spawn(crate::proxy::outbound::serve_loopback(
+                inputs.clone(),
+                pod.clone(),
+                l,
+            ))
+            .abort_handle(),
+        );
+    }
+    for l in hop {
+        tasks.push(
+            tokio::spawn(crate::proxy::hop::serve_inbound(
+                inputs.clone(),
+                pod.clone(),
+                l,
+            ))
+            .abort_handle(),
+        );
+    }
+    if let Some(s) = udp {
+        tasks.push(
+            tokio::spawn(crate::proxy::udp::serve_udp(inputs.clone(), pod.clone(), s))
+                .abort_handle(),
+        );
+    }
+    tasks.extend(crate::node::dns::serve(&shared.dns, &pod, dns_udp, dns_tcp));
+    Ok(tasks)
+}
