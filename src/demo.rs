@@ -22,6 +22,8 @@ pub struct DemoOptions {
     pub binary: PathBuf,
     /// Prefix of the node namespaces.
     pub prefix: String,
+    /// Prefix of the pods' namespaces.
+    pub netns_prefix: String,
     /// Only these legs (all when empty).
     pub legs: Vec<String>,
     /// The mesh domain.
@@ -88,6 +90,8 @@ pub struct Running {
     pub env: Env,
     /// The summary of nodes and pods.
     pub summary: String,
+    /// Prefix of the pods' namespaces.
+    pub netns_prefix: String,
 }
 
 impl Running {
@@ -138,6 +142,7 @@ pub async fn up(opts: &DemoOptions) -> Result<Running, DemoError> {
     copy_dir(&opts.registry, &registry)?;
     let lab_opts = LabOptions {
         prefix: opts.prefix.clone(),
+        pod_netns_prefix: opts.netns_prefix.clone(),
         binary: opts.binary.clone(),
         ..LabOptions::default()
     };
@@ -169,6 +174,8 @@ pub async fn up(opts: &DemoOptions) -> Result<Running, DemoError> {
             ca_dir.display().to_string(),
             "--mesh-domain".to_owned(),
             opts.mesh_domain.clone(),
+            "--netns-prefix".to_owned(),
+            opts.netns_prefix.clone(),
         ]);
         argv.extend(opts.daemon_args.iter().cloned());
         lab.start_daemon(node, &argv)?;
@@ -226,6 +233,7 @@ pub async fn up(opts: &DemoOptions) -> Result<Running, DemoError> {
         lab: Some(lab),
         env,
         summary,
+        netns_prefix: opts.netns_prefix.clone(),
     })
 }
 
@@ -243,14 +251,15 @@ pub fn try_these(running: &Running) -> String {
         .cluster_ip("mp", "mp-multi")
         .map(|ip| ip.to_string())
         .unwrap_or_default();
+    let p = &running.netns_prefix;
     format!(
         "Try (as root, in another terminal):\n\
-         \x20 ip netns exec mp-client aether probe --dial mp-multi.mp.{mesh}:9090\n\
-         \x20 ip netns exec mp-client aether probe --dial mp-multi.mp.{mesh}:8080 --host mp-multi.mp.{mesh}:9090\n\
-         \x20 ip netns exec mp-client-nocapture aether probe --dial 127.0.0.1:18081 --host mp-eighty.mp.{mesh}\n\
-         \x20 ip netns exec mp-client aether probe --dial {multi}:7777\n\
-         \x20 ip netns exec mp-client aether probe --dial mp-serverfirst.mp.{mesh}:3306 --wait --lines 2\n\
-         (with curl installed: ip netns exec mp-client curl -si http://mp-multi.mp.{mesh}:9090/)\n\
+         \x20 ip netns exec {p}mp-client aether probe --dial mp-multi.mp.{mesh}:9090\n\
+         \x20 ip netns exec {p}mp-client aether probe --dial mp-multi.mp.{mesh}:8080 --host mp-multi.mp.{mesh}:9090\n\
+         \x20 ip netns exec {p}mp-client-nocapture aether probe --dial 127.0.0.1:18081 --host mp-eighty.mp.{mesh}\n\
+         \x20 ip netns exec {p}mp-client aether probe --dial {multi}:7777\n\
+         \x20 ip netns exec {p}mp-client aether probe --dial mp-serverfirst.mp.{mesh}:3306 --wait --lines 2\n\
+         (with curl installed: ip netns exec {p}mp-client curl -si http://mp-multi.mp.{mesh}:9090/)\n\
          Logs: {}/logs\n",
         running
             .lab

@@ -57,6 +57,9 @@ struct NodeArgs {
     /// A CA directory (ca.pem, ca-key.pem), created when missing.
     #[arg(long, env = "AETHER_CA_DIR")]
     ca_dir: Option<PathBuf>,
+    /// Prefix of pods' network namespace names (file mode).
+    #[arg(long, env = "AETHER_NETNS_PREFIX")]
+    netns_prefix: Option<String>,
     /// Admin HTTP on TCP (besides the unix socket).
     #[arg(long, env = "AETHER_ADMIN_ADDR")]
     admin_addr: Option<std::net::SocketAddr>,
@@ -100,6 +103,9 @@ struct DemoArgs {
     /// Prefix of the node namespaces.
     #[arg(long, default_value = "aen")]
     prefix: String,
+    /// Prefix of the pods' network namespaces (empty: the pod names themselves).
+    #[arg(long, default_value = "")]
+    netns_prefix: String,
     /// Run only these legs (repeatable, e.g. --leg A1 --leg N23).
     #[arg(long = "leg")]
     legs: Vec<String>,
@@ -489,7 +495,8 @@ fn node_config(args: &NodeArgs) -> anyhow::Result<aether::node::NodeConfig> {
         service_cidr,
         log_format,
         log_level,
-        drain_timeout_secs
+        drain_timeout_secs,
+        netns_prefix
     );
     macro_rules! set_opt {
         ($($field:ident),*) => {$(
@@ -508,6 +515,7 @@ fn init_logs(format: aether::node::config::LogFormat, level: &str) {
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
     let builder = tracing_subscriber::fmt()
         .with_env_filter(filter)
+        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
         .with_writer(std::io::stderr);
     let _ = match format {
         aether::node::config::LogFormat::Json => builder.json().try_init(),
@@ -538,6 +546,7 @@ fn run_demo(args: &DemoArgs) -> anyhow::Result<ExitCode> {
         run_dir: args.run_dir.clone(),
         binary: std::env::current_exe().context("find the aether binary")?,
         prefix: args.prefix.clone(),
+        netns_prefix: args.netns_prefix.clone(),
         legs: args.legs.clone(),
         mesh_domain: "aether.internal".into(),
         daemon_args: Vec::new(),

@@ -36,6 +36,9 @@ pub struct NodeConfig {
     /// A directory holding `ca.pem` and `ca-key.pem`, created when missing (shared by the
     /// daemons of a local topology). Used when `ca_cert` is not given.
     pub ca_dir: Option<PathBuf>,
+    /// Prefix added to the `aether.io/netns` annotation to name a pod's network namespace
+    /// (file mode; lets several local topologies share one machine).
+    pub netns_prefix: String,
     /// The admin HTTP listener on TCP, in the daemon's own network namespace; the admin unix
     /// socket `<state_dir>/admin.sock` is always served.
     pub admin_addr: Option<SocketAddr>,
@@ -80,6 +83,7 @@ impl Default for NodeConfig {
             ca_key: None,
             ca_dir: None,
             admin_addr: None,
+            netns_prefix: String::new(),
             mesh_domain: "aether.internal".into(),
             cluster_domain: "cluster.local".into(),
             trust_domain: "cluster.local".into(),

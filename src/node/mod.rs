@@ -177,9 +177,12 @@ pub async fn run(config: NodeConfig) -> Result<(), NodeError> {
     let cni_pods = Arc::new(Mutex::new(CniPods::new()));
     let (ready_tx, ready_rx) = watch::channel(false);
 
-    // The first reconcile: every local pod (present = desired).
-    reconcile(&config, &shared, &pods, &cni_pods).await;
-    let _ = ready_tx.send(true);
+    // The first reconcile: every local pod (present = desired). Ready only once every local
+    // pod is served; failed pods are retried.
+    let all_served = reconcile(&config, &shared, &pods, &cni_pods).await;
+    let _ = ready_tx.send(all_served);
+    let mut retry = tokio::time::interval(Duration::from_secs(2));
+    retry.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
 
     // Admin: /ready, /live, /metrics, /pods, /model.
     let admin = admin::Admin {
@@ -247,11 +250,16 @@ pub async fn run(config: NodeConfig) -> Result<(), NodeError> {
                         let generation = handle.publish(l.model);
                         dns_table.store(Arc::new(l.dns));
                         info!(generation, "model published");
-                        reconcile(&config, &shared, &pods, &cni_pods).await;
+                        let ok = reconcile(&config, &shared, &pods, &cni_pods).await;
+                        let _ = ready_tx.send(ok);
                     }
                     // A failed load keeps the previous model.
                     Err(e) => error!(error = %crate::DisplayChain(&e), "registry reload failed; keeping the previous model"),
                 }
+            }
+            _ = retry.tick(), if !*ready_tx.borrow() => {
+                let ok = reconcile(&config, &shared, &pods, &cni_pods).await;
+                let _ = ready_tx.send(ok);
             }
             Some(req) = cni_rx.recv() => {
                 let outcome = {
@@ -266,7 +274,8 @@ pub async fn run(config: NodeConfig) -> Result<(), NodeError> {
                     }
                     Ok(())
                 };
-                reconcile(&config, &shared, &pods, &cni_pods).await;
+                let ok = reconcile(&config, &shared, &pods, &cni_pods).await;
+                let _ = ready_tx.send(ok);
                 let _ = req.reply.send(outcome);
             }
         }
@@ -283,19 +292,22 @@ pub async fn run(config: NodeConfig) -> Result<(), NodeError> {
     Ok(())
 }
 
+/// Reconcile the local pods with the current model; whether every one is served.
 async fn reconcile(
     config: &NodeConfig,
     shared: &Shared,
     pods: &Arc<Mutex<Pods>>,
     cni_pods: &Arc<Mutex<CniPods>>,
-) {
+) -> bool {
     let model = shared.inputs.model.load();
     let known = cni_pods.lock().await.clone();
-    let want = pods::desired(&model, &config.node_name, &known);
+    let want = pods::desired(&model, &config.node_name, &config.netns_prefix, &known);
     let failed = pods.lock().await.reconcile(shared, want).await;
+    let all = failed.is_empty();
     for ((ns, pod), e) in failed {
-        error!(namespace = %ns, pod = %pod, error = %crate::DisplayChain(&e), "pod not served");
+        error!(namespace = %ns, pod = %pod, error = %crate::DisplayChain(&e), "pod not served; retrying");
     }
+    all
 }
 
 /// Stop accepting, then wait (bounded) for connections to finish.

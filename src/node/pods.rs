@@ -57,7 +57,12 @@ pub struct Pods {
 pub type CniPods = BTreeMap<(String, String), PathBuf>;
 
 /// The local pods a model asks for.
-pub fn desired(model: &Model, node: &str, cni: &CniPods) -> BTreeMap<(String, String), Desired> {
+pub fn desired(
+    model: &Model,
+    node: &str,
+    netns_prefix: &str,
+    cni: &CniPods,
+) -> BTreeMap<(String, String), Desired> {
     let udp = model.has_udp_routes();
     let mut out = BTreeMap::new();
     for p in model.pods() {
@@ -68,7 +73,9 @@ pub fn desired(model: &Model, node: &str, cni: &CniPods) -> BTreeMap<(String, St
         let netns = match (cni.get(&key), &p.netns) {
             (Some(path), _) => path.clone(),
             (None, Some(name)) if name.contains('/') => PathBuf::from(name),
-            (None, Some(name)) => PathBuf::from(crate::netns::NETNS_DIR).join(name),
+            (None, Some(name)) => {
+                PathBuf::from(crate::netns::NETNS_DIR).join(format!("{netns_prefix}{name}"))
+            }
             (None, None) => continue,
         };
         let ipv4 = p.ips.iter().find_map(|ip| match ip {
