@@ -212,7 +212,7 @@ pub async fn up(opts: &DemoOptions) -> Result<Running, DemoError> {
     }
     let mut clients = std::collections::BTreeMap::new();
     for pod in &planned.plan.pods {
-        if pod.name.starts_with("mp-client")
+        if (pod.name.starts_with("mp-client") || pod.name == "ext-http-0")
             && let Some(ns) = lab.pod_netns(&pod.namespace, &pod.name)
         {
             clients.insert(pod.name.clone(), ns);
@@ -228,6 +228,7 @@ pub async fn up(opts: &DemoOptions) -> Result<Running, DemoError> {
             variants: opts.variants.clone(),
             admin_sockets: sockets.into_iter().map(|(_, s)| s).collect(),
         }),
+        ca_dir: Some(ca_dir),
     };
     Ok(Running {
         lab: Some(lab),

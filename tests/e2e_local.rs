@@ -27,7 +27,10 @@ fn missing_requirement() -> Option<String> {
 #[test]
 fn every_leg_through_real_sockets() {
     if let Some(why) = missing_requirement() {
-        assert!(std::env::var_os("CI").is_none(), "e2e suite cannot run in CI: {why}");
+        assert!(
+            std::env::var_os("CI").is_none(),
+            "e2e suite cannot run in CI: {why}"
+        );
         println!("SKIPPED: {why}");
         return;
     }
@@ -36,7 +39,14 @@ fn every_leg_through_real_sockets() {
     let json = run_dir.with_extension("json");
     let out = Command::new(env!("CARGO_BIN_EXE_aether"))
         .current_dir(root)
-        .args(["demo", "--check", "--prefix", "aee", "--netns-prefix", "e2e-"])
+        .args([
+            "demo",
+            "--check",
+            "--prefix",
+            "aee",
+            "--netns-prefix",
+            "e2e-",
+        ])
         .arg("--run-dir")
         .arg(&run_dir)
         .arg("--json")
@@ -54,12 +64,14 @@ fn every_leg_through_real_sockets() {
     // The table must really list the legs, all passed, none skipped.
     let results: Vec<serde_json::Value> =
         serde_json::from_str(&std::fs::read_to_string(&json).expect("leg results")).unwrap();
-    assert!(results.len() >= 47, "only {} legs ran", results.len());
+    assert!(results.len() >= 52, "only {} legs ran", results.len());
     for r in &results {
         assert_eq!(r["ok"], true, "{r}");
         assert!(r["skipped"].is_null(), "{r}");
     }
-    for id in ["A1", "A13", "N19", "N23", "N28"] {
+    for id in [
+        "A1", "A13", "N19", "N23", "N28", "SWAP", "CNI", "BADSNI", "BADPEER", "BADHTTP",
+    ] {
         assert!(results.iter().any(|r| r["id"] == id), "leg {id} missing");
     }
     let _ = std::fs::remove_file(&json);

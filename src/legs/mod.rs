@@ -6,6 +6,7 @@
 //! string, and the time bounds.
 
 mod catalogue;
+mod extra;
 
 use std::collections::BTreeMap;
 use std::net::{IpAddr, SocketAddr};
@@ -18,6 +19,7 @@ use crate::netns::Netns;
 use crate::workload::probe::{Connector, Dial, Outcome, Probe, Resolver, Send};
 
 pub use catalogue::{LEGS, Leg};
+pub use extra::{EXTRA, Extra};
 
 /// Where the legs run.
 #[derive(Debug)]
@@ -33,6 +35,8 @@ pub struct Env {
     pub mesh_domain: String,
     /// Registry control, for the legs that need a route overlay (None skips them).
     pub registry: Option<RegistryControl>,
+    /// The mesh's CA directory (the bad-peer legs issue their own certificates from it).
+    pub ca_dir: Option<PathBuf>,
 }
 
 /// How the runner changes the registry the daemons watch.
@@ -255,6 +259,23 @@ pub async fn run(env: &Env, filter: Option<&[String]>) -> Vec<LegResult> {
             ok,
             skipped,
             detail,
+            ms: u64::try_from(started.elapsed().as_millis()).unwrap_or(u64::MAX),
+        });
+    }
+    for extra in EXTRA {
+        if let Some(f) = filter
+            && !f.iter().any(|id| id.eq_ignore_ascii_case(extra.id))
+        {
+            continue;
+        }
+        let started = crate::time::now();
+        let outcome = (extra.run)(env).await;
+        out.push(LegResult {
+            id: extra.id,
+            title: extra.title,
+            ok: outcome.is_ok(),
+            skipped: None,
+            detail: outcome.unwrap_or_else(|e| e),
             ms: u64::try_from(started.elapsed().as_millis()).unwrap_or(u64::MAX),
         });
     }

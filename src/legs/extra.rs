@@ -1,0 +1,346 @@
+//! Legs of issue #3 beyond spec/legs.md: a model swap under load, the CNI socket, and bad input
+//! on the wire (an unknown SNI on 18008, a peer of another trust domain or another CA, a request
+//! head the parser rejects).
+
+use std::future::Future;
+use std::net::SocketAddr;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::time::Duration;
+
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::TcpStream;
+
+use super::{Check, Env, answer, echo, loopback, name, probe};
+use crate::identity::{Ca, Identities, IdentitySettings, client_config};
+use crate::workload::probe::{Connector, HttpRequest, Send};
+
+/// One extra leg.
+pub struct Extra {
+    /// Its id.
+    pub id: &'static str,
+    /// What it checks.
+    pub title: &'static str,
+    /// The leg.
+    pub run: for<'a> fn(&'a Env) -> Pin<Box<dyn Future<Output = Check> + std::marker::Send + 'a>>,
+}
+
+impl std::fmt::Debug for Extra {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "Extra({})", self.id)
+    }
+}
+
+/// The extra legs, run after the catalogue.
+pub static EXTRA: &[Extra] = &[
+    Extra {
+        id: "SWAP",
+        title: "model swaps under load drop no established connection",
+        run: |e| Box::pin(swap(e)),
+    },
+    Extra {
+        id: "CNI",
+        title: "the CNI socket: ADD and DEL are answered and applied",
+        run: |e| Box::pin(cni(e)),
+    },
+    Extra {
+        id: "BADSNI",
+        title: "18008: an SNI the pod does not serve closes the handshake",
+        run: |e| Box::pin(bad_sni(e)),
+    },
+    Extra {
+        id: "BADPEER",
+        title: "18008: a peer of another trust domain or CA gets nothing",
+        run: |e| Box::pin(bad_peer(e)),
+    },
+    Extra {
+        id: "BADHTTP",
+        title: "a head the parser rejects: 400 bad-request; oversized: 431",
+        run: |e| Box::pin(bad_http(e)),
+    },
+];
+
+const CLIENT: &str = "mp-client";
+const OUTSIDE: &str = "ext-http-0";
+
+async fn connect(env: &Env, pod: &str, dst: SocketAddr) -> Result<TcpStream, String> {
+    let netns = env
+        .clients
+        .get(pod)
+        .ok_or_else(|| format!("{pod} is not in the topology"))?;
+    let socket = Connector::in_netns(netns.clone(), env.home.clone())
+        .tcp_socket(dst)
+        .map_err(|e| e.to_string())?;
+    tokio::time::timeout(Duration::from_secs(3), socket.connect(dst))
+        .await
+        .map_err(|_| format!("connect to {dst} timed out"))?
+        .map_err(|e| format!("connect to {dst}: {e}"))
+}
+
+/// Read until `want` has arrived (bounded).
+async fn read_until(s: &mut TcpStream, want: &str) -> Result<String, String> {
+    let mut got = Vec::new();
+    let mut buf = [0u8; 4096];
+    let deadline = crate::time::now() + Duration::from_secs(3);
+    while !String::from_utf8_lossy(&got).contains(want) {
+        let n = tokio::time::timeout_at(deadline.into(), s.read(&mut buf))
+            .await
+            .map_err(|_| {
+                format!(
+                    "waited for {want:?}, got {:?}",
+                    String::from_utf8_lossy(&got)
+                )
+            })?
+            .map_err(|e| format!("read: {e}"))?;
+        if n == 0 {
+            return Err(format!(
+                "closed before {want:?}; got {:?}",
+                String::from_utf8_lossy(&got)
+            ));
+        }
+        got.extend_from_slice(&buf[..n]);
+    }
+    Ok(String::from_utf8_lossy(&got).into_owned())
+}
+
+async fn swap(env: &Env) -> Check {
+    if env.registry.is_none() {
+        return Err("needs registry control".into());
+    }
+    // Two established connections: raw TCP over the hop, and HTTP/1.1 keep-alive.
+    let mixed = env.cluster_ip("mp", "mp-mixed")?;
+    let mut raw = connect(env, CLIENT, SocketAddr::new(mixed, 9000)).await?;
+    raw.write_all(b"one\n").await.map_err(|e| e.to_string())?;
+    read_until(&mut raw, "one").await?;
+    let multi = env.cluster_ip("mp", "mp-multi")?;
+    let mut http = connect(env, CLIENT, SocketAddr::new(multi, 8080)).await?;
+    let request = format!(
+        "GET / HTTP/1.1\r\nHost: {}:8080\r\n\r\n",
+        env.mesh("mp-multi")
+    );
+    http.write_all(request.as_bytes())
+        .await
+        .map_err(|e| e.to_string())?;
+    read_until(&mut http, "mp-multi:8080").await?;
+    // Load while the daemons publish four new models.
+    let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let load = async {
+        let (mut ok, mut failed) = (0u32, Vec::new());
+        while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+            let p = probe(
+                name(&env.mesh("mp-multi"), 8080),
+                Send::Http(HttpRequest::get("/")),
+            );
+            match env.probe(CLIENT, &p).await {
+                Ok(o) if echo(&o, "mp-multi", 8080, None).is_ok() => ok += 1,
+                Ok(o) => failed.push(o.summary()),
+                Err(e) => failed.push(e),
+            }
+        }
+        (ok, failed)
+    };
+    let swaps = async {
+        let mut r = Ok(());
+        for variant in [Some("n12"), None, Some("n12"), None] {
+            r = r.and(env.overlay(variant).await);
+        }
+        stop.store(true, std::sync::atomic::Ordering::Relaxed);
+        r
+    };
+    let ((ok, failed), swapped) = tokio::join!(load, swaps);
+    swapped?;
+    if !failed.is_empty() {
+        return Err(format!(
+            "{} of {} requests failed during swaps: {}",
+            failed.len(),
+            ok as usize + failed.len(),
+            failed[0]
+        ));
+    }
+    // The established connections still work after four swaps.
+    raw.write_all(b"two\n").await.map_err(|e| e.to_string())?;
+    read_until(&mut raw, "two")
+        .await
+        .map_err(|e| format!("raw tcp after the swaps: {e}"))?;
+    http.write_all(request.as_bytes())
+        .await
+        .map_err(|e| e.to_string())?;
+    let second = read_until(&mut http, "mp-multi:8080\n").await;
+    let second = second.map_err(|e| format!("keep-alive after the swaps: {e}"))?;
+    if second.matches("HTTP/1.1 200").count() < 1 {
+        return Err(format!("keep-alive answer after the swaps: {second:?}"));
+    }
+    Ok(format!(
+        "4 swaps, {ok} requests under load, 0 failed; both connections kept"
+    ))
+}
+
+async fn cni(env: &Env) -> Check {
+    let Some(reg) = &env.registry else {
+        return Err("needs the daemons' sockets".into());
+    };
+    let sock = reg.admin_sockets[0].with_file_name("cni.sock");
+    let netns = env
+        .clients
+        .get(CLIENT)
+        .ok_or("mp-client is not in the topology")?
+        .path()
+        .to_path_buf();
+    use crate::capture::cni::{CniCommand, send};
+    let add = CniCommand::Add {
+        namespace: "mp".into(),
+        pod: CLIENT.into(),
+        netns,
+    };
+    tokio::time::timeout(Duration::from_secs(10), send(&sock, &add))
+        .await
+        .map_err(|_| "ADD not answered".to_owned())?
+        .map_err(|e| format!("ADD: {e}"))?;
+    let pods = super::admin_get(&reg.admin_sockets[0], "/pods").await?;
+    if !pods.contains("\"mp-client\"") {
+        return Err(format!("after ADD, /pods lacks mp-client: {pods}"));
+    }
+    // The pod still works through its capture after the ADD (same netns: nothing changes).
+    let o = env
+        .probe(
+            CLIENT,
+            &probe(
+                name(&env.mesh("mp-multi"), 8080),
+                Send::Http(HttpRequest::get("/")),
+            ),
+        )
+        .await?;
+    echo(&o, "mp-multi", 8080, None)?;
+    let del = CniCommand::Del {
+        namespace: "mp".into(),
+        pod: "no-such-pod".into(),
+        netns: None,
+    };
+    tokio::time::timeout(Duration::from_secs(10), send(&sock, &del))
+        .await
+        .map_err(|_| "DEL not answered".to_owned())?
+        .map_err(|e| format!("DEL: {e}"))?;
+    Ok("ADD and DEL answered ok; mp-client served".into())
+}
+
+fn identities(env: &Env, trust_domain: &str, ca: Option<Ca>) -> Result<Arc<Identities>, String> {
+    let ca = match ca {
+        Some(ca) => ca,
+        None => {
+            let dir = env.ca_dir.as_ref().ok_or("no CA directory")?;
+            Ca::load_or_create(dir).map_err(|e| e.to_string())?
+        }
+    };
+    Identities::new(
+        Arc::new(ca),
+        IdentitySettings {
+            trust_domain: trust_domain.into(),
+            mesh_domain: env.mesh_domain.clone(),
+            ..IdentitySettings::default()
+        },
+    )
+    .map(Arc::new)
+    .map_err(|e| e.to_string())
+}
+
+/// Handshake from the unmanaged pod with mp-multi-1's hop; then one HTTP/2 request. `Ok` is the
+/// status, `Err` says where it stopped.
+async fn hop_request(env: &Env, ids: &Arc<Identities>, sni: &str) -> Result<u16, String> {
+    let ip = env.pod_ip("mp", "mp-multi-1")?;
+    let tcp = connect(env, OUTSIDE, SocketAddr::new(ip, 18008)).await?;
+    let config = client_config(ids, "mp", "mp-client", &[crate::proxy::ALPN_HTTP])
+        .map_err(|e| e.to_string())?;
+    let name =
+        rustls::pki_types::ServerName::try_from(sni.to_owned()).map_err(|e| e.to_string())?;
+    let tls = tokio::time::timeout(
+        Duration::from_secs(3),
+        tokio_rustls::TlsConnector::from(config).connect(name, tcp),
+    )
+    .await
+    .map_err(|_| "handshake timed out".to_owned())?
+    .map_err(|e| format!("handshake: {e}"))?;
+    let (mut sender, conn) =
+        hyper::client::conn::http2::Builder::new(hyper_util::rt::TokioExecutor::new())
+            .handshake(hyper_util::rt::TokioIo::new(tls))
+            .await
+            .map_err(|e| format!("http/2: {e}"))?;
+    tokio::spawn(conn);
+    let req = http::Request::builder()
+        .uri(format!("http://{}:8080/", env.mesh("mp-multi")))
+        .body(crate::proxy::respond::empty())
+        .map_err(|e| e.to_string())?;
+    let resp = tokio::time::timeout(Duration::from_secs(3), sender.send_request(req))
+        .await
+        .map_err(|_| "request timed out".to_owned())?
+        .map_err(|e| format!("request: {e}"))?;
+    Ok(resp.status().as_u16())
+}
+
+async fn bad_sni(env: &Env) -> Check {
+    let ids = identities(env, "cluster.local", None)?;
+    let good = format!("8080.mp-multi.mp.{}", env.mesh_domain);
+    let status = hop_request(env, &ids, &good)
+        .await
+        .map_err(|e| format!("control {good}: {e}"))?;
+    if status != 200 {
+        return Err(format!("control {good}: status {status}"));
+    }
+    for sni in [
+        format!("7777.mp-multi.mp.{}", env.mesh_domain),
+        format!("9000.mp-multi.mp.{}", env.mesh_domain),
+        format!("8080.mp-eighty.mp.{}", env.mesh_domain),
+        "unknown.example".to_owned(),
+    ] {
+        match hop_request(env, &ids, &sni).await {
+            Err(e) if e.starts_with("handshake") => {}
+            other => {
+                return Err(format!(
+                    "SNI {sni}: want the handshake closed, got {other:?}"
+                ));
+            }
+        }
+    }
+    Ok("control 200; 4 unknown SNIs: handshake closed".into())
+}
+
+async fn bad_peer(env: &Env) -> Check {
+    let good = format!("8080.mp-multi.mp.{}", env.mesh_domain);
+    let foreign_td = identities(env, "evil.example", None)?;
+    match hop_request(env, &foreign_td, &good).await {
+        Ok(status) => return Err(format!("a peer of trust domain evil.example got {status}")),
+        Err(_) => {}
+    }
+    let other_ca = Ca::generate(crate::time::wall()).map_err(|e| e.to_string())?;
+    let foreign_ca = identities(env, "cluster.local", Some(other_ca))?;
+    match hop_request(env, &foreign_ca, &good).await {
+        Ok(status) => Err(format!("a peer of another CA got {status}")),
+        Err(e) => Ok(format!("other trust domain: refused; other CA: {e}")),
+    }
+}
+
+async fn bad_http(env: &Env) -> Check {
+    let host = format!("{}:8080", env.mesh("mp-multi"));
+    let broken = format!("GET / HTTP/1.1\r\nHost: {host}\r\nthis is not a header\r\n\r\n");
+    for (client, dial) in [
+        (CLIENT, name(&env.mesh("mp-multi"), 8080)),
+        ("mp-client-nocapture", loopback()),
+    ] {
+        let mut p = probe(dial, Send::Raw(broken.clone().into_bytes()));
+        p.until = crate::workload::probe::ReadUntil::Close;
+        let o = env.probe(client, &p).await?;
+        let text = o.body_text();
+        if !(text.starts_with("HTTP/1.1 400") && text.contains("x-aether-error: bad-request")) {
+            return Err(format!("{client}: want 400 bad-request, got {text:?}"));
+        }
+    }
+    let big = Send::Http(HttpRequest {
+        headers: vec![("x-big".into(), "a".repeat(70 * 1024))],
+        host: crate::workload::probe::Host::Values(vec![host]),
+        ..HttpRequest::get("/")
+    });
+    let o = env
+        .probe("mp-client-nocapture", &probe(loopback(), big))
+        .await?;
+    answer(&o, 431, "headers-too-large", None)?;
+    Ok("400 bad-request on both paths; 431 headers-too-large".into())
+}
