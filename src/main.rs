@@ -87,6 +87,21 @@ struct NodeArgs {
     /// Drain bound at shutdown, in seconds.
     #[arg(long, env = "AETHER_DRAIN_TIMEOUT_SECS")]
     drain_timeout_secs: Option<u64>,
+    /// Namespaces never managed (comma-separated).
+    #[arg(long, env = "AETHER_IGNORED_NAMESPACES", value_delimiter = ',')]
+    ignored_namespaces: Option<Vec<String>>,
+    /// Upstream DNS servers for names mesh DNS does not answer (comma-separated `ip:port`).
+    #[arg(long, env = "AETHER_DNS_UPSTREAMS", value_delimiter = ',')]
+    dns_upstreams: Option<Vec<std::net::SocketAddr>>,
+    /// Answer the Kubernetes Service names in mesh DNS (file mode).
+    #[arg(long, env = "AETHER_DNS_KUBERNETES_NAMES")]
+    dns_kubernetes_names: Option<bool>,
+    /// Workload certificate lifetime, in hours.
+    #[arg(long, env = "AETHER_CERT_LIFETIME_HOURS")]
+    cert_lifetime_hours: Option<u64>,
+    /// Quiet time after a registry change before recompiling, in milliseconds.
+    #[arg(long, env = "AETHER_WATCH_DEBOUNCE_MS")]
+    watch_debounce_ms: Option<u64>,
 }
 
 #[derive(Debug, clap::Args)]
@@ -496,7 +511,12 @@ fn node_config(args: &NodeArgs) -> anyhow::Result<aether::node::NodeConfig> {
         log_format,
         log_level,
         drain_timeout_secs,
-        netns_prefix
+        netns_prefix,
+        ignored_namespaces,
+        dns_upstreams,
+        dns_kubernetes_names,
+        cert_lifetime_hours,
+        watch_debounce_ms
     );
     macro_rules! set_opt {
         ($($field:ident),*) => {$(
