@@ -143,7 +143,6 @@ impl Env {
         let Some(reg) = &self.registry else {
             return Err("no registry control".into());
         };
-        let before = generations(&reg.admin_sockets).await?;
         let mut changed = false;
         let entries = std::fs::read_dir(&reg.dir).map_err(|e| e.to_string())?;
         for e in entries.flatten() {
@@ -168,12 +167,14 @@ impl Env {
         if !changed {
             return Ok(());
         }
+        // Done when every daemon has published a model of exactly this directory's content.
+        let want = crate::registry::file::fingerprint(&reg.dir)
+            .map_err(|e| crate::DisplayChain(&e).to_string())?
+            .to_string();
         let deadline = crate::time::now() + Duration::from_secs(10);
         loop {
-            let now = generations(&reg.admin_sockets).await?;
-            if now.iter().zip(&before).all(|(n, b)| n > b) {
-                // Give the last reconcile a moment.
-                tokio::time::sleep(Duration::from_millis(100)).await;
+            let now = fingerprints(&reg.admin_sockets).await?;
+            if now.iter().all(|f| *f == want) {
                 return Ok(());
             }
             if crate::time::now() > deadline {
@@ -186,13 +187,13 @@ impl Env {
     }
 }
 
-/// Each daemon's model generation, from its admin socket.
-pub async fn generations(sockets: &[PathBuf]) -> Result<Vec<u64>, String> {
+/// The registry fingerprint of each daemon's published model, from its admin socket.
+pub async fn fingerprints(sockets: &[PathBuf]) -> Result<Vec<String>, String> {
     let mut out = Vec::new();
     for s in sockets {
         let body = admin_get(s, "/model").await?;
         let v: serde_json::Value = serde_json::from_str(&body).map_err(|e| e.to_string())?;
-        out.push(v["generation"].as_u64().unwrap_or(0));
+        out.push(v["registry_fingerprint"].as_str().unwrap_or("").to_owned());
     }
     Ok(out)
 }

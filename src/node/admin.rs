@@ -22,7 +22,10 @@ pub const ENDPOINTS: &[(&str, &str)] = &[
     ),
     ("/metrics", "Prometheus text exposition"),
     ("/pods", "the pods this node serves, JSON"),
-    ("/model", "the published model's generation and size, JSON"),
+    (
+        "/model",
+        "the published model's generation, registry fingerprint and size, JSON",
+    ),
 ];
 
 /// What the admin endpoints read.
@@ -36,6 +39,8 @@ pub struct Admin {
     pub ready: watch::Receiver<bool>,
     /// This node.
     pub node: String,
+    /// The fingerprint of the registry state the published model was compiled from.
+    pub fingerprint: Arc<std::sync::atomic::AtomicU64>,
 }
 
 fn json(value: &serde_json::Value) -> Response<Body> {
@@ -80,6 +85,7 @@ async fn handle(admin: &Admin, req: &Request<Incoming>) -> Response<Body> {
             json(&serde_json::json!({
                 "node": admin.node,
                 "generation": admin.inputs.model.generation(),
+                "registry_fingerprint": admin.fingerprint.load(std::sync::atomic::Ordering::Acquire).to_string(),
                 "names": model.name_count(),
                 "pods": model.pods().count(),
                 "diagnostics": model.diagnostics.len(),

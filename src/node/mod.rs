@@ -67,6 +67,8 @@ pub enum NodeError {
 struct Loaded {
     model: Model,
     dns: DnsTable,
+    /// The registry's fingerprint, taken before it was read (see `registry::file::fingerprint`).
+    fingerprint: u64,
 }
 
 fn context(config: &NodeConfig) -> NodeContext {
@@ -88,6 +90,14 @@ fn context(config: &NodeConfig) -> NodeContext {
 }
 
 fn load(config: &NodeConfig) -> Result<Loaded, NodeError> {
+    // Taken first: if the directory changes while it is read, the fingerprint is the older one
+    // and the change event brings another load.
+    let fingerprint = crate::registry::file::fingerprint(&config.registry).map_err(|source| {
+        NodeError::Registry {
+            path: config.registry.clone(),
+            source,
+        }
+    })?;
     let loaded = load_dir(&config.registry).map_err(|source| NodeError::Registry {
         path: config.registry.clone(),
         source,
@@ -107,7 +117,11 @@ fn load(config: &NodeConfig) -> Result<Loaded, NodeError> {
     }
     let dns = DnsTable::build(&snapshot, &ctx.domains, config.dns_kubernetes_names);
     let model = compile(&snapshot, &ctx);
-    Ok(Loaded { model, dns })
+    Ok(Loaded {
+        model,
+        dns,
+        fingerprint,
+    })
 }
 
 /// Run the daemon until SIGTERM or SIGINT, then drain.
@@ -123,6 +137,7 @@ pub async fn run(config: NodeConfig) -> Result<(), NodeError> {
     info!(node = %config.node_name, registry = %config.registry.display(),
         pods = first.model.pods().count(), "registry loaded");
     let handle = Arc::new(ModelHandle::new(first.model));
+    let fingerprint = Arc::new(std::sync::atomic::AtomicU64::new(first.fingerprint));
     let dns_table = Arc::new(ArcSwap::from_pointee(first.dns));
 
     let ca = match (&config.ca_cert, &config.ca_key, &config.ca_dir) {
@@ -190,6 +205,7 @@ pub async fn run(config: NodeConfig) -> Result<(), NodeError> {
         pods: pods.clone(),
         ready: ready_rx,
         node: config.node_name.clone(),
+        fingerprint: fingerprint.clone(),
     };
     let admin = Arc::new(admin);
     let admin_sock = state_dir.join("admin.sock");
@@ -249,6 +265,7 @@ pub async fn run(config: NodeConfig) -> Result<(), NodeError> {
                     Ok(l) => {
                         let generation = handle.publish(l.model);
                         dns_table.store(Arc::new(l.dns));
+                        fingerprint.store(l.fingerprint, std::sync::atomic::Ordering::Release);
                         info!(generation, "model published");
                         let ok = reconcile(&config, &shared, &pods, &cni_pods).await;
                         let _ = ready_tx.send(ok);

@@ -185,6 +185,26 @@ pub fn load_dir(dir: &Path) -> Result<FileLoad, FileError> {
     Ok(load_texts(&texts))
 }
 
+/// A fingerprint of the manifests under `dir` (their paths and contents), so that a caller
+/// that changed the directory can tell when a daemon has loaded exactly that state. Stable
+/// within one build of aether (both sides run the same binary); not a security hash.
+pub fn fingerprint(dir: &Path) -> Result<u64, FileError> {
+    use std::hash::{Hash, Hasher};
+    let mut files = Vec::new();
+    collect_files(dir, &mut files)?;
+    files.sort();
+    let mut hasher = std::hash::DefaultHasher::new();
+    for path in files {
+        let text = std::fs::read(&path).map_err(|source| FileError::ReadDir {
+            path: path.clone(),
+            source,
+        })?;
+        path.strip_prefix(dir).unwrap_or(&path).hash(&mut hasher);
+        text.hash(&mut hasher);
+    }
+    Ok(hasher.finish())
+}
+
 fn collect_files(dir: &Path, out: &mut Vec<PathBuf>) -> Result<(), FileError> {
     let read_dir_error = |source| FileError::ReadDir {
         path: dir.to_path_buf(),
