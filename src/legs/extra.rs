@@ -39,6 +39,11 @@ pub static EXTRA: &[Extra] = &[
         run: |e| Box::pin(swap(e)),
     },
     Extra {
+        id: "RET",
+        title: "a service whose rows vanish is retained: 503 no-endpoints, not 404",
+        run: |e| Box::pin(retained(e)),
+    },
+    Extra {
         id: "CNI",
         title: "the CNI socket: ADD and DEL are answered and applied",
         run: |e| Box::pin(cni(e)),
@@ -342,4 +347,41 @@ async fn bad_http(env: &Env) -> Check {
         .await?;
     answer(&o, 431, "headers-too-large", None)?;
     Ok("400 bad-request on both paths; 431 headers-too-large".into())
+}
+
+async fn retained(env: &Env) -> Check {
+    let Some(reg) = &env.registry else {
+        return Err("needs registry control".into());
+    };
+    let file = reg.dir.join("10-mp-nine.yaml");
+    let aside = reg.dir.with_file_name("10-mp-nine.yaml.aside");
+    std::fs::rename(&file, &aside).map_err(|e| format!("{}: {e}", file.display()))?;
+    let result = async {
+        env.settle().await?;
+        let host = format!("{}:9000", env.mesh("mp-nine"));
+        let mut p = probe(
+            loopback(),
+            Send::Http(HttpRequest {
+                host: crate::workload::probe::Host::Values(vec![host]),
+                ..HttpRequest::get("/")
+            }),
+        );
+        p.timeout = Duration::from_secs(5);
+        let o = env.probe("mp-client-nocapture", &p).await?;
+        answer(&o, 503, "no-endpoints", None)
+    }
+    .await;
+    std::fs::rename(&aside, &file).map_err(|e| format!("{}: {e}", file.display()))?;
+    env.settle().await?;
+    let o = env
+        .probe(
+            CLIENT,
+            &probe(
+                name(&env.mesh("mp-nine"), 9000),
+                Send::Http(HttpRequest::get("/")),
+            ),
+        )
+        .await?;
+    echo(&o, "mp-nine", 9000, None).map_err(|e| format!("after restoring: {e}"))?;
+    result.map(|d| format!("rows gone: {d} after the hold; restored: echo 9000"))
 }

@@ -137,6 +137,27 @@ impl Env {
         format!("{wl}.mp.{}", self.mesh_domain)
     }
 
+    /// Wait until every daemon has published a model of the watched directory as it is now.
+    pub async fn settle(&self) -> Result<(), String> {
+        let Some(reg) = &self.registry else {
+            return Err("no registry control".into());
+        };
+        let want = crate::registry::file::fingerprint(&reg.dir)
+            .map_err(|e| crate::DisplayChain(&e).to_string())?
+            .to_string();
+        let deadline = crate::time::now() + Duration::from_secs(10);
+        loop {
+            let now = fingerprints(&reg.admin_sockets).await?;
+            if now.iter().all(|f| *f == want) {
+                return Ok(());
+            }
+            if crate::time::now() > deadline {
+                return Err("daemons did not publish the registry within 10 s".into());
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+
     /// Replace the overlay: remove every earlier variant's files from the watched registry,
     /// copy `variant`'s (none for `None`), and wait until every daemon published a newer model.
     pub async fn overlay(&self, variant: Option<&str>) -> Result<(), String> {

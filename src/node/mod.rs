@@ -14,7 +14,7 @@ use std::time::Duration;
 
 use arc_swap::ArcSwap;
 use tokio::sync::{Mutex, mpsc, watch};
-use tracing::{error, info, warn};
+use tracing::{debug, error, info, warn};
 
 use crate::capture::cni::{self, CniCommand, CniRequest};
 use crate::dns::table::DnsTable;
@@ -66,6 +66,8 @@ pub enum NodeError {
 /// What one load of the registry produced.
 struct Loaded {
     model: Model,
+    /// The retention state the model was compiled with (spec/model.md §10).
+    retained: Vec<crate::model::snapshot::RetainedPort>,
     dns: DnsTable,
     /// The registry's fingerprint, taken before it was read (see `registry::file::fingerprint`).
     fingerprint: u64,
@@ -89,7 +91,12 @@ fn context(config: &NodeConfig) -> NodeContext {
     }
 }
 
-fn load(config: &NodeConfig) -> Result<Loaded, NodeError> {
+/// Load and compile the registry. `previous` is the model being replaced and its retention
+/// state: HTTP entries whose rows vanished with no evidence are retained (model.md §10).
+fn load(
+    config: &NodeConfig,
+    previous: Option<(&Model, &[crate::model::snapshot::RetainedPort])>,
+) -> Result<Loaded, NodeError> {
     // Taken first: if the directory changes while it is read, the fingerprint is the older one
     // and the change event brings another load.
     let fingerprint = crate::registry::file::fingerprint(&config.registry).map_err(|source| {
@@ -115,10 +122,16 @@ fn load(config: &NodeConfig) -> Result<Loaded, NodeError> {
     for (ns, name) in &report.collisions {
         info!(namespace = %ns, service = %name, "a user Service owns this mesh service's name");
     }
+    if let Some((model, retained)) = previous {
+        snapshot.retained =
+            crate::model::retention::advance(&model.http_ports(), retained, &snapshot, ctx.now_ms);
+    }
     let dns = DnsTable::build(&snapshot, &ctx.domains, config.dns_kubernetes_names);
     let model = compile(&snapshot, &ctx);
+    let retained = snapshot.retained.clone();
     Ok(Loaded {
         model,
+        retained,
         dns,
         fingerprint,
     })
@@ -133,7 +146,8 @@ pub async fn run(config: NodeConfig) -> Result<(), NodeError> {
         source,
     })?;
     let home = Arc::new(Netns::current()?);
-    let first = load(&config)?;
+    let first = load(&config, None)?;
+    let mut retained = first.retained.clone();
     info!(node = %config.node_name, registry = %config.registry.display(),
         pods = first.model.pods().count(), "registry loaded");
     let handle = Arc::new(ModelHandle::new(first.model));
@@ -233,7 +247,7 @@ pub async fn run(config: NodeConfig) -> Result<(), NodeError> {
 
     // Registry changes.
     let (changed_tx, mut changed_rx) = mpsc::channel::<()>(1);
-    let _watcher = watch_registry(&config.registry, changed_tx);
+    let _watcher = watch_registry(&config.registry, changed_tx.clone());
 
     // Certificate rotation.
     let rotating = identities.clone();
@@ -259,10 +273,14 @@ pub async fn run(config: NodeConfig) -> Result<(), NodeError> {
             _ = tokio::signal::ctrl_c() => break,
             _ = term.recv() => break,
             Some(()) = changed_rx.recv() => {
+                // Debounce inside the branch, so no other branch can drop the change.
                 tokio::time::sleep(Duration::from_millis(config.watch_debounce_ms)).await;
                 while changed_rx.try_recv().is_ok() {}
-                match load(&config) {
+                let previous = handle.load();
+                match load(&config, Some((&previous, &retained))) {
                     Ok(l) => {
+                        retained = l.retained.clone();
+                        debug!(retained = retained.len(), "recompiled");
                         let generation = handle.publish(l.model);
                         dns_table.store(Arc::new(l.dns));
                         fingerprint.store(l.fingerprint, std::sync::atomic::Ordering::Release);
@@ -274,9 +292,15 @@ pub async fn run(config: NodeConfig) -> Result<(), NodeError> {
                     Err(e) => error!(error = %crate::DisplayChain(&e), "registry reload failed; keeping the previous model"),
                 }
             }
-            _ = retry.tick(), if !*ready_tx.borrow() => {
-                let ok = reconcile(&config, &shared, &pods, &cni_pods).await;
-                let _ = ready_tx.send(ok);
+            _ = retry.tick(), if !*ready_tx.borrow() || !retained.is_empty() => {
+                if !retained.is_empty() {
+                    // Retained entries expire by the clock: recompile so they go on time.
+                    let _ = changed_tx.try_send(());
+                }
+                if !*ready_tx.borrow() {
+                    let ok = reconcile(&config, &shared, &pods, &cni_pods).await;
+                    let _ = ready_tx.send(ok);
+                }
             }
             Some(req) = cni_rx.recv() => {
                 let outcome = {
