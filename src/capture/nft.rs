@@ -145,6 +145,8 @@ fn already_done(cmd: &IpCommand, stderr: &str) -> bool {
             stderr.contains("No such file or directory")
                 || stderr.contains("No such process")
                 || stderr.contains("Address family not supported")
+                // The routing table was never made (an IPv4-only pod's IPv6 table).
+                || stderr.contains("FIB table does not exist")
         }
     }
 }
