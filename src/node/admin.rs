@@ -58,8 +58,8 @@ fn status(code: StatusCode, text: &'static str) -> Response<Body> {
     r
 }
 
-async fn handle(admin: &Admin, req: &Request<Incoming>) -> Response<Body> {
-    match req.uri().path() {
+async fn handle(admin: &Admin, path: &str) -> Response<Body> {
+    match path {
         "/live" => status(StatusCode::OK, "live\n"),
         "/ready" if *admin.ready.borrow() => status(StatusCode::OK, "ready\n"),
         "/ready" => status(StatusCode::SERVICE_UNAVAILABLE, "not ready\n"),
@@ -101,7 +101,7 @@ where
 {
     let service = hyper::service::service_fn(move |req: Request<Incoming>| {
         let admin = admin.clone();
-        async move { Ok::<_, Infallible>(handle(&admin, &req).await) }
+        async move { Ok::<_, Infallible>(handle(&admin, req.uri().path()).await) }
     });
     let _ = hyper::server::conn::http1::Builder::new()
         .serve_connection(TokioIo::new(io), service)
@@ -119,5 +119,75 @@ pub async fn serve_unix(admin: Arc<Admin>, listener: tokio::net::UnixListener) {
 pub async fn serve_tcp(admin: Arc<Admin>, listener: tokio::net::TcpListener) {
     while let Ok((s, _)) = listener.accept().await {
         tokio::spawn(serve_conn(admin.clone(), s));
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::model::{NodeContext, Snapshot, compile};
+    use crate::proxy::{HopTls, Peer, ProxySettings, Stats, hop::Pool};
+    use crate::state::ModelHandle;
+
+    #[derive(Debug)]
+    struct NoTls;
+
+    impl HopTls for NoTls {
+        fn client(&self, _: &str, _: &str, _: &[u8]) -> Arc<rustls::ClientConfig> {
+            unreachable!("the admin endpoints open no hop")
+        }
+        fn server(&self, _: &str, _: &str) -> Option<Arc<rustls::ServerConfig>> {
+            None
+        }
+        fn peer(&self, _: &[rustls::pki_types::CertificateDer<'_>]) -> Option<Peer> {
+            None
+        }
+    }
+
+    fn admin(ready: bool) -> Admin {
+        let model = compile(&Snapshot::default(), &NodeContext::default());
+        let (tx, rx) = watch::channel(ready);
+        std::mem::forget(tx);
+        Admin {
+            inputs: Arc::new(Inputs {
+                model: Arc::new(ModelHandle::new(model)),
+                tls: Arc::new(NoTls),
+                settings: ProxySettings::default(),
+                pool: Pool::default(),
+                stats: Stats::default(),
+            }),
+            pods: Arc::new(Mutex::new(Pods::default())),
+            ready: rx,
+            node: "node-a".into(),
+            fingerprint: Arc::default(),
+        }
+    }
+
+    #[tokio::test]
+    async fn every_listed_endpoint_answers_and_nothing_else_does() {
+        let admin = admin(true);
+        for (path, _) in ENDPOINTS {
+            let r = handle(&admin, path).await;
+            assert_eq!(r.status(), StatusCode::OK, "{path}");
+        }
+        assert_eq!(
+            handle(&admin, "/nope").await.status(),
+            StatusCode::NOT_FOUND
+        );
+        let body = http_body_util::BodyExt::collect(handle(&admin, "/metrics").await.into_body())
+            .await
+            .unwrap()
+            .to_bytes();
+        let text = String::from_utf8_lossy(&body);
+        assert!(text.contains("aether_mesh_answers_total"), "{text}");
+        assert!(text.contains("aether_model_generation 1"), "{text}");
+    }
+
+    #[tokio::test]
+    async fn not_ready_is_503() {
+        assert_eq!(
+            handle(&admin(false), "/ready").await.status(),
+            StatusCode::SERVICE_UNAVAILABLE
+        );
     }
 }
