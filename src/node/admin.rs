@@ -146,8 +146,8 @@ mod tests {
 
     fn admin(ready: bool) -> Admin {
         let model = compile(&Snapshot::default(), &NodeContext::default());
-        let (tx, rx) = watch::channel(ready);
-        std::mem::forget(tx);
+        // The receiver keeps the last value after the sender is gone.
+        let (_, rx) = watch::channel(ready);
         Admin {
             inputs: Arc::new(Inputs {
                 model: Arc::new(ModelHandle::new(model)),
