@@ -333,8 +333,22 @@ struct ProbeArgs {
     #[arg(long, conflicts_with = "dial")]
     idle: bool,
     /// What to connect to: `<name-or-ip>:<port>` (a name goes through /etc/resolv.conf).
-    #[arg(long, required_unless_present = "idle")]
+    #[arg(long, required_unless_present_any = ["idle", "legs"])]
     dial: Option<String>,
+    /// Run the leg catalogue from here instead: the legs whose client is `--pod`, against the
+    /// manifests of `--registry` (ClusterIPs, pod IPs); legs of other clients, and legs that
+    /// change the registry, are skipped.
+    #[arg(long, conflicts_with_all = ["dial", "idle"])]
+    legs: bool,
+    /// With --legs: the pod this runs in (default: $POD_NAME).
+    #[arg(long, env = "POD_NAME", requires = "legs")]
+    pod: Option<String>,
+    /// With --legs: the manifest directory.
+    #[arg(long, default_value = "config/examples/mp", requires = "legs")]
+    registry: PathBuf,
+    /// With --legs: only these legs (repeatable).
+    #[arg(long = "leg", requires = "legs")]
+    leg: Vec<String>,
     /// Send HTTP/1.1 (the default).
     #[arg(long)]
     http1: bool,
@@ -452,12 +466,45 @@ fn probe_from_args(args: &ProbeArgs, dial: &str) -> anyhow::Result<aether::workl
     Ok(probe)
 }
 
+/// `aether probe --legs`: the catalogue from inside one client pod (the kind suite's way in).
+#[allow(clippy::print_stdout)] // The command's output.
+async fn run_probe_legs(args: &ProbeArgs) -> anyhow::Result<ExitCode> {
+    let pod = args
+        .pod
+        .clone()
+        .context("--legs needs --pod or $POD_NAME: the client pod it runs in")?;
+    let mut snapshot = aether::registry::file::load_dir(&args.registry)
+        .with_context(|| format!("read {}", args.registry.display()))?
+        .snapshot;
+    registrar::complete_snapshot(&mut snapshot, "10.96.0.0/16".parse()?);
+    let here = std::sync::Arc::new(aether::netns::Netns::current()?);
+    let env = aether::legs::Env {
+        home: here.clone(),
+        clients: [(pod, here)].into_iter().collect(),
+        snapshot,
+        mesh_domain: "aether.internal".into(),
+        registry: None,
+        ca_dir: None,
+    };
+    let only = (!args.leg.is_empty()).then_some(args.leg.as_slice());
+    let results = aether::legs::run(&env, only).await;
+    print!("{}", aether::legs::table(&results));
+    Ok(if results.iter().all(|r| r.ok) {
+        ExitCode::SUCCESS
+    } else {
+        ExitCode::from(1)
+    })
+}
+
 fn run_probe(args: &ProbeArgs) -> anyhow::Result<ExitCode> {
     use aether::workload::probe::{Connector, Resolver, idle};
     let rt = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
         .context("start the runtime")?;
+    if args.legs {
+        return rt.block_on(run_probe_legs(args));
+    }
     let Some(dial) = &args.dial else {
         rt.block_on(idle()).context("wait for a signal")?;
         return Ok(ExitCode::SUCCESS);

@@ -11,7 +11,7 @@ use std::time::Duration;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 
-use super::{Check, Env, answer, echo, loopback, name, probe};
+use super::{Check, Env, NOT_HERE, answer, echo, loopback, name, probe};
 use crate::identity::{Ca, Identities, IdentitySettings, client_config};
 use crate::workload::probe::{Connector, HttpRequest, Send};
 
@@ -72,7 +72,7 @@ async fn connect(env: &Env, pod: &str, dst: SocketAddr) -> Result<TcpStream, Str
     let netns = env
         .clients
         .get(pod)
-        .ok_or_else(|| format!("{pod} is not in the topology"))?;
+        .ok_or_else(|| format!("{NOT_HERE}client pod {pod} is not here"))?;
     let socket = Connector::in_netns(netns.clone(), env.home.clone())
         .tcp_socket(dst)
         .map_err(|e| e.to_string())?;
@@ -110,7 +110,7 @@ async fn read_until(s: &mut TcpStream, want: &str) -> Result<String, String> {
 
 async fn swap(env: &Env) -> Check {
     if env.registry.is_none() {
-        return Err("needs registry control".into());
+        return Err(format!("{NOT_HERE}needs registry control"));
     }
     // Two established connections: raw TCP over the hop, and HTTP/1.1 keep-alive.
     let mixed = env.cluster_ip("mp", "mp-mixed")?;
@@ -182,13 +182,13 @@ async fn swap(env: &Env) -> Check {
 
 async fn cni(env: &Env) -> Check {
     let Some(reg) = &env.registry else {
-        return Err("needs the daemons' sockets".into());
+        return Err(format!("{NOT_HERE}needs the daemons' sockets"));
     };
     let sock = reg.admin_sockets[0].with_file_name("cni.sock");
     let netns = env
         .clients
         .get(CLIENT)
-        .ok_or("mp-client is not in the topology")?
+        .ok_or_else(|| format!("{NOT_HERE}client pod mp-client is not here"))?
         .path()
         .to_path_buf();
     use crate::capture::cni::{CniCommand, send};
@@ -232,7 +232,10 @@ fn identities(env: &Env, trust_domain: &str, ca: Option<Ca>) -> Result<Arc<Ident
     let ca = match ca {
         Some(ca) => ca,
         None => {
-            let dir = env.ca_dir.as_ref().ok_or("no CA directory")?;
+            let dir = env
+                .ca_dir
+                .as_ref()
+                .ok_or_else(|| format!("{NOT_HERE}needs the mesh CA"))?;
             Ca::load_or_create(dir).map_err(|e| e.to_string())?
         }
     };
@@ -351,7 +354,7 @@ async fn bad_http(env: &Env) -> Check {
 
 async fn retained(env: &Env) -> Check {
     let Some(reg) = &env.registry else {
-        return Err("needs registry control".into());
+        return Err(format!("{NOT_HERE}needs registry control"));
     };
     let file = reg.dir.join("10-mp-nine.yaml");
     let aside = reg.dir.with_file_name("10-mp-nine.yaml.aside");

@@ -70,6 +70,10 @@ pub struct LegResult {
 /// A leg's own failure text.
 pub type Check = Result<String, String>;
 
+/// The start of a failure that means "this leg cannot run here" (a client pod the runner does
+/// not have, e.g. `aether probe --legs` inside one pod): reported as skipped, not failed.
+pub const NOT_HERE: &str = "not here: ";
+
 /// The workload identity strings: a byte containing any of them is an application's answer.
 pub const WORKLOADS: &[&str] = &[
     "mp-httponly:",
@@ -90,7 +94,7 @@ impl Env {
         let netns = self
             .clients
             .get(pod)
-            .ok_or_else(|| format!("client pod {pod} is not in the topology"))?;
+            .ok_or_else(|| format!("{NOT_HERE}client pod {pod} is not here"))?;
         let ns = self
             .snapshot
             .pods
@@ -271,6 +275,7 @@ pub async fn run(env: &Env, filter: Option<&[String]>) -> Vec<LegResult> {
             };
             match (outcome, reset) {
                 (Ok(d), Ok(())) => (true, None, d),
+                (Err(d), _) if d.contains(NOT_HERE) => (true, Some(d), String::new()),
                 (Err(d), _) => (false, None, d),
                 (Ok(_), Err(e)) => (false, None, format!("removing the overlay: {e}")),
             }
@@ -292,11 +297,15 @@ pub async fn run(env: &Env, filter: Option<&[String]>) -> Vec<LegResult> {
         }
         let started = crate::time::now();
         let outcome = (extra.run)(env).await;
+        let skipped = match &outcome {
+            Err(d) if d.contains(NOT_HERE) => Some(d.clone()),
+            _ => None,
+        };
         out.push(LegResult {
             id: extra.id,
             title: extra.title,
-            ok: outcome.is_ok(),
-            skipped: None,
+            ok: outcome.is_ok() || skipped.is_some(),
+            skipped,
             detail: outcome.unwrap_or_else(|e| e),
             ms: u64::try_from(started.elapsed().as_millis()).unwrap_or(u64::MAX),
         });
