@@ -163,7 +163,7 @@ impl Env {
     }
 
     /// Replace the overlay: remove every earlier variant's files from the watched registry,
-    /// copy `variant`'s (none for `None`), and wait until every daemon published a newer model.
+    /// copy `variant`'s (none for `None`), and wait until every daemon published exactly that.
     pub async fn overlay(&self, variant: Option<&str>) -> Result<(), String> {
         let Some(reg) = &self.registry else {
             return Err("no registry control".into());
@@ -193,22 +193,9 @@ impl Env {
             return Ok(());
         }
         // Done when every daemon has published a model of exactly this directory's content.
-        let want = crate::registry::file::fingerprint(&reg.dir)
-            .map_err(|e| crate::DisplayChain(&e).to_string())?
-            .to_string();
-        let deadline = crate::time::now() + Duration::from_secs(10);
-        loop {
-            let now = fingerprints(&reg.admin_sockets).await?;
-            if now.iter().all(|f| *f == want) {
-                return Ok(());
-            }
-            if crate::time::now() > deadline {
-                return Err(format!(
-                    "daemons did not publish the overlay {variant:?} within 10 s"
-                ));
-            }
-            tokio::time::sleep(Duration::from_millis(50)).await;
-        }
+        self.settle()
+            .await
+            .map_err(|e| format!("overlay {variant:?}: {e}"))
     }
 }
 

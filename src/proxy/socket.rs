@@ -87,14 +87,18 @@ impl PodNet {
         }
     }
 
-    /// A TCP listener on `addr` in the pod (transparent for the capture port).
-    pub fn tcp_listener(
+    /// A socket bound to `addr` inside the pod, with the mark, non-blocking (and listening, for
+    /// TCP).
+    fn bound(
         &self,
+        kind: Type,
         addr: SocketAddr,
         transparent: bool,
-    ) -> Result<TcpListener, SocketError> {
+    ) -> Result<Socket, SocketError> {
+        let stream = kind == Type::STREAM;
         let socket = self.netns.run(&self.home, || -> io::Result<Socket> {
-            let s = Socket::new(Domain::for_address(addr), Type::STREAM, Some(Protocol::TCP))?;
+            let protocol = if stream { Protocol::TCP } else { Protocol::UDP };
+            let s = Socket::new(Domain::for_address(addr), kind, Some(protocol))?;
             s.set_reuse_address(true)?;
             if addr.is_ipv6() {
                 s.set_only_v6(true)?;
@@ -105,10 +109,21 @@ impl PodNet {
             s.set_mark(SOCKET_MARK)?;
             s.set_nonblocking(true)?;
             s.bind(&addr.into())?;
-            s.listen(1024)?;
+            if stream {
+                s.listen(1024)?;
+            }
             Ok(s)
         })?;
-        let socket = socket.map_err(io_err("listen on", addr))?;
+        socket.map_err(io_err(if stream { "listen on" } else { "bind UDP" }, addr))
+    }
+
+    /// A TCP listener on `addr` in the pod (transparent for the capture port).
+    pub fn tcp_listener(
+        &self,
+        addr: SocketAddr,
+        transparent: bool,
+    ) -> Result<TcpListener, SocketError> {
+        let socket = self.bound(Type::STREAM, addr, transparent)?;
         TcpListener::from_std(socket.into()).map_err(io_err("register listener", addr))
     }
 
@@ -119,21 +134,7 @@ impl PodNet {
         addr: SocketAddr,
         transparent: bool,
     ) -> Result<UdpSocket, SocketError> {
-        let socket = self.netns.run(&self.home, || -> io::Result<Socket> {
-            let s = Socket::new(Domain::for_address(addr), Type::DGRAM, Some(Protocol::UDP))?;
-            s.set_reuse_address(true)?;
-            if addr.is_ipv6() {
-                s.set_only_v6(true)?;
-            }
-            if transparent {
-                set_transparent(&SockRef::from(&s), addr)?;
-            }
-            s.set_mark(SOCKET_MARK)?;
-            s.set_nonblocking(true)?;
-            s.bind(&addr.into())?;
-            Ok(s)
-        })?;
-        let socket = socket.map_err(io_err("bind UDP", addr))?;
+        let socket = self.bound(Type::DGRAM, addr, transparent)?;
         UdpSocket::from_std(socket.into()).map_err(io_err("register UDP socket", addr))
     }
 
