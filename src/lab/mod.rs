@@ -18,8 +18,7 @@ pub mod manifest;
 pub mod plan;
 pub mod run;
 
-use std::io;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 
 use ipnet::IpNet;
 
@@ -64,36 +63,6 @@ pub fn plan_dir(
 
 /// The first container's environment of every Pod manifest under `dir` (see [`manifest`]).
 pub fn read_pod_env(dir: &Path) -> Result<PodEnv, LabError> {
-    let mut files = Vec::new();
-    collect_yaml(dir, &mut files).map_err(|source| LabError::Io {
-        path: dir.to_path_buf(),
-        source,
-    })?;
-    files.sort();
-    let mut texts = Vec::with_capacity(files.len());
-    for path in files {
-        let text = std::fs::read_to_string(&path).map_err(|source| LabError::Io {
-            path: path.clone(),
-            source,
-        })?;
-        texts.push(text);
-    }
-    Ok(manifest::parse_pod_env(texts.iter().map(String::as_str)))
-}
-
-fn collect_yaml(dir: &Path, out: &mut Vec<PathBuf>) -> io::Result<()> {
-    for entry in std::fs::read_dir(dir)? {
-        let entry = entry?;
-        let path = entry.path();
-        if entry.file_type()?.is_dir() {
-            collect_yaml(&path, out)?;
-        } else if path
-            .extension()
-            .and_then(|e| e.to_str())
-            .is_some_and(|e| e == "yaml" || e == "yml")
-        {
-            out.push(path);
-        }
-    }
-    Ok(())
+    let texts = crate::registry::file::read_manifests(dir)?;
+    Ok(manifest::parse_pod_env(texts.iter().map(|(_, t)| t.as_str())))
 }

@@ -171,6 +171,11 @@ pub enum FileError {
 
 /// Reads every manifest under `dir` and converts it into a [`Snapshot`] (see the module doc).
 pub fn load_dir(dir: &Path) -> Result<FileLoad, FileError> {
+    Ok(load_texts(&read_manifests(dir)?))
+}
+
+/// Every `.yaml`/`.yml` file under `dir` (recursively), sorted by path, with its text.
+pub fn read_manifests(dir: &Path) -> Result<Vec<(PathBuf, String)>, FileError> {
     let mut files = Vec::new();
     collect_files(dir, &mut files)?;
     files.sort();
@@ -182,7 +187,7 @@ pub fn load_dir(dir: &Path) -> Result<FileLoad, FileError> {
         })?;
         texts.push((path, text));
     }
-    Ok(load_texts(&texts))
+    Ok(texts)
 }
 
 /// A fingerprint of the manifests under `dir` (their paths and contents), so that a caller
@@ -190,15 +195,8 @@ pub fn load_dir(dir: &Path) -> Result<FileLoad, FileError> {
 /// within one build of aether (both sides run the same binary); not a security hash.
 pub fn fingerprint(dir: &Path) -> Result<u64, FileError> {
     use std::hash::{Hash, Hasher};
-    let mut files = Vec::new();
-    collect_files(dir, &mut files)?;
-    files.sort();
     let mut hasher = std::hash::DefaultHasher::new();
-    for path in files {
-        let text = std::fs::read(&path).map_err(|source| FileError::ReadDir {
-            path: path.clone(),
-            source,
-        })?;
+    for (path, text) in read_manifests(dir)? {
         path.strip_prefix(dir).unwrap_or(&path).hash(&mut hasher);
         text.hash(&mut hasher);
     }
