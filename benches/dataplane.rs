@@ -9,7 +9,10 @@
 //! Per target: HTTP/1.1 latency on one keep-alive connection (p50/p99), HTTP/1.1 requests per
 //! second over a fixed time on a few keep-alive connections, and bulk TCP through the raw echo.
 //! Each figure is measured in [`ROUNDS`] rounds, mesh and direct back to back with the order
-//! alternating, and the median round is printed. Nothing is asserted about speed.
+//! alternating. Two tables are printed: the first round, and the median round. They differ
+//! because the destination daemon opens one connection to the application per request, and the
+//! TIME_WAIT sockets it leaves in the server pod (printed per round) outlive a round. Nothing is
+//! asserted about speed.
 //!
 //! Run as root: `cargo bench --bench dataplane`. Without root it prints `SKIPPED: needs root`.
 #![allow(clippy::print_stdout, missing_docs)] // A benchmark harness reports on stdout.
@@ -29,6 +32,7 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 
 use aether::demo::{DemoOptions, Running};
+use aether::netns::Netns;
 use aether::time::now;
 use aether::workload::probe::Connector;
 
@@ -159,9 +163,11 @@ async fn measure(running: &Running) -> Result<()> {
                 let f = http_round(&paths[i], t)
                     .await
                     .with_context(|| format!("{} via {}", t.label, paths[i].name))?;
+                let tw = time_wait(lab, t.pod, &env.home);
                 println!(
-                    "  {:<45} {:<6} round {round}: p50 {:>7.1} µs  p99 {:>7.1} µs  {:>8.0} req/s",
-                    t.label, paths[i].name, f.p50_us, f.p99_us, f.rps
+                    "  {:<45} {:<6} round {round}: p50 {:>7.1} µs  p99 {:>7.1} µs  {:>8.0} req/s  \
+                     (TIME_WAIT in {}: {tw})",
+                    t.label, paths[i].name, f.p50_us, f.p99_us, f.rps, t.pod
                 );
                 per_path[i].push(f);
             }
@@ -186,6 +192,23 @@ async fn measure(running: &Running) -> Result<()> {
     }
     report(&rows, &bulk, bulk_pod);
     Ok(())
+}
+
+/// TCP sockets in TIME_WAIT inside a pod's namespace (`/proc/thread-self/net/tcp`, state 06):
+/// the mesh opens one connection to the application per request, from the pod's side.
+fn time_wait(lab: &aether::lab::run::Lab, pod: &str, home: &Netns) -> String {
+    let Some(ns) = lab.pod_netns("mp", pod) else {
+        return "?".into();
+    };
+    let read = || std::fs::read_to_string("/proc/thread-self/net/tcp");
+    match ns.run(home, read) {
+        Ok(Ok(t)) => t
+            .lines()
+            .filter(|l| l.split_whitespace().nth(3) == Some("06"))
+            .count()
+            .to_string(),
+        _ => "?".into(),
+    }
 }
 
 /// Mesh first on even rounds, direct first on odd ones.
@@ -322,7 +345,7 @@ async fn bulk_round(connector: &Connector, addr: SocketAddr, pod: &str) -> Resul
     Ok(BULK_BYTES as f64 / (1 << 20) as f64 / secs)
 }
 
-fn median(v: &[Figures], f: impl Fn(&Figures) -> f64) -> f64 {
+fn median(v: &[Figures], f: &dyn Fn(&Figures) -> f64) -> f64 {
     let mut xs: Vec<f64> = v.iter().map(f).collect();
     xs.sort_by(f64::total_cmp);
     xs[xs.len() / 2]
@@ -343,11 +366,34 @@ fn report(rows: &[(String, [Vec<Figures>; 2])], bulk: &[Vec<Figures>; 2], bulk_p
     println!();
     println!("machine: {cores} cores, {cpu}, kernel {}", kernel.trim());
     println!(
-        "median of {ROUNDS} rounds; latency: {LATENCY_REQUESTS} sequential requests on one \
+        "{ROUNDS} rounds; latency: {LATENCY_REQUESTS} sequential requests on one \
          connection; req/s: {RPS_CONNECTIONS} keep-alive connections for {} s; bulk: {} MiB",
         RPS_DURATION.as_secs(),
         BULK_BYTES >> 20
     );
+    let first = |v: &[Figures], f: &dyn Fn(&Figures) -> f64| v.first().map_or(0.0, f);
+    let med = |v: &[Figures], f: &dyn Fn(&Figures) -> f64| median(v, f);
+    table("first round", rows, bulk, bulk_pod, &first);
+    table(
+        &format!("median of {ROUNDS} rounds"),
+        rows,
+        bulk,
+        bulk_pod,
+        &med,
+    );
+}
+
+type Pick<'a> = dyn Fn(&[Figures], &dyn Fn(&Figures) -> f64) -> f64 + 'a;
+
+fn table(
+    title: &str,
+    rows: &[(String, [Vec<Figures>; 2])],
+    bulk: &[Vec<Figures>; 2],
+    bulk_pod: &str,
+    pick: &Pick<'_>,
+) {
+    println!();
+    println!("{title}:");
     println!();
     println!("| figure | target | mesh | direct | mesh/direct |");
     println!("|---|---|---|---|---|");
@@ -358,15 +404,15 @@ fn report(rows: &[(String, [Vec<Figures>; 2])], bulk: &[Vec<Figures>; 2], bulk_p
         );
     };
     for (label, [mesh, direct]) in rows {
-        let p50 = |v: &[Figures]| median(v, |f| f.p50_us);
-        let p99 = |v: &[Figures]| median(v, |f| f.p99_us);
-        let rps = |v: &[Figures]| median(v, |f| f.rps);
+        let p50 = |v: &[Figures]| pick(v, &|f| f.p50_us);
+        let p99 = |v: &[Figures]| pick(v, &|f| f.p99_us);
+        let rps = |v: &[Figures]| pick(v, &|f| f.rps);
         line("latency p50", label, p50(mesh), p50(direct), "µs");
         line("latency p99", label, p99(mesh), p99(direct), "µs");
         line("req/s", label, rps(mesh), rps(direct), "");
     }
     let [mesh, direct] = bulk;
-    let mib = |v: &[Figures]| median(v, |f| f.bulk_mib_s);
+    let mib = |v: &[Figures]| pick(v, &|f| f.bulk_mib_s);
     line(
         "bulk TCP",
         &format!("{bulk_pod}:9000 (raw echo)"),
