@@ -1,0 +1,423 @@
+//! Data-plane benchmark (issue #3): the fixture mesh of `config/examples/mp` on one machine,
+//! measured through the full path against direct pod-to-pod, in one run.
+//!
+//! - **mesh**: from `mp-client` (managed, captured, node-a) to a pod IP on node-b: the client's
+//!   daemon captures the dial, crosses the mTLS hop, and node-b's daemon delivers to the pod.
+//! - **direct**: from `ext-http-0` (unmanaged, no capture, node-a) to the same pod IP and port;
+//!   inbound traffic to a pod is not intercepted, so the only difference is the mesh.
+//!
+//! Per target: HTTP/1.1 latency on one keep-alive connection (p50/p99), HTTP/1.1 requests per
+//! second over a fixed time on a few keep-alive connections, and bulk TCP through the raw echo.
+//! Each figure is measured in [`ROUNDS`] rounds, mesh and direct back to back with the order
+//! alternating. Two tables are printed: the first round, and the median round. They differ
+//! because the destination daemon opens one connection to the application per request, and the
+//! TIME_WAIT sockets it leaves in the server pod (printed per round) outlive a round. Nothing is
+//! asserted about speed.
+//!
+//! Run as root: `cargo bench --bench dataplane`. Without root it prints `SKIPPED: needs root`.
+#![allow(clippy::print_stdout, missing_docs)] // A benchmark harness reports on stdout.
+
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::Duration;
+
+use anyhow::{Context, Result, bail, ensure};
+use bytes::Bytes;
+use http::{Request, StatusCode, header::HOST};
+use http_body_util::{BodyExt, Empty};
+use hyper::client::conn::http1::SendRequest;
+use hyper_util::rt::TokioIo;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::TcpStream;
+
+use aether::demo::{DemoOptions, Running};
+use aether::netns::Netns;
+use aether::time::now;
+use aether::workload::probe::Connector;
+
+const ROUNDS: usize = 3;
+/// Sequential requests on one connection, per round (after [`WARMUP`]).
+const LATENCY_REQUESTS: usize = 2000;
+const WARMUP: usize = 100;
+/// Concurrent keep-alive connections of the throughput figure.
+const RPS_CONNECTIONS: usize = 4;
+const RPS_DURATION: Duration = Duration::from_secs(4);
+const BULK_BYTES: usize = 64 << 20;
+const CHUNK: usize = 64 << 10;
+
+/// One way from a client pod to a server pod.
+struct Path2 {
+    name: &'static str,
+    connector: Connector,
+}
+
+/// An HTTP target: the server pod, its IP and port, and the `Host` a mesh client sends.
+struct HttpTarget {
+    label: &'static str,
+    pod: &'static str,
+    addr: SocketAddr,
+    host: String,
+    /// A response header only the mesh adds (a MeshFilter), to prove which path answered.
+    mesh_header: Option<&'static str>,
+}
+
+#[derive(Clone, Copy, Default)]
+struct Figures {
+    p50_us: f64,
+    p99_us: f64,
+    rps: f64,
+    bulk_mib_s: f64,
+}
+
+fn main() -> Result<()> {
+    if !nix::unistd::geteuid().is_root() {
+        println!("SKIPPED: needs root");
+        return Ok(());
+    }
+    // One client thread: the daemons and the echo servers share the machine's cores with it.
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .context("start the runtime")?;
+    rt.block_on(async {
+        wait_for_free_fixture().await?;
+        let opts = DemoOptions {
+            registry: repo("config/examples/mp"),
+            variants: repo("config/examples/variants"),
+            run_dir: PathBuf::from("/tmp/aether-bench"),
+            binary: PathBuf::from(env!("CARGO_BIN_EXE_aether")),
+            prefix: "aeb".into(),
+            legs: Vec::new(),
+            mesh_domain: "aether.internal".into(),
+            daemon_args: Vec::new(),
+        };
+        println!("bringing the fixture mesh up in {}", opts.run_dir.display());
+        // `Running` takes the topology down when dropped: on error and on panic too.
+        let running = aether::demo::up(&opts).await.context("bring the mesh up")?;
+        let measured = measure(&running).await;
+        running.down().context("take the mesh down")?;
+        measured
+    })
+}
+
+fn repo(rel: &str) -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join(rel)
+}
+
+/// The fixture's pod namespaces have fixed names: wait while another run (`aether demo`) holds them.
+async fn wait_for_free_fixture() -> Result<()> {
+    let held = Path::new(aether::netns::NETNS_DIR).join("mp-client");
+    for _ in 0..60 {
+        if !held.exists() {
+            return Ok(());
+        }
+        println!("{} exists (another mesh is up); waiting", held.display());
+        tokio::time::sleep(Duration::from_secs(10)).await;
+    }
+    bail!("{} still exists after 10 minutes", held.display())
+}
+
+async fn measure(running: &Running) -> Result<()> {
+    let env = &running.env;
+    let lab = running.lab.as_ref().context("the lab is up")?;
+    let client = env.clients.get("mp-client").context("no mp-client")?;
+    let ext = lab
+        .pod_netns("mp-ext", "ext-http-0")
+        .context("no ext-http-0")?;
+    let paths = [
+        Path2 {
+            name: "mesh",
+            connector: Connector::in_netns(Arc::clone(client), env.home.clone()),
+        },
+        Path2 {
+            name: "direct",
+            connector: Connector::in_netns(ext, env.home.clone()),
+        },
+    ];
+    let ip = |pod: &str| env.pod_ip("mp", pod).map_err(anyhow::Error::msg);
+    let targets = [
+        HttpTarget {
+            label: "mp-multi-1:8080 (x-svc + ext_authz filters)",
+            pod: "mp-multi-1",
+            addr: SocketAddr::new(ip("mp-multi-1")?, 8080),
+            host: format!("{}:8080", env.mesh("mp-multi")),
+            mesh_header: Some("x-svc"),
+        },
+        HttpTarget {
+            label: "mp-httponly-1:8080 (no filters)",
+            pod: "mp-httponly-1",
+            addr: SocketAddr::new(ip("mp-httponly-1")?, 8080),
+            host: format!("{}:8080", env.mesh("mp-httponly")),
+            mesh_header: None,
+        },
+    ];
+    let bulk_pod = "mp-mixed-1";
+    let bulk_addr = SocketAddr::new(ip(bulk_pod)?, 9000);
+
+    let mut rows: Vec<(String, [Vec<Figures>; 2])> = Vec::new();
+    for t in &targets {
+        let mut per_path: [Vec<Figures>; 2] = Default::default();
+        for round in 0..ROUNDS {
+            for i in order(round) {
+                let f = http_round(&paths[i], t)
+                    .await
+                    .with_context(|| format!("{} via {}", t.label, paths[i].name))?;
+                let tw = time_wait(lab, t.pod, &env.home);
+                println!(
+                    "  {:<45} {:<6} round {round}: p50 {:>7.1} µs  p99 {:>7.1} µs  {:>8.0} req/s  \
+                     (TIME_WAIT in {}: {tw})",
+                    t.label, paths[i].name, f.p50_us, f.p99_us, f.rps, t.pod
+                );
+                per_path[i].push(f);
+            }
+        }
+        rows.push((t.label.to_owned(), per_path));
+    }
+    let mut bulk: [Vec<Figures>; 2] = Default::default();
+    for round in 0..ROUNDS {
+        for i in order(round) {
+            let mib_s = bulk_round(&paths[i].connector, bulk_addr, bulk_pod)
+                .await
+                .with_context(|| format!("bulk via {}", paths[i].name))?;
+            println!(
+                "  bulk {bulk_pod}:9000 {:<6} round {round}: {mib_s:>8.1} MiB/s",
+                paths[i].name
+            );
+            bulk[i].push(Figures {
+                bulk_mib_s: mib_s,
+                ..Figures::default()
+            });
+        }
+    }
+    report(&rows, &bulk, bulk_pod);
+    Ok(())
+}
+
+/// TCP sockets in TIME_WAIT inside a pod's namespace (`/proc/thread-self/net/tcp`, state 06):
+/// the mesh opens one connection to the application per request, from the pod's side.
+fn time_wait(lab: &aether::lab::run::Lab, pod: &str, home: &Netns) -> String {
+    let Some(ns) = lab.pod_netns("mp", pod) else {
+        return "?".into();
+    };
+    let read = || std::fs::read_to_string("/proc/thread-self/net/tcp");
+    match ns.run(home, read) {
+        Ok(Ok(t)) => t
+            .lines()
+            .filter(|l| l.split_whitespace().nth(3) == Some("06"))
+            .count()
+            .to_string(),
+        _ => "?".into(),
+    }
+}
+
+/// Mesh first on even rounds, direct first on odd ones.
+fn order(round: usize) -> [usize; 2] {
+    if round.is_multiple_of(2) {
+        [0, 1]
+    } else {
+        [1, 0]
+    }
+}
+
+async fn connect(connector: &Connector, addr: SocketAddr) -> Result<TcpStream> {
+    let stream = connector.tcp_socket(addr)?.connect(addr).await?;
+    stream.set_nodelay(true)?;
+    Ok(stream)
+}
+
+async fn http_conn(connector: &Connector, addr: SocketAddr) -> Result<SendRequest<Empty<Bytes>>> {
+    let stream = connect(connector, addr).await?;
+    let (send, conn) = hyper::client::conn::http1::handshake(TokioIo::new(stream)).await?;
+    tokio::spawn(conn);
+    Ok(send)
+}
+
+/// One GET on a keep-alive connection; returns the response head's headers and the body.
+async fn get(send: &mut SendRequest<Empty<Bytes>>, host: &str) -> Result<(http::HeaderMap, Bytes)> {
+    send.ready().await?;
+    let req = Request::get("/").header(HOST, host).body(Empty::new())?;
+    let resp = send.send_request(req).await?;
+    ensure!(resp.status() == StatusCode::OK, "status {}", resp.status());
+    let headers = resp.headers().clone();
+    Ok((headers, resp.into_body().collect().await?.to_bytes()))
+}
+
+async fn http_round(path: &Path2, t: &HttpTarget) -> Result<Figures> {
+    // Latency: one connection, sequential requests.
+    let mut send = http_conn(&path.connector, t.addr).await?;
+    let (headers, body) = get(&mut send, &t.host).await?;
+    let want = format!(
+        "{}:{}\n",
+        t.pod.rsplit_once('-').map_or(t.pod, |p| p.0),
+        t.addr.port()
+    );
+    ensure!(body == want.as_bytes(), "body {body:?}, want {want:?}");
+    ensure!(
+        headers.get("x-echo-pod").is_some_and(|v| v == t.pod),
+        "answered by {:?}, want {}",
+        headers.get("x-echo-pod"),
+        t.pod
+    );
+    if let Some(h) = t.mesh_header {
+        let mesh = path.name == "mesh";
+        ensure!(
+            headers.contains_key(h) == mesh,
+            "header {h} present: {}, want {mesh}",
+            !mesh
+        );
+    }
+    for _ in 0..WARMUP {
+        get(&mut send, &t.host).await?;
+    }
+    let mut lat = Vec::with_capacity(LATENCY_REQUESTS);
+    for _ in 0..LATENCY_REQUESTS {
+        let t0 = now();
+        get(&mut send, &t.host).await?;
+        lat.push(t0.elapsed());
+    }
+    drop(send);
+    lat.sort_unstable();
+    let pct = |q: f64| lat[((lat.len() - 1) as f64 * q).round() as usize].as_secs_f64() * 1e6;
+
+    // Throughput: a few keep-alive connections for a fixed time.
+    let mut tasks = tokio::task::JoinSet::new();
+    let start = now();
+    for _ in 0..RPS_CONNECTIONS {
+        let mut send = http_conn(&path.connector, t.addr).await?;
+        let host = t.host.clone();
+        tasks.spawn(async move {
+            let mut n = 0u64;
+            while start.elapsed() < RPS_DURATION {
+                get(&mut send, &host).await?;
+                n += 1;
+            }
+            anyhow::Ok(n)
+        });
+    }
+    let mut total = 0;
+    while let Some(r) = tasks.join_next().await {
+        total += r??;
+    }
+    let secs = start.elapsed().as_secs_f64();
+    Ok(Figures {
+        p50_us: pct(0.50),
+        p99_us: pct(0.99),
+        rps: total as f64 / secs,
+        bulk_mib_s: 0.0,
+    })
+}
+
+/// Send [`BULK_BYTES`] through the raw echo and read them back; MiB/s of the round trip's payload.
+async fn bulk_round(connector: &Connector, addr: SocketAddr, pod: &str) -> Result<f64> {
+    let greeting = format!("mp-mixed:{}\npod {pod}\n", addr.port());
+    let want = greeting.len() + BULK_BYTES;
+    let (mut rd, mut wr) = connect(connector, addr).await?.into_split();
+    let start = now();
+    let writer = tokio::spawn(async move {
+        let chunk = vec![0x5a_u8; CHUNK];
+        for _ in 0..BULK_BYTES / CHUNK {
+            wr.write_all(&chunk).await?;
+        }
+        anyhow::Ok(wr)
+    });
+    let mut buf = vec![0u8; CHUNK];
+    let mut head = Vec::new();
+    let mut got = 0;
+    while got < want {
+        let n = rd.read(&mut buf).await?;
+        ensure!(n > 0, "closed after {got} of {want} bytes");
+        if head.len() < greeting.len() {
+            let take = n.min(greeting.len() - head.len());
+            head.extend_from_slice(&buf[..take]);
+        }
+        got += n;
+    }
+    let secs = start.elapsed().as_secs_f64();
+    let wr = writer.await??;
+    drop(wr);
+    ensure!(
+        head == greeting.as_bytes(),
+        "greeting {:?}",
+        String::from_utf8_lossy(&head)
+    );
+    ensure!(got == want, "read {got} bytes, want {want}");
+    Ok(BULK_BYTES as f64 / (1 << 20) as f64 / secs)
+}
+
+fn median(v: &[Figures], f: &dyn Fn(&Figures) -> f64) -> f64 {
+    let mut xs: Vec<f64> = v.iter().map(f).collect();
+    xs.sort_by(f64::total_cmp);
+    xs[xs.len() / 2]
+}
+
+fn report(rows: &[(String, [Vec<Figures>; 2])], bulk: &[Vec<Figures>; 2], bulk_pod: &str) {
+    let cores = std::thread::available_parallelism().map_or(0, |n| n.get());
+    let kernel = std::fs::read_to_string("/proc/sys/kernel/osrelease").unwrap_or_default();
+    let cpu = std::fs::read_to_string("/proc/cpuinfo")
+        .ok()
+        .and_then(|s| {
+            s.lines()
+                .find(|l| l.starts_with("model name"))
+                .and_then(|l| l.split_once(':'))
+                .map(|(_, m)| m.trim().to_owned())
+        })
+        .unwrap_or_default();
+    println!();
+    println!("machine: {cores} cores, {cpu}, kernel {}", kernel.trim());
+    println!(
+        "{ROUNDS} rounds; latency: {LATENCY_REQUESTS} sequential requests on one \
+         connection; req/s: {RPS_CONNECTIONS} keep-alive connections for {} s; bulk: {} MiB",
+        RPS_DURATION.as_secs(),
+        BULK_BYTES >> 20
+    );
+    let first = |v: &[Figures], f: &dyn Fn(&Figures) -> f64| v.first().map_or(0.0, f);
+    let med = |v: &[Figures], f: &dyn Fn(&Figures) -> f64| median(v, f);
+    table("first round", rows, bulk, bulk_pod, &first);
+    table(
+        &format!("median of {ROUNDS} rounds"),
+        rows,
+        bulk,
+        bulk_pod,
+        &med,
+    );
+}
+
+type Pick<'a> = dyn Fn(&[Figures], &dyn Fn(&Figures) -> f64) -> f64 + 'a;
+
+fn table(
+    title: &str,
+    rows: &[(String, [Vec<Figures>; 2])],
+    bulk: &[Vec<Figures>; 2],
+    bulk_pod: &str,
+    pick: &Pick<'_>,
+) {
+    println!();
+    println!("{title}:");
+    println!();
+    println!("| figure | target | mesh | direct | mesh/direct |");
+    println!("|---|---|---|---|---|");
+    let line = |fig: &str, target: &str, m: f64, d: f64, unit: &str| {
+        println!(
+            "| {fig} | {target} | {m:.1} {unit} | {d:.1} {unit} | {:.2}× |",
+            m / d
+        );
+    };
+    for (label, [mesh, direct]) in rows {
+        let p50 = |v: &[Figures]| pick(v, &|f| f.p50_us);
+        let p99 = |v: &[Figures]| pick(v, &|f| f.p99_us);
+        let rps = |v: &[Figures]| pick(v, &|f| f.rps);
+        line("latency p50", label, p50(mesh), p50(direct), "µs");
+        line("latency p99", label, p99(mesh), p99(direct), "µs");
+        line("req/s", label, rps(mesh), rps(direct), "");
+    }
+    let [mesh, direct] = bulk;
+    let mib = |v: &[Figures]| pick(v, &|f| f.bulk_mib_s);
+    line(
+        "bulk TCP",
+        &format!("{bulk_pod}:9000 (raw echo)"),
+        mib(mesh),
+        mib(direct),
+        "MiB/s",
+    );
+}
