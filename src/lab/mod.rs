@@ -64,5 +64,7 @@ pub fn plan_dir(
 /// The first container's environment of every Pod manifest under `dir` (see [`manifest`]).
 pub fn read_pod_env(dir: &Path) -> Result<PodEnv, LabError> {
     let texts = crate::registry::file::read_manifests(dir)?;
-    Ok(manifest::parse_pod_env(texts.iter().map(|(_, t)| t.as_str())))
+    Ok(manifest::parse_pod_env(
+        texts.iter().map(|(_, t)| t.as_str()),
+    ))
 }

@@ -152,6 +152,14 @@ impl PodNet {
                 set_transparent(&SockRef::from(&s), dst)?;
             }
             s.set_nonblocking(true)?;
+            // Bind the address only; the port is chosen at connect time, per 4-tuple, so many
+            // connections from one address to many destinations never run out of ports (a
+            // bind to port 0 would reserve one from half the ephemeral range each).
+            let _ = nix::sys::socket::setsockopt(
+                &s,
+                nix::sys::socket::sockopt::IpBindAddressNoPort,
+                &true,
+            );
             s.bind(&local.into())?;
             Ok(TcpSocket::from_std_stream(s.into()))
         })?;
