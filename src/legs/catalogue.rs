@@ -235,6 +235,18 @@ pub static LEGS: &[Leg] = &[
         None,
         n28
     ),
+    leg!(
+        "UPG",
+        "Upgrade: a 101 through the mesh, then bytes both ways",
+        None,
+        upg
+    ),
+    leg!(
+        "MIR",
+        "RequestMirror: the mirror receives a copy of each request",
+        Some("mirror"),
+        mir
+    ),
 ];
 
 const CLIENT: &str = "mp-client";
@@ -1438,4 +1450,126 @@ async fn n28(env: &Env) -> Check {
         answer(o, 404, "not-a-mesh-name", None)
     })
     .await
+}
+
+/// The switch request of leg UPG (the echo's `Upgrade: echo`, workload/echo.rs), followed at
+/// once by the first bytes of the switched connection.
+fn upgrade_bytes(host: &str, payload: &str) -> Vec<u8> {
+    format!(
+        "GET /switch HTTP/1.1\r\nHost: {host}\r\nConnection: Upgrade\r\n\
+         Upgrade: echo\r\n\r\n{payload}"
+    )
+    .into_bytes()
+}
+
+/// addressing.md I11: a request that switches protocols is delivered like any other; after
+/// the application's `101` the two byte streams are relayed unchanged. Both the captured dial
+/// by mesh name and the loopback proxy port.
+async fn upg(env: &Env) -> Check {
+    let host = format!("{}:8080", env.mesh("mp-multi"));
+    let payload = "ping through the switch\n";
+    let want = format!("mp-multi:8080\n{payload}");
+    for (client, dial) in [
+        (CLIENT, name(&env.mesh("mp-multi"), 8080)),
+        (NOCAP, loopback()),
+    ] {
+        let label = format!("{client} → {}", dial.authority());
+        let o = raw(
+            env,
+            client,
+            dial,
+            Send::Raw(upgrade_bytes(&host, payload)),
+            ReadUntil::Text(want.clone()),
+        )
+        .await
+        .map_err(ctx(&label))?;
+        let text = o.body_text();
+        if !text.starts_with("HTTP/1.1 101 ") {
+            return Err(format!("{label}: want 101, got {}", o.summary()));
+        }
+        let after = text.split_once("\r\n\r\n").map_or("", |(_, b)| b);
+        if after != want {
+            return Err(format!(
+                "{label}: after the 101 want {want:?}, got {after:?}"
+            ));
+        }
+    }
+    Ok("101, then mp-multi:8080 and the bytes back, captured and loopback".into())
+}
+
+/// The requests mp-authz's echo has answered (workload/echo.rs `GET /echo-count`): not its
+/// authorization checks, not the count itself.
+async fn echo_count(env: &Env) -> Result<u64, String> {
+    let o = env
+        .probe(
+            CLIENT,
+            &probe(name(&env.mesh("mp-authz"), 9191), get("/echo-count")),
+        )
+        .await?;
+    o.first_line()
+        .trim()
+        .parse()
+        .map_err(|_| format!("echo count: {}", o.summary()))
+}
+
+/// routes.md §4 item 4 (Gateway API `RequestMirror`): the variant's rule on mp-httponly
+/// mirrors every request to mp-authz:9191 and marks its answers `x-mirror: 1`. Each client gets
+/// mp-httponly's answer; mp-authz's echo count grows by exactly the number of marked answers
+/// (its checks are not counted, and nothing else sends it plain requests while the leg runs).
+/// Counting the marked answers, not the requests, keeps the leg exact while a daemon is still
+/// publishing the overlay.
+async fn mir(env: &Env) -> Check {
+    env.overlay(Some("mirror")).await?;
+    let before = echo_count(env).await?;
+    let want = 3;
+    let mut marked = 0;
+    let mut sent = 0;
+    while marked < want {
+        if sent == 40 {
+            return Err(format!(
+                "{marked} of {sent} answers carried the rule's x-mirror"
+            ));
+        }
+        let send = Send::Http(HttpRequest {
+            method: "POST".into(),
+            body: format!("copy {sent}").into_bytes(),
+            ..HttpRequest::get(format!("/mirrored/{sent}"))
+        });
+        sent += 1;
+        http(
+            env,
+            CLIENT,
+            name(&env.mesh("mp-httponly"), 8080),
+            send,
+            |o| {
+                echo(o, "mp-httponly", 8080, None)?;
+                if o.header("x-mirror") == Some("1") {
+                    marked += 1;
+                }
+                Ok(String::new())
+            },
+        )
+        .await?;
+        if marked == 0 {
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+    let deadline = crate::time::now() + Duration::from_secs(3);
+    let mut now = echo_count(env).await?;
+    while now < before + marked && crate::time::now() < deadline {
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        now = echo_count(env).await?;
+    }
+    // A late duplicate would show here.
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    let now = echo_count(env).await?;
+    if now != before + marked {
+        return Err(format!(
+            "mp-authz echoed {} requests for {marked} mirrored ones",
+            now.saturating_sub(before)
+        ));
+    }
+    Ok(format!(
+        "{marked} routed answers from mp-httponly:8080, {marked} copies at mp-authz"
+    ))
 }

@@ -2,6 +2,11 @@
 //! `<port>.<svc>.<ns>.<mesh-domain>`; HTTP as pooled HTTP/2, raw TCP as a byte stream. The
 //! destination side terminates it, checks the SNI against the pod's row and the peer against the
 //! trust bundle, runs the destination's filters and hands the request to the application.
+//!
+//! One request that switches protocols (`Upgrade`, addressing.md I11) cannot ride HTTP/2: it
+//! gets a connection of its own with ALPN [`ALPN_H1`], checked as the HTTP class, served as
+//! HTTP/1.1 with upgrades, through the same destination filters ([`destination_filters`]),
+//! and spliced with the application's connection on `101` ([`super::upgrade`]).
 
 use std::net::{IpAddr, SocketAddr};
 use std::sync::Arc;
@@ -17,7 +22,9 @@ use tokio_rustls::{LazyConfigAcceptor, TlsConnector};
 use tracing::{debug, warn};
 
 use super::socket::{SocketError, Source};
-use super::{ALPN_HTTP, ALPN_TCP, Body, BoxError, HOP_PORT, Inputs, Peer, PodCtx, count};
+use super::{
+    ALPN_H1, ALPN_HTTP, ALPN_TCP, ALPNS, Body, BoxError, HOP_PORT, Inputs, Peer, PodCtx, count,
+};
 use crate::model::port::PortProtocol;
 use crate::resolve::decision::{Endpoint, ServiceKey};
 
@@ -175,7 +182,7 @@ impl Pool {
 /// The class a hop's ALPN asks for.
 fn hop_class(alpn: Option<&[u8]>) -> Option<PortProtocol> {
     match alpn {
-        Some(a) if a == ALPN_HTTP => Some(PortProtocol::Http),
+        Some(a) if a == ALPN_HTTP || a == ALPN_H1 => Some(PortProtocol::Http),
         Some(a) if a == ALPN_TCP => Some(PortProtocol::Tcp),
         _ => None,
     }
@@ -241,6 +248,7 @@ async fn inbound_connection(
         count(&inputs.stats.hop_refused);
         return;
     };
+    let config = offering_alpn(config, alpn.as_deref());
     let Ok(tls) = start.into_stream(config).await else {
         count(&inputs.stats.hop_refused);
         return;
@@ -256,6 +264,7 @@ async fn inbound_connection(
     };
     let client_ip = peer_addr.ip();
     let app = SocketAddr::new(local.ip(), port);
+    let pod_name = pod.name.clone();
     match class {
         PortProtocol::Tcp => {
             let Some(mut upstream) = super::http::connect_app(&inputs, &pod, app, client_ip).await
@@ -266,6 +275,7 @@ async fn inbound_connection(
             let _ = tokio::io::copy_bidirectional(&mut tls, &mut upstream).await;
         }
         _ => {
+            let h1 = alpn.as_deref() == Some(ALPN_H1);
             let peer = Arc::new(peer);
             let service = hyper::service::service_fn(move |req| {
                 let inputs = inputs.clone();
@@ -277,15 +287,45 @@ async fn inbound_connection(
                     )
                 }
             });
-            let _ = hyper::server::conn::http2::Builder::new(TokioExecutor::new())
-                .timer(hyper_util::rt::TokioTimer::new())
-                .serve_connection(TokioIo::new(tls), service)
-                .await;
+            let served = if h1 {
+                hyper::server::conn::http1::Builder::new()
+                    .timer(hyper_util::rt::TokioTimer::new())
+                    .serve_connection(TokioIo::new(tls), service)
+                    .with_upgrades()
+                    .await
+            } else {
+                hyper::server::conn::http2::Builder::new(TokioExecutor::new())
+                    .timer(hyper_util::rt::TokioTimer::new())
+                    .serve_connection(TokioIo::new(tls), service)
+                    .await
+            };
+            if let Err(e) = served {
+                debug!(error = %e, pod = %pod_name, "inbound hop connection ended");
+            }
         }
     }
 }
 
-/// One request arriving over the hop: the destination's filters, then the application.
+/// `config`, offering `asked` too when it is one of [`ALPNS`] the config lacks (a server
+/// config built before [`ALPN_H1`] existed), so that the handshake agrees on it.
+pub(crate) fn offering_alpn(
+    config: Arc<rustls::ServerConfig>,
+    asked: Option<&[u8]>,
+) -> Arc<rustls::ServerConfig> {
+    let Some(asked) = asked else {
+        return config;
+    };
+    if !ALPNS.contains(&asked) || config.alpn_protocols.iter().any(|p| p == asked) {
+        return config;
+    }
+    let mut wider = (*config).clone();
+    wider.alpn_protocols = ALPNS.iter().map(|p| p.to_vec()).collect();
+    Arc::new(wider)
+}
+
+/// One request arriving over the hop: the destination's filters, then the application. A
+/// request that switches protocols (only on an [`ALPN_H1`] hop) takes the hop's side of the
+/// switch with it, and is spliced with the application's on `101`.
 async fn inbound_request(
     inputs: &Inputs,
     pod: &PodCtx,
@@ -294,6 +334,26 @@ async fn inbound_request(
     client_ip: IpAddr,
     mut req: Request<hyper::body::Incoming>,
 ) -> Response<Body> {
+    let version = match destination_filters(inputs, pod, peer, &mut req).await {
+        Ok(v) => v,
+        Err(denied) => return denied,
+    };
+    let client_upgrade = super::upgrade::is_upgrade(&req).then(|| hyper::upgrade::on(&mut req));
+    let req = req.map(|body| body.map_err(BoxError::from).boxed());
+    super::http::to_app(inputs, pod, app, client_ip, version, req, client_upgrade).await
+}
+
+/// What the destination runs on every request that arrives over the hop, whatever the hop's
+/// HTTP version (model.md §14, routes.md §5.5): reads and removes the hop's headers, then runs
+/// the service-level `rbac` and `ext_authz` of the Services the source named plus the pod's
+/// own mesh service, on the identity the hop proved. The HTTP version toward the application,
+/// or the denial to answer.
+pub async fn destination_filters<B>(
+    inputs: &Inputs,
+    pod: &PodCtx,
+    peer: &Peer,
+    req: &mut Request<B>,
+) -> Result<Version, Response<Body>> {
     let model = inputs.model.load();
     let named: Vec<ServiceKey> = req
         .headers()
@@ -328,15 +388,13 @@ async fn inbound_request(
     for key in &services {
         for filter in model.filters_of(key) {
             if let Some(denied) =
-                super::filters::authorize(inputs, pod, &filter.config, key, peer, &req).await
+                super::filters::authorize(inputs, pod, &filter.config, key, peer, req).await
             {
-                return denied;
+                return Err(denied);
             }
         }
     }
-    let (parts, body) = req.into_parts();
-    let req = Request::from_parts(parts, body.map_err(BoxError::from).boxed());
-    super::http::to_app(inputs, pod, app, client_ip, version, req).await
+    Ok(version)
 }
 
 /// Mark a hop request with what the destination needs.

@@ -1,24 +1,36 @@
 //! HTTP on every entry path (addressing.md §2): the captured dial, the pod-IP dial, the
 //! loopback proxy port and a captured dial to 18081. Every request is resolved on its own from
 //! one model value (model.md §13), then answered, passed through or delivered over the hop.
+//!
+//! A delivered request also sends the copies its rule's `RequestMirror` filters ask for
+//! (fire-and-forget, [`MIRROR_BODY_LIMIT`]); a request that switches protocols (`Upgrade`,
+//! addressing.md I11) is carried on a dedicated HTTP/1.1 hop and spliced ([`super::upgrade`]).
 
 use std::convert::Infallible;
 use std::net::{IpAddr, SocketAddr};
 use std::sync::Arc;
 
+use bytes::{Bytes, BytesMut};
 use http::header::HOST;
-use http::{HeaderValue, Method, Request, Response, Uri, Version};
-use http_body_util::BodyExt;
-use hyper::body::Incoming;
+use http::{HeaderValue, Method, Request, Response, StatusCode, Uri, Version};
+use http_body_util::{BodyExt, BodyStream, StreamBody};
+use hyper::body::{Body as _, Frame, Incoming};
+use hyper::upgrade::OnUpgrade;
 use hyper_util::rt::{TokioExecutor, TokioIo};
 use tokio::io::AsyncWriteExt;
 use tokio::net::TcpStream;
 use tracing::{debug, info, warn};
 
 use super::filters::{authorize, modify_headers, mutate_request, set_path, strip_mesh_headers};
+use super::hop::HopError;
 use super::socket::Source;
-use super::{Body, BoxError, Inputs, Peer, PodCtx, count, respond, sniff};
-use crate::model::filters::{FilterStep, RedirectInput, RuleAnswer, redirect, rewrite};
+use super::{
+    ALPN_H1, Body, BoxError, Inputs, MIRROR_BODY_LIMIT, Peer, PodCtx, count, respond, sniff,
+    upgrade,
+};
+use crate::model::filters::{
+    FilterStep, MirrorStep, RedirectInput, RuleAnswer, mirror_fires, redirect, rewrite,
+};
 use crate::model::names::{AuthorityInput, HttpVersion};
 use crate::model::snapshot::{FilterConfig, HeaderModifier};
 use crate::resolve::answer::{HEADER_ERROR, MeshAnswer, Reason};
@@ -166,15 +178,17 @@ impl Facts {
     }
 }
 
-/// One request on any entry path.
+/// One request on any entry path. A request that asks to switch protocols takes the
+/// client's side of the switch with it, so that a `101` from upstream splices the two.
 pub async fn handle(
-    inputs: &Inputs,
-    pod: &PodCtx,
+    inputs: &Arc<Inputs>,
+    pod: &Arc<PodCtx>,
     entry: HttpEntry,
     mut req: Request<Body>,
 ) -> Response<Body> {
     count(&inputs.stats.requests);
     let facts = Facts::of(&req);
+    let client_upgrade = upgrade::is_upgrade(&req).then(|| hyper::upgrade::on(&mut req));
     strip_mesh_headers(req.headers_mut());
     let caller = pod.caller();
     let host_refs: Vec<&str> = facts.hosts.iter().map(String::as_str).collect();
@@ -225,21 +239,25 @@ pub async fn handle(
                         return respond::reason(Reason::NotAMeshName);
                     }
                 };
-                passthrough(inputs, pod, dialled, req).await
+                passthrough(inputs, pod, dialled, req, client_upgrade).await
             }
-            RequestDecision::Deliver(d) => deliver(inputs, pod, &facts, *d, req).await,
+            RequestDecision::Deliver(d) => {
+                deliver(inputs, pod, &facts, *d, req, client_upgrade).await
+            }
         };
         return resp;
     }
 }
 
 /// Forward one request outside the mesh to the address the client dialled, from the client
-/// pod's own address; the application's `x-aether-error` is removed (I12).
+/// pod's own address; the application's `x-aether-error` is removed (I12). An upgrade request
+/// is spliced once the destination switches.
 async fn passthrough(
     inputs: &Inputs,
     pod: &PodCtx,
     dialled: SocketAddr,
     req: Request<Body>,
+    client_upgrade: Option<OnUpgrade>,
 ) -> Response<Body> {
     let Ok(Ok(stream)) = tokio::time::timeout(
         inputs.settings.connect_timeout,
@@ -250,15 +268,31 @@ async fn passthrough(
         return respond::reason(Reason::UpstreamUnreachable);
     };
     let version = req.version();
-    let mut resp = match send_on(stream, version == Version::HTTP_2, origin_form(req)).await {
+    let sent = match client_upgrade {
+        Some(up) => upgrade::forward(stream, origin_form(req), up)
+            .await
+            .map_err(BoxError::from),
+        None => send_on(stream, version == Version::HTTP_2, origin_form(req))
+            .await
+            .map_err(BoxError::from),
+    };
+    let mut resp = match sent {
         Ok(r) => r,
         Err(e) => {
-            debug!(error = %e, %dialled, "passthrough request failed");
+            debug!(error = %crate::DisplayChain(&*e), %dialled, "passthrough request failed");
             return respond::reason(Reason::UpstreamUnreachable);
         }
     };
+    count_switch(inputs, &resp);
     resp.headers_mut().remove(HEADER_ERROR);
     resp
+}
+
+/// Count a `101` that starts a splice.
+fn count_switch(inputs: &Inputs, resp: &Response<Body>) {
+    if resp.status() == StatusCode::SWITCHING_PROTOCOLS {
+        count(&inputs.stats.upgrades);
+    }
 }
 
 /// Send one request on a fresh connection (HTTP/1.1 or h2c prior knowledge).
@@ -325,13 +359,16 @@ fn self_peer(pod: &PodCtx) -> Peer {
     }
 }
 
-/// Deliver a request over the mesh hop with every filter that applies (routes.md §4, §5).
+/// Deliver a request over the mesh hop with every filter that applies (routes.md §4, §5),
+/// sending the mirrors that fire. An upgrade request crosses a dedicated HTTP/1.1 hop and is
+/// spliced on `101`.
 async fn deliver(
-    inputs: &Inputs,
-    pod: &PodCtx,
+    inputs: &Arc<Inputs>,
+    pod: &Arc<PodCtx>,
     facts: &Facts,
     d: Delivery,
     mut req: Request<Body>,
+    client_upgrade: Option<OnUpgrade>,
 ) -> Response<Body> {
     let mut rule_response = ResponseSteps::default();
     let mut backend_response = ResponseSteps::default();
@@ -437,6 +474,11 @@ async fn deliver(
             return resp;
         }
     }
+    // The copies see the request as the rule's filters left it (routes.md §4 item 4).
+    let mirrors = fired_mirrors(&d);
+    if !mirrors.is_empty() {
+        req = send_mirrors(inputs, pod, &d, mirrors, req, client_upgrade.is_some()).await;
+    }
     // routes.md §5.5: service-level header mutation runs on the source node.
     let mut service_response = ResponseSteps::default();
     for (_, filters) in &d.service_filters {
@@ -453,13 +495,33 @@ async fn deliver(
     }
     let endpoint = &endpoints[fastrand::usize(..endpoints.len())];
     let version = req.version();
-    super::hop::annotate(&mut req, &d.filter_services, version, d.backend.h2c);
-    let req = hop_form(req, facts.authority());
     count(&inputs.stats.deliveries);
-    let send = inputs
-        .pool
-        .send(inputs, pod, endpoint, d.backend.pod_port, req);
-    let result = match d.timeout_ms {
+    let send = async {
+        match client_upgrade {
+            None => {
+                super::hop::annotate(&mut req, &d.filter_services, version, d.backend.h2c);
+                let req = hop_form(req, facts.authority());
+                inputs
+                    .pool
+                    .send(inputs, pod, endpoint, d.backend.pod_port, req)
+                    .await
+                    .map(|r| r.map(|b| b.map_err(BoxError::from).boxed()))
+                    .map_err(BoxError::from)
+            }
+            // HTTP/2 cannot switch protocols: the request gets an HTTP/1.1 hop of its own,
+            // and the application is reached as HTTP/1.1 whatever `appProtocol` says.
+            Some(up) => {
+                super::hop::annotate(&mut req, &d.filter_services, Version::HTTP_11, false);
+                let req = origin_form_any(req);
+                let tls =
+                    super::hop::connect(inputs, pod, endpoint, d.backend.pod_port, ALPN_H1).await?;
+                let resp = upgrade::forward(tls, req, up).await?;
+                count_switch(inputs, &resp);
+                Ok(resp)
+            }
+        }
+    };
+    let result: Result<Response<Body>, BoxError> = match d.timeout_ms {
         Some(ms) => match tokio::time::timeout(std::time::Duration::from_millis(ms), send).await {
             Ok(r) => r,
             Err(_) => return respond::reason(Reason::UpstreamUnreachable),
@@ -467,9 +529,10 @@ async fn deliver(
         None => send.await,
     };
     let mut resp = match result {
-        Ok(r) => r.map(|b| b.map_err(BoxError::from).boxed()),
+        Ok(r) => r,
         Err(e) => {
-            warn!(error = %e, endpoint = %endpoint.address, "mesh hop failed");
+            warn!(error = %crate::DisplayChain(&*e), endpoint = %endpoint.address,
+                "mesh hop failed");
             return respond::reason(Reason::UpstreamUnreachable);
         }
     };
@@ -523,7 +586,8 @@ pub async fn connect_app(
 }
 
 /// Hand a request that arrived over the hop to the application, in the client's HTTP version;
-/// the application's `x-aether-error` is removed (I12).
+/// the application's `x-aether-error` is removed (I12). With `client_upgrade` (the hop's side
+/// of a switch) the request goes as HTTP/1.1 and a `101` splices the two connections.
 pub async fn to_app(
     inputs: &Inputs,
     pod: &PodCtx,
@@ -531,20 +595,33 @@ pub async fn to_app(
     client_ip: IpAddr,
     version: Version,
     mut req: Request<Body>,
+    client_upgrade: Option<OnUpgrade>,
 ) -> Response<Body> {
     let Some(stream) = connect_app(inputs, pod, app, client_ip).await else {
         return respond::reason(Reason::UpstreamUnreachable);
     };
-    let h2 = version == Version::HTTP_2;
-    *req.version_mut() = if h2 { Version::HTTP_2 } else { version };
-    let req = if h2 { req } else { origin_form_any(req) };
-    match send_on(stream, h2, req).await {
+    let sent = match client_upgrade {
+        Some(up) => {
+            *req.version_mut() = Version::HTTP_11;
+            upgrade::forward(stream, origin_form_any(req), up)
+                .await
+                .map_err(BoxError::from)
+        }
+        None => {
+            let h2 = version == Version::HTTP_2;
+            *req.version_mut() = if h2 { Version::HTTP_2 } else { version };
+            let req = if h2 { req } else { origin_form_any(req) };
+            send_on(stream, h2, req).await.map_err(BoxError::from)
+        }
+    };
+    match sent {
         Ok(mut resp) => {
+            count_switch(inputs, &resp);
             resp.headers_mut().remove(HEADER_ERROR);
             resp
         }
         Err(e) => {
-            debug!(error = %e, %app, "application request failed");
+            debug!(error = %crate::DisplayChain(&*e), %app, "application request failed");
             respond::reason(Reason::UpstreamUnreachable)
         }
     }
@@ -562,6 +639,20 @@ fn origin_form_any(mut req: Request<Body>) -> Request<Body> {
     req
 }
 
+/// Why a request the mesh makes itself ([`mesh_call`], a mirror copy) was not answered.
+#[derive(Debug, thiserror::Error)]
+enum MeshCallError {
+    /// The name does not resolve to a delivery from this pod.
+    #[error("{0} is not delivered from this pod")]
+    NotDelivered(String),
+    /// The Service has no endpoint.
+    #[error("{0} has no endpoints")]
+    NoEndpoints(String),
+    /// The hop failed.
+    #[error(transparent)]
+    Hop(#[from] HopError),
+}
+
 /// A request the mesh itself makes from a pod (an `ext_authz` check): resolved as if the pod
 /// had sent it to its loopback proxy port, delivered over the hop. `None` when it cannot be
 /// delivered.
@@ -571,6 +662,19 @@ pub async fn mesh_call(
     authority: &str,
     req: Request<Body>,
 ) -> Option<Response<Body>> {
+    mesh_send(inputs, pod, authority, req)
+        .await
+        .ok()
+        .map(|r| r.map(|b| b.map_err(BoxError::from).boxed()))
+}
+
+/// [`mesh_call`], saying why it failed.
+async fn mesh_send(
+    inputs: &Inputs,
+    pod: &PodCtx,
+    authority: &str,
+    mut req: Request<Body>,
+) -> Result<Response<Incoming>, MeshCallError> {
     let model = inputs.model.load();
     let hosts = [authority];
     let facts = RequestFacts {
@@ -591,14 +695,13 @@ pub async fn mesh_call(
         entropy: fastrand::u64(..),
     };
     let RequestDecision::Deliver(d) = resolve_request(&model, &pod.caller(), &facts) else {
-        return None;
+        return Err(MeshCallError::NotDelivered(authority.to_owned()));
     };
     let endpoints = &d.backend.endpoints;
     if endpoints.is_empty() {
-        return None;
+        return Err(MeshCallError::NoEndpoints(authority.to_owned()));
     }
     let endpoint = &endpoints[fastrand::usize(..endpoints.len())];
-    let mut req = req;
     super::hop::annotate(
         &mut req,
         &d.filter_services,
@@ -606,10 +709,291 @@ pub async fn mesh_call(
         d.backend.h2c,
     );
     let req = hop_form(req, Some(authority));
-    inputs
+    Ok(inputs
         .pool
         .send(inputs, pod, endpoint, d.backend.pod_port, req)
-        .await
-        .ok()
-        .map(|r| r.map(|b| b.map_err(BoxError::from).boxed()))
+        .await?)
+}
+
+/// How long a mirror copy may take, answer included; it never delays the client.
+const MIRROR_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(10);
+/// How long the body of a request of unknown length is awaited for its copies before the
+/// copies are given up (a streaming request must not wait on its own mirror).
+const MIRROR_BODY_WAIT: std::time::Duration = std::time::Duration::from_secs(1);
+
+/// The rule's and the chosen backend's mirrors that fire for this request ([`mirror_fires`],
+/// each on its own entropy).
+fn fired_mirrors(d: &Delivery) -> Vec<MirrorStep> {
+    let Some(run) = &d.route else {
+        return Vec::new();
+    };
+    let backend = run.plan.backends.get(run.backend_index);
+    run.plan
+        .mirrors
+        .iter()
+        .chain(backend.into_iter().flat_map(|b| b.mirrors.iter()))
+        .filter(|m| mirror_fires(m.0.percent, fastrand::u64(..)))
+        .cloned()
+        .collect()
+}
+
+/// Send a copy of `req` to each mirror, fire-and-forget, and give back the request to deliver
+/// (its body replayed when it was read for the copies). A copy is not sent, logged and counted,
+/// when the request switches protocols or its body is over [`MIRROR_BODY_LIMIT`] (or of
+/// unknown length and slower than [`MIRROR_BODY_WAIT`]).
+async fn send_mirrors(
+    inputs: &Arc<Inputs>,
+    pod: &Arc<PodCtx>,
+    d: &Delivery,
+    mirrors: Vec<MirrorStep>,
+    req: Request<Body>,
+    upgrade: bool,
+) -> Request<Body> {
+    let skip = |why: &str| {
+        for m in &mirrors {
+            info!(pod = %pod.name, mirror = %m, why, "request not mirrored");
+            count(&inputs.stats.mirror_skipped);
+        }
+    };
+    if upgrade {
+        skip("the request switches protocols");
+        return req;
+    }
+    let (parts, body) = req.into_parts();
+    let (body, copy) = buffer_body(body, MIRROR_BODY_LIMIT, MIRROR_BODY_WAIT).await;
+    let Some(copy) = copy else {
+        skip("the body is over the mirror limit or did not arrive in time");
+        return Request::from_parts(parts, body);
+    };
+    let namespace = d
+        .rule
+        .as_ref()
+        .map_or(pod.namespace.as_str(), |r| &*r.namespace)
+        .to_owned();
+    for m in mirrors {
+        let Some(authority) = mirror_authority(&m, &namespace, &inputs.settings.mesh_domain) else {
+            warn!(pod = %pod.name, mirror = %m, "mirror is not a Service with a port");
+            count(&inputs.stats.mirror_failures);
+            continue;
+        };
+        let mut builder = Request::builder()
+            .method(parts.method.clone())
+            .uri(parts.uri.clone())
+            .version(Version::HTTP_11);
+        for (k, v) in &parts.headers {
+            if !is_hop_by_hop(k) {
+                builder = builder.header(k, v);
+            }
+        }
+        let Ok(copy) = builder.body(respond::full(copy.clone())) else {
+            count(&inputs.stats.mirror_failures);
+            continue;
+        };
+        count(&inputs.stats.mirrors);
+        let inputs = inputs.clone();
+        let pod = pod.clone();
+        tokio::spawn(async move {
+            let sent = tokio::time::timeout(MIRROR_TIMEOUT, async {
+                let resp = mesh_send(&inputs, &pod, &authority, copy).await?;
+                let status = resp.status();
+                // The answer is read and discarded, so the copy completes at the mirror.
+                let _ = resp.into_body().collect().await;
+                Ok::<_, MeshCallError>(status)
+            })
+            .await;
+            match sent {
+                Ok(Ok(status)) => debug!(%authority, %status, "mirror answered"),
+                Ok(Err(e)) => {
+                    warn!(pod = %pod.name, %authority, error = %crate::DisplayChain(&e),
+                        "mirror failed");
+                    count(&inputs.stats.mirror_failures);
+                }
+                Err(_) => {
+                    warn!(pod = %pod.name, %authority, "mirror timed out");
+                    count(&inputs.stats.mirror_failures);
+                }
+            }
+        });
+    }
+    Request::from_parts(parts, body)
+}
+
+/// The mesh name and port a mirror is sent to (`<svc>.<ns>.<mesh-domain>:<port>`); `None`
+/// unless it names a core Service with a port.
+fn mirror_authority(m: &MirrorStep, namespace: &str, mesh_domain: &str) -> Option<String> {
+    let target = &m.0.backend;
+    if !target.group.is_empty() || target.kind != "Service" {
+        return None;
+    }
+    let port = m.0.port?;
+    let ns = target.namespace.as_deref().unwrap_or(namespace);
+    Some(format!("{}.{ns}.{mesh_domain}:{port}", target.name))
+}
+
+/// Connection-specific fields, which a copy sent over HTTP/2 does not carry.
+fn is_hop_by_hop(name: &http::HeaderName) -> bool {
+    use http::header::{CONNECTION, TE, TRANSFER_ENCODING, UPGRADE};
+    name == CONNECTION
+        || name == TE
+        || name == TRANSFER_ENCODING
+        || name == UPGRADE
+        || name.as_str() == "keep-alive"
+        || name.as_str() == "proxy-connection"
+}
+
+/// Read `body` for a copy, up to `limit` bytes and, when its length is not known in advance,
+/// for at most `wait`. Returns the body to send on (the frames read, replayed, then the rest)
+/// and the copy's bytes, `None` when the body is over the limit, late, or broken.
+async fn buffer_body(
+    mut body: Body,
+    limit: usize,
+    wait: std::time::Duration,
+) -> (Body, Option<Bytes>) {
+    if body.is_end_stream() {
+        return (body, Some(Bytes::new()));
+    }
+    let hint = body.size_hint();
+    let limit64 = u64::try_from(limit).unwrap_or(u64::MAX);
+    if hint.lower() > limit64 {
+        return (body, None);
+    }
+    let known = hint.upper().is_some();
+    let deadline = crate::time::now() + wait;
+    let mut frames: Vec<Frame<Bytes>> = Vec::new();
+    let mut data = BytesMut::new();
+    loop {
+        let next = if known {
+            Ok(body.frame().await)
+        } else {
+            tokio::time::timeout_at(deadline.into(), body.frame()).await
+        };
+        match next {
+            Ok(None) => return (replay(frames, None, None), Some(data.freeze())),
+            Ok(Some(Ok(frame))) => {
+                if let Some(chunk) = frame.data_ref() {
+                    data.extend_from_slice(chunk);
+                }
+                frames.push(frame);
+                if data.len() > limit {
+                    return (replay(frames, None, Some(body)), None);
+                }
+            }
+            // The client's body broke: the delivery sees the same error.
+            Ok(Some(Err(e))) => return (replay(frames, Some(e), None), None),
+            Err(_) => return (replay(frames, None, Some(body)), None),
+        }
+    }
+}
+
+/// A body of the `frames` already read, then `error` or the `rest`.
+fn replay(frames: Vec<Frame<Bytes>>, error: Option<BoxError>, rest: Option<Body>) -> Body {
+    use futures_util::StreamExt;
+    let read = futures_util::stream::iter(
+        frames
+            .into_iter()
+            .map(Ok::<_, BoxError>)
+            .chain(error.map(Err)),
+    );
+    match rest {
+        Some(rest) => BodyExt::boxed(StreamBody::new(read.chain(BodyStream::new(rest)))),
+        None => BodyExt::boxed(StreamBody::new(read)),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use super::*;
+    use crate::model::snapshot::{Mirror, ObjectRef};
+
+    fn chunks(parts: &[&'static [u8]]) -> (Body, tokio::sync::mpsc::Sender<&'static [u8]>) {
+        let (tx, rx) = tokio::sync::mpsc::channel::<&'static [u8]>(16);
+        for p in parts {
+            tx.try_send(p).unwrap();
+        }
+        let stream = futures_util::stream::unfold(rx, |mut rx| async move {
+            let chunk = rx.recv().await?;
+            Some((
+                Ok::<_, BoxError>(Frame::data(Bytes::from_static(chunk))),
+                rx,
+            ))
+        });
+        (BodyExt::boxed(StreamBody::new(stream)), tx)
+    }
+
+    async fn all(body: Body) -> Bytes {
+        body.collect().await.expect("the body").to_bytes()
+    }
+
+    #[tokio::test]
+    async fn a_body_under_the_limit_is_copied_and_still_delivered_whole() {
+        let body = respond::full("name=value&x=1");
+        let (body, copy) = buffer_body(body, 64, Duration::from_secs(1)).await;
+        assert_eq!(copy.as_deref(), Some(&b"name=value&x=1"[..]));
+        assert_eq!(all(body).await, "name=value&x=1");
+        let (body, copy) = buffer_body(respond::empty(), 64, Duration::from_secs(1)).await;
+        assert_eq!(copy.as_deref(), Some(&b""[..]));
+        assert_eq!(all(body).await, "");
+    }
+
+    #[tokio::test]
+    async fn a_body_over_the_limit_is_not_copied_and_is_delivered_whole() {
+        // Known length over the limit: not even read.
+        let (body, copy) = buffer_body(respond::full("0123456789"), 4, Duration::ZERO).await;
+        assert!(copy.is_none());
+        assert_eq!(all(body).await, "0123456789");
+        // Unknown length: read until over, then replayed ahead of the rest.
+        let (body, tx) = chunks(&[b"abc", b"def", b"ghi"]);
+        drop(tx);
+        let (body, copy) = buffer_body(body, 4, Duration::from_secs(1)).await;
+        assert!(copy.is_none());
+        assert_eq!(all(body).await, "abcdefghi");
+    }
+
+    #[tokio::test]
+    async fn a_streaming_body_is_not_waited_for_beyond_the_bound() {
+        let (body, tx) = chunks(&[b"first "]);
+        let started = crate::time::now();
+        let (body, copy) = buffer_body(body, 1024, Duration::from_millis(50)).await;
+        assert!(copy.is_none(), "the copy is given up");
+        assert!(started.elapsed() < Duration::from_secs(1));
+        tx.send(b"second").await.unwrap();
+        drop(tx);
+        assert_eq!(all(body).await, "first second");
+    }
+
+    fn mirror(group: &str, kind: &str, ns: Option<&str>, port: Option<u16>) -> MirrorStep {
+        MirrorStep(Mirror {
+            backend: ObjectRef {
+                group: group.into(),
+                kind: kind.into(),
+                namespace: ns.map(Into::into),
+                name: "mp-authz".into(),
+            },
+            port,
+            percent: 100,
+        })
+    }
+
+    #[test]
+    fn a_mirror_is_sent_to_the_mesh_name_of_its_service() {
+        let d = "aether.internal";
+        assert_eq!(
+            mirror_authority(&mirror("", "Service", None, Some(9191)), "mp", d).as_deref(),
+            Some("mp-authz.mp.aether.internal:9191")
+        );
+        assert_eq!(
+            mirror_authority(&mirror("", "Service", Some("audit"), Some(80)), "mp", d).as_deref(),
+            Some("mp-authz.audit.aether.internal:80")
+        );
+        assert_eq!(
+            mirror_authority(&mirror("", "Service", None, None), "mp", d),
+            None
+        );
+        assert_eq!(
+            mirror_authority(&mirror("example.com", "Backend", None, Some(80)), "mp", d),
+            None
+        );
+    }
 }

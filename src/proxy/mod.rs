@@ -10,6 +10,7 @@ pub mod respond;
 pub mod sniff;
 pub mod socket;
 pub mod udp;
+pub mod upgrade;
 
 use std::net::IpAddr;
 use std::sync::Arc;
@@ -32,6 +33,16 @@ pub type BoxError = Box<dyn std::error::Error + Send + Sync>;
 pub const ALPN_HTTP: &[u8] = b"h2";
 /// ALPN of a raw-TCP mesh hop (a byte stream).
 pub const ALPN_TCP: &[u8] = b"aether-tcp/1";
+/// ALPN of an HTTP/1.1 mesh hop that carries one request asking to switch protocols
+/// (`Upgrade`, addressing.md I11): HTTP/2 cannot carry it, so it gets a connection of its own,
+/// checked at the destination as the HTTP class.
+pub const ALPN_H1: &[u8] = b"aether-h1/1";
+/// Every ALPN the inbound hop serves, in preference order (the destination's TLS offers these).
+pub const ALPNS: &[&[u8]] = &[ALPN_HTTP, ALPN_TCP, ALPN_H1];
+
+/// The largest request body copied to a `RequestMirror`; a larger body is not mirrored
+/// (logged and counted in `aether_mirror_skipped`).
+pub const MIRROR_BODY_LIMIT: usize = 1024 * 1024;
 
 /// The mesh hop port on every pod IP.
 pub const HOP_PORT: u16 = 18008;
@@ -62,7 +73,8 @@ pub trait HopTls: Send + Sync + std::fmt::Debug + 'static {
         service_account: &str,
         alpn: &[u8],
     ) -> Arc<rustls::ClientConfig>;
-    /// The server configuration of a destination workload (both ALPNs offered); `None` when
+    /// The server configuration of a destination workload (offering [`ALPNS`]; the inbound
+    /// hop adds any of them it lacks); `None` when
     /// it cannot be built (the hop is then refused).
     fn server(&self, namespace: &str, service_account: &str) -> Option<Arc<rustls::ServerConfig>>;
     /// The identity a peer's certificate chain proves, in our trust domain; `None` refuses it.
@@ -131,6 +143,14 @@ pub struct Stats {
     pub hop_refused: Counter,
     /// Deliveries to the application that fell back to the pod's own IP (model.md §12.4).
     pub transparent_fallbacks: Counter,
+    /// Mirror copies sent (`RequestMirror`).
+    pub mirrors: Counter,
+    /// Mirror copies that failed (not resolvable, unreachable, or the copy's request failed).
+    pub mirror_failures: Counter,
+    /// Mirror copies not sent because the body was larger than [`MIRROR_BODY_LIMIT`].
+    pub mirror_skipped: Counter,
+    /// Upgraded connections spliced (a `101 Switching Protocols` relayed).
+    pub upgrades: Counter,
     /// Connections open now (capture, loopback, inbound hop).
     pub active: Gauge,
 }
@@ -173,6 +193,22 @@ impl Stats {
                 "aether_transparent_fallbacks",
                 "Deliveries to the application from the pod's own IP",
                 &self.transparent_fallbacks,
+            ),
+            ("aether_mirrors", "RequestMirror copies sent", &self.mirrors),
+            (
+                "aether_mirror_failures",
+                "RequestMirror copies that failed",
+                &self.mirror_failures,
+            ),
+            (
+                "aether_mirror_skipped",
+                "RequestMirror copies not sent: the body was over the limit",
+                &self.mirror_skipped,
+            ),
+            (
+                "aether_upgrades",
+                "Upgraded connections spliced after 101 Switching Protocols",
+                &self.upgrades,
             ),
         ];
         for (name, help, c) in counters {

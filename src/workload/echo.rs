@@ -11,6 +11,19 @@
 //! | UDP | answers every datagram with `<workload>:<port>` (no newline) |
 //! | authz | the counting external authorization server of legs N14 and N21, below |
 //!
+//! Two more behaviours of the HTTP echo (and of the authz listener's echo answers) serve the
+//! mesh's own tests:
+//!
+//! - **Upgrade.** An HTTP/1.1 request with `Upgrade: echo` (and `Connection: upgrade`) is
+//!   answered `101 Switching Protocols` (`Upgrade: echo`); the switched connection then behaves
+//!   like the raw TCP echo without the pod line: on the first bytes it writes
+//!   `<workload>:<port>\n` once, followed by those bytes, then echoes everything. Any other
+//!   `Upgrade` value is answered like a plain request (no switch).
+//! - **Count.** `GET /echo-count` answers `<n>\n`: the number of requests this process has
+//!   answered as the HTTP echo so far (on every listener; `/echo-count` itself, authorization
+//!   checks and `/count` are not counted). Leg MIR reads it on mp-authz to see a mirror's copy
+//!   arrive.
+//!
 //! The HTTP echo validates nothing: a request without `Host`, with two `Host` fields, in
 //! absolute form or in HTTP/1.0 is answered like any other, so that a mesh that fails to
 //! refuse such a request is seen to deliver it.
@@ -62,6 +75,10 @@ pub const AUTHZ_DENY_HEADER: &str = "x-authz-deny";
 pub const ECHO_SET_HEADER: &str = "x-echo-set";
 /// The request header (`1`) that asks the HTTP echo for a JSON body.
 pub const ECHO_JSON_HEADER: &str = "x-echo-json";
+/// The `Upgrade` value the HTTP echo switches to (module docs).
+pub const ECHO_UPGRADE: &str = "echo";
+/// The path that answers the process's count of echoed requests (module docs).
+pub const ECHO_COUNT_PATH: &str = "/echo-count";
 
 /// What a listener does with a connection or datagram.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
@@ -209,6 +226,7 @@ struct Ctx {
     pod: String,
     namespace: String,
     checks: AtomicU64,
+    echoes: AtomicU64,
 }
 
 fn bind_one(kind: ListenerKind, addr: SocketAddr) -> io::Result<Sock> {
@@ -255,6 +273,7 @@ impl Echo {
             pod: opts.pod.clone(),
             namespace: opts.namespace.clone(),
             checks: AtomicU64::new(0),
+            echoes: AtomicU64::new(0),
         });
         let mut socks = Vec::new();
         for spec in &opts.listeners {
@@ -374,16 +393,28 @@ async fn serve_tcp(
     mut stream: TcpStream,
     server_first: bool,
 ) -> io::Result<()> {
-    let mut buf = vec![0u8; 16384];
     if server_first {
         let greeting = format!("{}:{} ready\npod {}\n", ctx.workload, port, ctx.pod);
         stream.write_all(greeting.as_bytes()).await?;
+        echo_bytes(stream, None).await
     } else {
+        let prefix = format!("{}:{}\npod {}\n", ctx.workload, port, ctx.pod);
+        echo_bytes(stream, Some(prefix)).await
+    }
+}
+
+/// Echo every byte; with `prefix`, the first bytes are preceded by it.
+async fn echo_bytes<S>(mut stream: S, prefix: Option<String>) -> io::Result<()>
+where
+    S: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin,
+{
+    let mut buf = vec![0u8; 16384];
+    if let Some(prefix) = prefix {
         let n = stream.read(&mut buf).await?;
         if n == 0 {
             return Ok(());
         }
-        let mut first = format!("{}:{}\npod {}\n", ctx.workload, port, ctx.pod).into_bytes();
+        let mut first = prefix.into_bytes();
         first.extend_from_slice(&buf[..n]);
         stream.write_all(&first).await?;
     }
@@ -403,8 +434,21 @@ async fn serve_http(
     peer: SocketAddr,
 ) -> Result<(), Box<dyn std::error::Error + Send + Sync>> {
     let _ = stream.set_nodelay(true);
-    let service = service_fn(move |req: Request<Incoming>| {
-        let resp = if b.kind == ListenerKind::Authz {
+    let service = service_fn(move |mut req: Request<Incoming>| {
+        let resp = if asks_echo_upgrade(&req) {
+            let on = hyper::upgrade::on(&mut req);
+            let prefix = format!("{}:{}\n", ctx.workload, b.port);
+            tokio::spawn(async move {
+                let switched = match on.await {
+                    Ok(io) => echo_bytes(TokioIo::new(io), Some(prefix)).await,
+                    Err(e) => Err(io::Error::other(e)),
+                };
+                if let Err(e) = switched {
+                    tracing::debug!(%peer, error = %e, "echo: switched connection ended");
+                }
+            });
+            switching()
+        } else if b.kind == ListenerKind::Authz {
             answer_authz(&ctx, b.port, peer.ip(), &req)
         } else {
             answer_http(&ctx, b.port, peer.ip(), &req)
@@ -412,8 +456,42 @@ async fn serve_http(
         async move { Ok::<_, Infallible>(resp) }
     });
     auto::Builder::new(TokioExecutor::new())
-        .serve_connection(TokioIo::new(stream), service)
+        .serve_connection_with_upgrades(TokioIo::new(stream), service)
         .await
+}
+
+/// An HTTP/1.1 request with `Upgrade: echo` and `Connection: upgrade`.
+fn asks_echo_upgrade<B>(req: &Request<B>) -> bool {
+    let upgrade = req
+        .headers()
+        .get(http::header::UPGRADE)
+        .is_some_and(|v| v.as_bytes().eq_ignore_ascii_case(ECHO_UPGRADE.as_bytes()));
+    let connection = req
+        .headers()
+        .get_all(http::header::CONNECTION)
+        .iter()
+        .any(|v| {
+            v.to_str().is_ok_and(|v| {
+                v.split(',')
+                    .any(|t| t.trim().eq_ignore_ascii_case("upgrade"))
+            })
+        });
+    req.version() == Version::HTTP_11 && upgrade && connection
+}
+
+/// `101 Switching Protocols` to `echo`.
+fn switching() -> Response<Full<Bytes>> {
+    let mut resp = Response::new(Full::new(Bytes::new()));
+    *resp.status_mut() = StatusCode::SWITCHING_PROTOCOLS;
+    resp.headers_mut().insert(
+        http::header::CONNECTION,
+        HeaderValue::from_static("upgrade"),
+    );
+    resp.headers_mut().insert(
+        http::header::UPGRADE,
+        HeaderValue::from_static(ECHO_UPGRADE),
+    );
+    resp
 }
 
 fn text_response(status: StatusCode, body: String) -> Response<Full<Bytes>> {
@@ -480,6 +558,13 @@ fn lossy(v: &HeaderValue) -> String {
 fn answer_http<B>(ctx: &Ctx, port: u16, peer: IpAddr, req: &Request<B>) -> Response<Full<Bytes>> {
     let ident = format!("{}:{}", ctx.workload, port);
     let path = req.uri().path();
+    if req.method() == http::Method::GET && path == ECHO_COUNT_PATH {
+        return text_response(
+            StatusCode::OK,
+            format!("{}\n", ctx.echoes.load(Ordering::SeqCst)),
+        );
+    }
+    ctx.echoes.fetch_add(1, Ordering::SeqCst);
     let headers: Vec<(String, String)> = req
         .headers()
         .iter()
@@ -577,4 +662,46 @@ fn answer_authz<B>(ctx: &Ctx, port: u16, peer: IpAddr, req: &Request<B>) -> Resp
         );
     }
     answer_http(ctx, port, peer, req)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// One HTTP/1.1 request on a fresh connection; the whole answer.
+    async fn get(addr: SocketAddr, path: &str, extra: &str) -> String {
+        let mut s = TcpStream::connect(addr).await.unwrap();
+        let head = format!("GET {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n{extra}\r\n");
+        s.write_all(head.as_bytes()).await.unwrap();
+        let mut out = Vec::new();
+        tokio::time::timeout(Duration::from_secs(5), s.read_to_end(&mut out))
+            .await
+            .unwrap()
+            .unwrap();
+        String::from_utf8_lossy(&out).into_owned()
+    }
+
+    fn body(answer: &str) -> &str {
+        answer.split_once("\r\n\r\n").map_or("", |(_, b)| b)
+    }
+
+    #[tokio::test]
+    async fn echo_count_counts_echoed_requests_but_not_checks_or_itself() {
+        let mut opts = EchoOptions::new("mp-authz").with(ListenerKind::Authz, 0);
+        opts.addrs = vec![IpAddr::V4(Ipv4Addr::LOCALHOST)];
+        let echo = Echo::bind(&opts).unwrap();
+        let addr = echo.bound()[0].addr;
+        tokio::spawn(echo.run());
+        assert_eq!(body(&get(addr, ECHO_COUNT_PATH, "").await), "0\n");
+        let check = format!("{AUTHZ_CHECK_HEADER}: mp/mp-multi\r\n");
+        assert!(get(addr, "/", &check).await.starts_with("HTTP/1.1 200"));
+        assert_eq!(body(&get(addr, "/count", "").await), "1\n");
+        assert_eq!(body(&get(addr, ECHO_COUNT_PATH, "").await), "0\n");
+        let port = addr.port();
+        assert_eq!(
+            body(&get(addr, "/mirrored", "").await),
+            format!("mp-authz:{port}\n")
+        );
+        assert_eq!(body(&get(addr, ECHO_COUNT_PATH, "").await), "1\n");
+    }
 }
