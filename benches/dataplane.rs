@@ -22,7 +22,7 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
 
-use anyhow::{Context, Result, bail, ensure};
+use anyhow::{Context, Result, ensure};
 use bytes::Bytes;
 use http::{Request, StatusCode, header::HOST};
 use http_body_util::{BodyExt, Empty};
@@ -81,13 +81,13 @@ fn main() -> Result<()> {
         .build()
         .context("start the runtime")?;
     rt.block_on(async {
-        wait_for_free_fixture().await?;
         let opts = DemoOptions {
             registry: repo("config/examples/mp"),
             variants: repo("config/examples/variants"),
             run_dir: PathBuf::from("/tmp/aether-bench"),
             binary: PathBuf::from(env!("CARGO_BIN_EXE_aether")),
             prefix: "aeb".into(),
+            netns_prefix: "aeb-".into(),
             legs: Vec::new(),
             mesh_domain: "aether.internal".into(),
             daemon_args: Vec::new(),
@@ -103,19 +103,6 @@ fn main() -> Result<()> {
 
 fn repo(rel: &str) -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join(rel)
-}
-
-/// The fixture's pod namespaces have fixed names: wait while another run (`aether demo`) holds them.
-async fn wait_for_free_fixture() -> Result<()> {
-    let held = Path::new(aether::netns::NETNS_DIR).join("mp-client");
-    for _ in 0..60 {
-        if !held.exists() {
-            return Ok(());
-        }
-        println!("{} exists (another mesh is up); waiting", held.display());
-        tokio::time::sleep(Duration::from_secs(10)).await;
-    }
-    bail!("{} still exists after 10 minutes", held.display())
 }
 
 async fn measure(running: &Running) -> Result<()> {

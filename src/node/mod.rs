@@ -372,7 +372,9 @@ async fn drain(inputs: &Inputs, pods: &Arc<Mutex<Pods>>, bound: Duration) {
 fn watch_registry(dir: &Path, tx: mpsc::Sender<()>) -> Option<notify::RecommendedWatcher> {
     use notify::Watcher;
     let mut watcher = notify::recommended_watcher(move |event: notify::Result<notify::Event>| {
-        if event.is_ok() {
+        // The daemon's own reads of the directory are access events: only changes count, or
+        // every load would trigger the next.
+        if event.is_ok_and(|e| !matches!(e.kind, notify::EventKind::Access(_))) {
             let _ = tx.try_send(());
         }
     })

@@ -9,7 +9,7 @@ use tracing::warn;
 
 use crate::identity::Identities;
 use crate::identity::tls::{client_config, peer_identity, server_config};
-use crate::proxy::{ALPN_HTTP, ALPN_TCP, HopTls, Peer};
+use crate::proxy::{ALPNS, HopTls, Peer};
 
 /// [`HopTls`] over [`Identities`].
 #[derive(Debug)]
@@ -75,12 +75,7 @@ impl HopTls for IdentityTls {
         if let Some(c) = self.servers.get(&key) {
             return Some(c.clone());
         }
-        match server_config(
-            &self.identities,
-            namespace,
-            service_account,
-            &[ALPN_HTTP, ALPN_TCP],
-        ) {
+        match server_config(&self.identities, namespace, service_account, ALPNS) {
             Ok(c) => {
                 self.servers.insert(key, c.clone());
                 Some(c)

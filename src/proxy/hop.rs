@@ -22,9 +22,7 @@ use tokio_rustls::{LazyConfigAcceptor, TlsConnector};
 use tracing::{debug, warn};
 
 use super::socket::{SocketError, Source};
-use super::{
-    ALPN_H1, ALPN_HTTP, ALPN_TCP, ALPNS, Body, BoxError, HOP_PORT, Inputs, Peer, PodCtx, count,
-};
+use super::{ALPN_H1, ALPN_HTTP, ALPN_TCP, Body, BoxError, HOP_PORT, Inputs, Peer, PodCtx, count};
 use crate::model::port::PortProtocol;
 use crate::resolve::decision::{Endpoint, ServiceKey};
 
@@ -248,7 +246,6 @@ async fn inbound_connection(
         count(&inputs.stats.hop_refused);
         return;
     };
-    let config = offering_alpn(config, alpn.as_deref());
     let Ok(tls) = start.into_stream(config).await else {
         count(&inputs.stats.hop_refused);
         return;
@@ -304,23 +301,6 @@ async fn inbound_connection(
             }
         }
     }
-}
-
-/// `config`, offering `asked` too when it is one of [`ALPNS`] the config lacks (a server
-/// config built before [`ALPN_H1`] existed), so that the handshake agrees on it.
-pub(crate) fn offering_alpn(
-    config: Arc<rustls::ServerConfig>,
-    asked: Option<&[u8]>,
-) -> Arc<rustls::ServerConfig> {
-    let Some(asked) = asked else {
-        return config;
-    };
-    if !ALPNS.contains(&asked) || config.alpn_protocols.iter().any(|p| p == asked) {
-        return config;
-    }
-    let mut wider = (*config).clone();
-    wider.alpn_protocols = ALPNS.iter().map(|p| p.to_vec()).collect();
-    Arc::new(wider)
 }
 
 /// One request arriving over the hop: the destination's filters, then the application. A

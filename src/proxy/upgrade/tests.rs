@@ -17,7 +17,7 @@ use tokio_rustls::{LazyConfigAcceptor, TlsConnector};
 
 use super::*;
 use crate::identity::{Ca, Identities, IdentitySettings, client_config, server_config};
-use crate::proxy::{ALPN_H1, ALPN_HTTP, ALPN_TCP, respond};
+use crate::proxy::{ALPN_H1, respond};
 use crate::workload::echo::{Echo, EchoOptions, ListenerKind};
 
 const WL: &str = "mp-multi";
@@ -38,19 +38,14 @@ fn app() -> SocketAddr {
     addr
 }
 
-/// The destination half: TLS accepted like the inbound hop (its server config offers only
-/// `h2` and `aether-tcp/1`, as one built before `aether-h1/1` does), HTTP/1.1 with upgrades,
-/// every request forwarded to the application on a connection of its own.
+/// The destination half: TLS accepted like the inbound hop (its server config offers every hop
+/// ALPN), HTTP/1.1 with upgrades, every request forwarded to the application on a connection of
+/// its own.
 async fn destination(ids: Arc<Identities>, io: DuplexStream, app: SocketAddr) {
     let start = LazyConfigAcceptor::new(rustls::server::Acceptor::default(), io)
         .await
         .expect("a client hello");
-    let alpn: Option<Vec<u8>> = start
-        .client_hello()
-        .alpn()
-        .and_then(|mut a| a.next().map(<[u8]>::to_vec));
-    let config = server_config(&ids, "mp", WL, &[ALPN_HTTP, ALPN_TCP]).unwrap();
-    let config = crate::proxy::hop::offering_alpn(config, alpn.as_deref());
+    let config = server_config(&ids, "mp", WL, crate::proxy::ALPNS).unwrap();
     let tls = start.into_stream(config).await.expect("the hop handshake");
     assert_eq!(tls.get_ref().1.alpn_protocol(), Some(ALPN_H1));
     let service = service_fn(move |mut req: Request<Incoming>| async move {
