@@ -154,6 +154,7 @@ mod tests {
                 tls: Arc::new(NoTls),
                 settings: ProxySettings::default(),
                 pool: Pool::default(),
+                apps: crate::proxy::app_pool::AppPool::default(),
                 stats: Stats::default(),
             }),
             pods: Arc::new(Mutex::new(Pods::default())),

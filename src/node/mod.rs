@@ -179,6 +179,7 @@ pub async fn run(config: NodeConfig) -> Result<(), NodeError> {
             ..ProxySettings::default()
         },
         pool: crate::proxy::hop::Pool::default(),
+        apps: crate::proxy::app_pool::AppPool::default(),
         stats: crate::proxy::Stats::default(),
     });
     let upstreams = if config.dns_upstreams.is_empty() {
@@ -283,10 +284,11 @@ pub async fn run(config: NodeConfig) -> Result<(), NodeError> {
                         debug!(retained = retained.len(), "recompiled");
                         let generation = handle.publish(l.model);
                         dns_table.store(Arc::new(l.dns));
-                        fingerprint.store(l.fingerprint, std::sync::atomic::Ordering::Release);
                         info!(generation, "model published");
                         let ok = reconcile(&config, &shared, &pods, &cni_pods).await;
                         let _ = ready_tx.send(ok);
+                        // Published and reconciled: what `/model` reports as loaded.
+                        fingerprint.store(l.fingerprint, std::sync::atomic::Ordering::Release);
                     }
                     // A failed load keeps the previous model.
                     Err(e) => error!(error = %crate::DisplayChain(&e), "registry reload failed; keeping the previous model"),

@@ -597,11 +597,12 @@ pub async fn to_app(
     mut req: Request<Body>,
     client_upgrade: Option<OnUpgrade>,
 ) -> Response<Body> {
-    let Some(stream) = connect_app(inputs, pod, app, client_ip).await else {
-        return respond::reason(Reason::UpstreamUnreachable);
-    };
     let sent = match client_upgrade {
         Some(up) => {
+            // A switched connection is the client's for good: never pooled.
+            let Some(stream) = connect_app(inputs, pod, app, client_ip).await else {
+                return respond::reason(Reason::UpstreamUnreachable);
+            };
             *req.version_mut() = Version::HTTP_11;
             upgrade::forward(stream, origin_form_any(req), up)
                 .await
@@ -611,7 +612,12 @@ pub async fn to_app(
             let h2 = version == Version::HTTP_2;
             *req.version_mut() = if h2 { Version::HTTP_2 } else { version };
             let req = if h2 { req } else { origin_form_any(req) };
-            send_on(stream, h2, req).await.map_err(BoxError::from)
+            inputs
+                .apps
+                .send(client_ip, app, h2, req, || {
+                    connect_app(inputs, pod, app, client_ip)
+                })
+                .await
         }
     };
     match sent {

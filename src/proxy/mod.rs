@@ -2,6 +2,7 @@
 //! (ARCHITECTURE.md "proxy"). It reads the published model and the workload identities; it never
 //! reads the registry and never programs capture.
 
+pub mod app_pool;
 pub mod filters;
 pub mod hop;
 pub mod http;
@@ -122,6 +123,8 @@ pub struct Inputs {
     pub settings: ProxySettings,
     /// Pooled HTTP/2 hop connections.
     pub pool: hop::Pool,
+    /// Kept connections to local applications.
+    pub apps: app_pool::AppPool,
     /// Counters.
     pub stats: Stats,
 }

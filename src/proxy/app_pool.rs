@@ -1,0 +1,238 @@
+//! Keep-alive connections from the destination daemon to local applications.
+//!
+//! A delivery that arrives over the mesh hop is handed to the application on a connection
+//! opened inside the destination pod from the client pod's IP (model.md §12.4). Opening one per
+//! request costs a handshake and leaves a TIME_WAIT socket each; the data-plane benchmark showed
+//! throughput collapsing under them. So connections are kept, per (client IP, application
+//! address, HTTP version): HTTP/2 connections are shared, an HTTP/1.1 connection goes back to the
+//! pool once its response body has been read to the end.
+
+use std::net::{IpAddr, SocketAddr};
+use std::pin::Pin;
+use std::sync::Arc;
+use std::task::{Context, Poll};
+
+use bytes::Bytes;
+use dashmap::DashMap;
+use http::{Request, Response};
+use http_body::{Body as HttpBody, Frame, SizeHint};
+use http_body_util::BodyExt;
+use hyper::client::conn::{http1, http2};
+use hyper_util::rt::{TokioExecutor, TokioIo};
+use tokio::net::TcpStream;
+
+use super::{Body, BoxError};
+
+/// The most idle HTTP/1.1 connections kept per key.
+const MAX_IDLE: usize = 32;
+
+type Key = (IpAddr, SocketAddr);
+
+/// Idle HTTP/1.1 senders and shared HTTP/2 senders, by key.
+#[derive(Debug, Default, Clone)]
+pub struct AppPool {
+    h1: Arc<DashMap<Key, Vec<http1::SendRequest<Body>>>>,
+    h2: Arc<DashMap<Key, http2::SendRequest<Body>>>,
+}
+
+impl AppPool {
+    /// Send `req` to the application at `app` for a client at `client`, reusing a kept
+    /// connection when one is ready and opening one with `connect` otherwise.
+    pub async fn send<F, Fut>(
+        &self,
+        client: IpAddr,
+        app: SocketAddr,
+        h2: bool,
+        req: Request<Body>,
+        connect: F,
+    ) -> Result<Response<Body>, BoxError>
+    where
+        F: FnOnce() -> Fut,
+        Fut: Future<Output = Option<TcpStream>>,
+    {
+        let key = (client, app);
+        if h2 {
+            let kept = self
+                .h2
+                .get(&key)
+                .map(|s| s.clone())
+                .filter(|s| !s.is_closed());
+            let mut sender = match kept {
+                Some(s) => s,
+                None => {
+                    let stream = connect()
+                        .await
+                        .ok_or("the application refused the connection")?;
+                    let (sender, conn) = http2::Builder::new(TokioExecutor::new())
+                        .timer(hyper_util::rt::TokioTimer::new())
+                        .handshake(TokioIo::new(stream))
+                        .await?;
+                    tokio::spawn(conn);
+                    self.h2.insert(key, sender.clone());
+                    sender
+                }
+            };
+            let resp = sender.send_request(req).await?;
+            return Ok(resp.map(|b| b.map_err(BoxError::from).boxed()));
+        }
+        let mut sender = loop {
+            let kept = self.h1.get_mut(&key).and_then(|mut idle| idle.pop());
+            match kept {
+                Some(mut s) => {
+                    if s.ready().await.is_ok() {
+                        break s;
+                    }
+                }
+                None => {
+                    let stream = connect()
+                        .await
+                        .ok_or("the application refused the connection")?;
+                    let (s, conn) = http1::Builder::new()
+                        .handshake(TokioIo::new(stream))
+                        .await?;
+                    tokio::spawn(conn);
+                    break s;
+                }
+            }
+        };
+        let resp = sender.send_request(req).await?;
+        let pool = self.clone();
+        Ok(resp.map(|body| {
+            Returning {
+                inner: body.map_err(BoxError::from).boxed(),
+                back: Some((pool, key, sender)),
+            }
+            .boxed()
+        }))
+    }
+
+    fn put_back(&self, key: Key, sender: http1::SendRequest<Body>) {
+        let mut idle = self.h1.entry(key).or_default();
+        if idle.len() < MAX_IDLE {
+            idle.push(sender);
+        }
+    }
+}
+
+/// A response body that returns its HTTP/1.1 connection to the pool once read to the end (a
+/// body dropped before its end takes the connection with it).
+struct Returning {
+    inner: Body,
+    back: Option<(AppPool, Key, http1::SendRequest<Body>)>,
+}
+
+impl Returning {
+    fn finish(&mut self) {
+        if let Some((pool, key, sender)) = self.back.take() {
+            pool.put_back(key, sender);
+        }
+    }
+}
+
+impl HttpBody for Returning {
+    type Data = Bytes;
+    type Error = BoxError;
+
+    fn poll_frame(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
+        let polled = Pin::new(&mut self.inner).poll_frame(cx);
+        match &polled {
+            Poll::Ready(None) => self.finish(),
+            Poll::Ready(Some(Ok(_))) if self.inner.is_end_stream() => self.finish(),
+            Poll::Ready(Some(Err(_))) => self.back = None,
+            _ => {}
+        }
+        polled
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.inner.is_end_stream()
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        self.inner.size_hint()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::proxy::respond;
+
+    /// An HTTP/1.1 server that answers every request with the number of its connection.
+    async fn server() -> (SocketAddr, Arc<std::sync::atomic::AtomicUsize>) {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let conns = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+        let counter = conns.clone();
+        tokio::spawn(async move {
+            loop {
+                let (s, _) = listener.accept().await.unwrap();
+                let n = counter.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+                tokio::spawn(async move {
+                    let svc = hyper::service::service_fn(move |_req| async move {
+                        Ok::<_, std::convert::Infallible>(Response::new(respond::full(format!(
+                            "conn {n}"
+                        ))))
+                    });
+                    let _ = hyper::server::conn::http1::Builder::new()
+                        .serve_connection(TokioIo::new(s), svc)
+                        .await;
+                });
+            }
+        });
+        (addr, conns)
+    }
+
+    fn get() -> Request<Body> {
+        Request::builder()
+            .uri("/")
+            .header("host", "x")
+            .body(respond::empty())
+            .unwrap()
+    }
+
+    async fn text(resp: Response<Body>) -> String {
+        String::from_utf8(
+            resp.into_body()
+                .collect()
+                .await
+                .unwrap()
+                .to_bytes()
+                .to_vec(),
+        )
+        .unwrap()
+    }
+
+    #[tokio::test]
+    async fn a_read_response_returns_its_connection_and_a_busy_one_is_not_shared() {
+        let (addr, conns) = server().await;
+        let pool = AppPool::default();
+        let client: IpAddr = "10.0.0.1".parse().unwrap();
+        let connect = || async move { TcpStream::connect(addr).await.ok() };
+        for _ in 0..5 {
+            let r = pool
+                .send(client, addr, false, get(), connect)
+                .await
+                .unwrap();
+            assert_eq!(text(r).await, "conn 0");
+        }
+        assert_eq!(conns.load(std::sync::atomic::Ordering::SeqCst), 1);
+        // Two responses held unread at once need two connections.
+        let a = pool
+            .send(client, addr, false, get(), connect)
+            .await
+            .unwrap();
+        let b = pool
+            .send(client, addr, false, get(), connect)
+            .await
+            .unwrap();
+        assert_ne!(text(a).await, text(b).await);
+        // Another client IP never shares a connection (its source address differs).
+        let other: IpAddr = "10.0.0.2".parse().unwrap();
+        let r = pool.send(other, addr, false, get(), connect).await.unwrap();
+        assert_eq!(text(r).await, "conn 2");
+    }
+}
