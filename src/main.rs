@@ -127,6 +127,10 @@ struct DemoArgs {
     /// Run the legs, print the table and exit (non-zero when a leg failed) instead of staying up.
     #[arg(long)]
     check: bool,
+    /// Build the mesh and keep it up without running the legs (they are written for the
+    /// fixture; another manifest directory has other workloads).
+    #[arg(long, conflicts_with_all = ["check", "legs"])]
+    no_legs: bool,
     /// Write the leg results as JSON to this file.
     #[arg(long)]
     json: Option<PathBuf>,
@@ -629,10 +633,16 @@ fn run_demo(args: &DemoArgs) -> anyhow::Result<ExitCode> {
         );
         let running = aether::demo::up(&opts).await?;
         println!("{}", running.summary);
-        println!("Running the legs of spec/legs.md through real sockets...");
-        let results = tokio::select! {
-            r = aether::demo::run_legs(&running, &opts.legs) => Some(r),
-            _ = tokio::signal::ctrl_c() => None,
+        let results = if args.no_legs {
+            println!("\nThe mesh is up (no legs run).\n{}", aether::demo::try_these(&running));
+            let _ = tokio::signal::ctrl_c().await;
+            None
+        } else {
+            println!("Running the legs of spec/legs.md through real sockets...");
+            tokio::select! {
+                r = aether::demo::run_legs(&running, &opts.legs) => Some(r),
+                _ = tokio::signal::ctrl_c() => None,
+            }
         };
         let mut code = ExitCode::SUCCESS;
         if let Some(results) = &results {
