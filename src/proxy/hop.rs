@@ -197,6 +197,8 @@ pub async fn serve_inbound(inputs: Arc<Inputs>, pod: Arc<PodCtx>, listener: TcpL
                 continue;
             }
         };
+        // Small TLS records must not wait for the peer's delayed ACK (Nagle).
+        let _ = tcp.set_nodelay(true);
         let local = tcp.local_addr().ok();
         let inputs = inputs.clone();
         let pod = pod.clone();

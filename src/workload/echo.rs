@@ -352,6 +352,7 @@ async fn accept_loop(ctx: Arc<Ctx>, b: Bound, l: TcpListener) -> Result<(), Echo
                 continue;
             }
         };
+        let _ = stream.set_nodelay(true);
         let ctx = Arc::clone(&ctx);
         tokio::spawn(async move {
             let r = match b.kind {
