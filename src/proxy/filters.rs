@@ -163,6 +163,9 @@ async fn ext_authz<B>(
         return Some(respond::reason(Reason::AuthzUnavailable));
     };
     if resp.status().is_success() {
+        // Read the (normally empty) body to its end: a dropped HTTP/2 response resets its
+        // stream, and a hop connection that resets many gets closed by the h2 crate.
+        let _ = tokio::time::timeout(timeout, resp.into_body().collect()).await;
         return None;
     }
     let status = resp.status();
