@@ -239,10 +239,21 @@ pub async fn handle(
                         return respond::reason(Reason::NotAMeshName);
                     }
                 };
-                passthrough(inputs, pod, dialled, req, client_upgrade).await
+                let resp = passthrough(inputs, pod, dialled, req, client_upgrade).await;
+                info!(target: "aether::access", pod = %pod.name, host = ?facts.authority(),
+                    decision = "passthrough", dst.addr = %dialled, status = resp.status().as_u16(),
+                    duration_us = started.elapsed().as_micros());
+                resp
             }
             RequestDecision::Deliver(d) => {
-                deliver(inputs, pod, &facts, *d, req, client_upgrade).await
+                let svc = d.backend.service.clone();
+                let port = d.backend.pod_port;
+                let resp = deliver(inputs, pod, &facts, *d, req, client_upgrade).await;
+                info!(target: "aether::access", pod = %pod.name, host = ?facts.authority(),
+                    decision = "deliver", %svc, dst.port = port, status = resp.status().as_u16(),
+                    reason = resp.headers().get(HEADER_ERROR).and_then(|v| v.to_str().ok()),
+                    duration_us = started.elapsed().as_micros());
+                resp
             }
         };
         return resp;
