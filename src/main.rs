@@ -634,7 +634,10 @@ fn run_demo(args: &DemoArgs) -> anyhow::Result<ExitCode> {
         let running = aether::demo::up(&opts).await?;
         println!("{}", running.summary);
         let results = if args.no_legs {
-            println!("\nThe mesh is up (no legs run).\n{}", aether::demo::try_these(&running));
+            println!(
+                "\nThe mesh is up (no legs run).\n{}",
+                aether::demo::try_these(&running)
+            );
             let _ = tokio::signal::ctrl_c().await;
             None
         } else {
