@@ -42,6 +42,14 @@ pub enum DnsError {
         /// The last failure.
         last: String,
     },
+    /// The nameserver answered the candidate with a failure (SERVFAIL, REFUSED, ...).
+    #[error("{name}: the nameserver failed ({answer})")]
+    ServerFailed {
+        /// The candidate asked for.
+        name: String,
+        /// Which server and what it answered.
+        answer: String,
+    },
     /// The query could not be encoded.
     #[error("encode a DNS query")]
     Encode(#[source] hickory_proto::ProtoError),
@@ -167,17 +175,23 @@ impl Resolver {
             return Ok(vec![IpAddr::V4(Ipv4Addr::LOCALHOST)]);
         }
         let candidates = self.candidates(name);
+        // As glibc does, a candidate the server fails on (SERVFAIL, REFUSED) does not end the
+        // search; the failure is reported only if no later candidate answers.
+        let mut failed = None;
         for fqdn in &candidates {
-            match self.query(connector, name, fqdn).await? {
-                Some(ips) if !ips.is_empty() => return Ok(ips),
-                _ => {}
+            match self.query(connector, name, fqdn).await {
+                Ok(Some(ips)) if !ips.is_empty() => return Ok(ips),
+                Ok(_) => {}
+                Err(ProbeError::Dns(e @ DnsError::ServerFailed { .. })) => failed = Some(e),
+                Err(e) => return Err(e),
             }
         }
-        Err(DnsError::NotFound {
-            name: name.to_owned(),
-            tried: candidates.join(" "),
-        }
-        .into())
+        Err(failed
+            .unwrap_or(DnsError::NotFound {
+                name: name.to_owned(),
+                tried: candidates.join(" "),
+            })
+            .into())
     }
 
     /// One candidate: `Some(ips)` on an answer (possibly empty: NODATA), `None` on NXDOMAIN.
@@ -197,6 +211,7 @@ impl Resolver {
         let wire = msg.to_vec().map_err(DnsError::Encode)?;
 
         let mut last = String::from("no nameserver");
+        let mut server_failed = None;
         for _ in 0..self.attempts.max(1) {
             for ns in &self.nameservers {
                 match self.ask(connector, *ns, &wire, id).await {
@@ -213,11 +228,18 @@ impl Resolver {
                                 .collect();
                             return Ok(Some(ips));
                         }
-                        code => last = format!("{ns}: {code}"),
+                        code => server_failed = Some(format!("{ns}: {code}")),
                     },
                     Err(e) => last = format!("{ns}: {e}"),
                 }
             }
+        }
+        if let Some(answer) = server_failed {
+            return Err(DnsError::ServerFailed {
+                name: fqdn.to_owned(),
+                answer,
+            }
+            .into());
         }
         Err(DnsError::NoAnswer {
             name: name.to_owned(),
