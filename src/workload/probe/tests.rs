@@ -470,8 +470,8 @@ fn raw_text_escapes_become_bytes() {
     assert_eq!(unescape("a\\x41\\\\b\\q"), b"aA\\b\\q");
 }
 
-/// A DNS server that answers `known` with `ip` and NXDOMAIN otherwise, and reports each name
-/// it is asked.
+/// A DNS server that answers `known` with `ip`, SERVFAIL for `<x>-fails.cluster.local`, and
+/// NXDOMAIN otherwise, and reports each name it is asked.
 async fn fake_dns(
     known: &'static str,
     ip: Ipv4Addr,
@@ -495,6 +495,12 @@ async fn fake_dns(
                     60,
                     RData::A(A(ip)),
                 ));
+            } else if name.contains("-fails.")
+                && name.ends_with(".cluster.local.")
+                && !name.contains(".svc.")
+            {
+                // A zone this server cannot answer for.
+                resp.metadata.response_code = ResponseCode::ServFail;
             } else {
                 resp.metadata.response_code = ResponseCode::NXDomain;
             }
@@ -546,6 +552,30 @@ async fn a_short_name_resolves_through_the_search_list() {
             "nosuch.cluster.local.",
             "nosuch."
         ]
+    );
+}
+
+#[tokio::test]
+async fn a_server_failure_on_one_candidate_does_not_end_the_search() {
+    // `one-fails.cluster.local.` gets SERVFAIL; the last candidate, the name as written, answers.
+    let (ns, _asked) = fake_dns("one-fails.", Ipv4Addr::new(10, 1, 2, 3)).await;
+    let resolver = Resolver {
+        nameservers: vec![ns],
+        ..Resolver::cluster("mp")
+    };
+    let ips = resolver
+        .resolve(&Connector::current(), "one-fails")
+        .await
+        .unwrap();
+    assert_eq!(ips, vec![IpAddr::V4(Ipv4Addr::new(10, 1, 2, 3))]);
+    // When nothing answers, the failure is what is reported.
+    let err = resolver
+        .resolve(&Connector::current(), "two-fails")
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(err, ProbeError::Dns(DnsError::ServerFailed { .. })),
+        "{err}"
     );
 }
 
