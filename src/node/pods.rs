@@ -236,19 +236,28 @@ async fn serve_pod(shared: &Shared, d: &Desired) -> Result<Vec<AbortHandle>, Pod
         )?);
         hop.push(net.tcp_listener(SocketAddr::new(IpAddr::V6(v6), HOP_PORT), false)?);
     }
-    let udp = if d.capture.udp && d.capture.ipv4.is_some() {
-        let s = net.udp_socket(SocketAddr::new(any4, LEGACY_PORT), true)?;
-        crate::proxy::udp::want_original_destination(&s).map_err(|source| {
-            crate::proxy::socket::SocketError::Io {
-                what: "IP_RECVORIGDSTADDR on",
-                addr: SocketAddr::new(any4, LEGACY_PORT),
-                source,
+    // The UDP listener of each family the pod has, only while a UDPRoute exists (§12.3).
+    let mut udp = Vec::new();
+    if d.capture.udp {
+        for (has, any) in [
+            (d.capture.ipv4.is_some(), any4),
+            (d.capture.ipv6.is_some(), any6),
+        ] {
+            if !has {
+                continue;
             }
-        })?;
-        Some(s)
-    } else {
-        None
-    };
+            let addr = SocketAddr::new(any, LEGACY_PORT);
+            let s = net.udp_socket(addr, true)?;
+            crate::proxy::udp::want_original_destination(&s, addr.is_ipv6()).map_err(|source| {
+                crate::proxy::socket::SocketError::Io {
+                    what: "IP_RECVORIGDSTADDR on",
+                    addr,
+                    source,
+                }
+            })?;
+            udp.push(s);
+        }
+    }
     let dns_udp = net.udp_socket(DNS_ADDR, false)?;
     let dns_tcp = net.tcp_listener(DNS_ADDR, false)?;
     // Listeners are open: now capture may send traffic to them.
@@ -295,7 +304,7 @@ async fn serve_pod(shared: &Shared, d: &Desired) -> Result<Vec<AbortHandle>, Pod
             .abort_handle(),
         );
     }
-    if let Some(s) = udp {
+    for s in udp {
         tasks.push(
             tokio::spawn(crate::proxy::udp::serve_udp(inputs.clone(), pod.clone(), s))
                 .abort_handle(),

@@ -21,15 +21,19 @@ use crate::resolve::decision::UdpDecision;
 use crate::resolve::resolve_udp;
 
 /// Ask the kernel for each datagram's original destination.
-pub fn want_original_destination(sock: &UdpSocket) -> std::io::Result<()> {
-    setsockopt(sock, sockopt::Ipv4OrigDstAddr, &true).map_err(std::io::Error::from)
+pub fn want_original_destination(sock: &UdpSocket, ipv6: bool) -> std::io::Result<()> {
+    if ipv6 {
+        setsockopt(sock, sockopt::Ipv6OrigDstAddr, &true).map_err(std::io::Error::from)
+    } else {
+        setsockopt(sock, sockopt::Ipv4OrigDstAddr, &true).map_err(std::io::Error::from)
+    }
 }
 
 fn recv_with_dst(
     sock: &UdpSocket,
     buf: &mut [u8],
 ) -> std::io::Result<(usize, SocketAddr, Option<SocketAddr>)> {
-    let mut cmsg = nix::cmsg_space!(nix::libc::sockaddr_in);
+    let mut cmsg = nix::cmsg_space!(nix::libc::sockaddr_in6);
     let mut iov = [IoSliceMut::new(buf)];
     let msg = recvmsg::<SockaddrStorage>(
         sock.as_raw_fd(),
@@ -40,9 +44,16 @@ fn recv_with_dst(
     .map_err(std::io::Error::from)?;
     let mut dst = None;
     for c in msg.cmsgs().map_err(std::io::Error::from)? {
-        if let ControlMessageOwned::Ipv4OrigDstAddr(a) = c {
-            let ip = Ipv4Addr::from(u32::from_be(a.sin_addr.s_addr));
-            dst = Some(SocketAddr::new(IpAddr::V4(ip), u16::from_be(a.sin_port)));
+        match c {
+            ControlMessageOwned::Ipv4OrigDstAddr(a) => {
+                let ip = Ipv4Addr::from(u32::from_be(a.sin_addr.s_addr));
+                dst = Some(SocketAddr::new(IpAddr::V4(ip), u16::from_be(a.sin_port)));
+            }
+            ControlMessageOwned::Ipv6OrigDstAddr(a) => {
+                let ip = std::net::Ipv6Addr::from(a.sin6_addr.s6_addr);
+                dst = Some(SocketAddr::new(IpAddr::V6(ip), u16::from_be(a.sin6_port)));
+            }
+            _ => {}
         }
     }
     let src = msg
@@ -50,6 +61,10 @@ fn recv_with_dst(
         .and_then(|a| {
             a.as_sockaddr_in()
                 .map(|s| SocketAddr::new(IpAddr::V4(s.ip()), s.port()))
+                .or_else(|| {
+                    a.as_sockaddr_in6()
+                        .map(|s| SocketAddr::new(IpAddr::V6(s.ip()), s.port()))
+                })
         })
         .ok_or_else(|| std::io::Error::other("datagram without a source address"))?;
     Ok((msg.bytes, src, dst))
