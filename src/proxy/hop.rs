@@ -130,7 +130,9 @@ pub struct Pool {
 }
 
 impl Pool {
-    /// Send one request over a pooled hop connection, opening one when needed.
+    /// Send one request over a pooled hop connection, opening one when needed. A kept
+    /// connection that turns out to be gone (the peer restarted, sent GOAWAY) before the request
+    /// left is replaced once; a request that has left is never sent twice.
     pub async fn send(
         &self,
         inputs: &Inputs,
@@ -141,35 +143,42 @@ impl Pool {
     ) -> Result<Response<hyper::body::Incoming>, HopError> {
         let src = pod.net.ip_for(SocketAddr::new(endpoint.address, 0)).ok();
         let key = (src.unwrap_or(endpoint.address), endpoint.address, port);
-        let existing = self
+        let dst = SocketAddr::new(endpoint.address, HOP_PORT);
+        let kept = self
             .conns
             .get(&key)
             .map(|c| c.clone())
             .filter(|c| !c.is_closed());
-        let mut sender = match existing {
-            Some(s) => s,
-            None => {
-                let tls = connect(inputs, pod, endpoint, port, ALPN_HTTP).await?;
-                let dst = SocketAddr::new(endpoint.address, HOP_PORT);
-                let (sender, conn) = hyper::client::conn::http2::Builder::new(TokioExecutor::new())
-                    .timer(hyper_util::rt::TokioTimer::new())
-                    .handshake(TokioIo::new(tls))
-                    .await
-                    .map_err(|source| HopError::Http { dst, source })?;
-                tokio::spawn(async move {
-                    if let Err(e) = conn.await {
-                        debug!(error = %e, %dst, "hop connection ended");
+        let req = match kept {
+            Some(mut sender) => match sender.try_send_request(req).await {
+                Ok(resp) => return Ok(resp),
+                Err(mut e) => {
+                    self.conns.remove(&key);
+                    match e.take_message() {
+                        Some(req) => req,
+                        None => {
+                            return Err(HopError::Http {
+                                dst,
+                                source: e.into_error(),
+                            });
+                        }
                     }
-                });
-                self.conns.insert(key, sender.clone());
-                sender
-            }
+                }
+            },
+            None => req,
         };
-        let dst = SocketAddr::new(endpoint.address, HOP_PORT);
-        if sender.ready().await.is_err() {
-            self.conns.remove(&key);
-            return Err(HopError::ConnectTimeout { dst });
-        }
+        let tls = connect(inputs, pod, endpoint, port, ALPN_HTTP).await?;
+        let (mut sender, conn) = hyper::client::conn::http2::Builder::new(TokioExecutor::new())
+            .timer(hyper_util::rt::TokioTimer::new())
+            .handshake(TokioIo::new(tls))
+            .await
+            .map_err(|source| HopError::Http { dst, source })?;
+        tokio::spawn(async move {
+            if let Err(e) = conn.await {
+                debug!(error = %e, %dst, "hop connection ended");
+            }
+        });
+        self.conns.insert(key, sender.clone());
         sender.send_request(req).await.map_err(|source| {
             self.conns.remove(&key);
             HopError::Http { dst, source }
