@@ -46,14 +46,7 @@ impl Ca {
     /// written; see [`Ca::load_or_create`] for a CA that persists.
     pub fn generate(now: SystemTime) -> Result<Self, IdentityError> {
         let key = KeyPair::generate_for(&PKCS_ECDSA_P256_SHA256)?;
-        let mut params = CertificateParams::default();
-        params.distinguished_name = rcgen::DistinguishedName::new();
-        params
-            .distinguished_name
-            .push(DnType::OrganizationName, "aether");
-        params
-            .distinguished_name
-            .push(DnType::CommonName, "aether mesh ca");
+        let mut params = named_params("aether mesh ca");
         params.is_ca = IsCa::Ca(BasicConstraints::Constrained(0));
         params.key_usages = vec![
             KeyUsagePurpose::KeyCertSign,
@@ -234,4 +227,17 @@ mod tests {
         let err = Ca::load(&dir.join("ca.pem"), &dir.join("ca-key.pem")).unwrap_err();
         assert!(matches!(err, IdentityError::Io { .. }), "{err}");
     }
+}
+
+/// Certificate parameters whose subject is organization `aether` and the given common name.
+pub(crate) fn named_params(common_name: impl Into<String>) -> CertificateParams {
+    let mut params = CertificateParams::default();
+    params.distinguished_name = rcgen::DistinguishedName::new();
+    params
+        .distinguished_name
+        .push(DnType::OrganizationName, "aether");
+    params
+        .distinguished_name
+        .push(DnType::CommonName, common_name.into());
+    params
 }

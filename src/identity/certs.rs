@@ -16,10 +16,7 @@ use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
 use dashmap::DashMap;
-use rcgen::{
-    CertificateParams, DnType, ExtendedKeyUsagePurpose, KeyPair, KeyUsagePurpose,
-    PKCS_ECDSA_P256_SHA256, SanType,
-};
+use rcgen::{ExtendedKeyUsagePurpose, KeyPair, KeyUsagePurpose, PKCS_ECDSA_P256_SHA256, SanType};
 use rustls::crypto::CryptoProvider;
 use rustls::sign::CertifiedKey;
 use rustls_pki_types::{CertificateDer, PrivateKeyDer, PrivatePkcs8KeyDer, ServerName};
@@ -223,14 +220,7 @@ impl Identities {
         let key = KeyPair::generate_for(&PKCS_ECDSA_P256_SHA256)?;
         let not_before = now - self.settings.backdate;
         let not_after = now + self.settings.validity;
-        let mut params = CertificateParams::default();
-        params.distinguished_name = rcgen::DistinguishedName::new();
-        params
-            .distinguished_name
-            .push(DnType::OrganizationName, "aether");
-        params
-            .distinguished_name
-            .push(DnType::CommonName, format!("{service_account}.{namespace}"));
+        let mut params = super::ca::named_params(format!("{service_account}.{namespace}"));
         params.subject_alt_names = vec![
             SanType::URI(id.to_string().try_into()?),
             SanType::DnsName(

@@ -937,17 +937,20 @@ async fn n13(env: &Env) -> Check {
     Ok("(i) every name and port → 9090 + x-a4; (ii) only 9090".into())
 }
 
-async fn authz_count(env: &Env) -> Result<u64, String> {
+/// A counter of mp-authz's echo (workload/echo.rs): `/count` (its authorization checks) or
+/// `/echo-count` (the plain requests it answered).
+async fn mp_authz_counter(env: &Env, path: &str) -> Result<u64, String> {
     let o = env
-        .probe(
-            CLIENT,
-            &probe(name(&env.mesh("mp-authz"), 9191), get("/count")),
-        )
+        .probe(CLIENT, &probe(name(&env.mesh("mp-authz"), 9191), get(path)))
         .await?;
     o.first_line()
         .trim()
         .parse()
-        .map_err(|_| format!("authz count: {}", o.summary()))
+        .map_err(|_| format!("mp-authz {path}: {}", o.summary()))
+}
+
+async fn authz_count(env: &Env) -> Result<u64, String> {
+    mp_authz_counter(env, "/count").await
 }
 
 async fn n14(env: &Env) -> Check {
@@ -1500,16 +1503,7 @@ async fn upg(env: &Env) -> Check {
 /// The requests mp-authz's echo has answered (workload/echo.rs `GET /echo-count`): not its
 /// authorization checks, not the count itself.
 async fn echo_count(env: &Env) -> Result<u64, String> {
-    let o = env
-        .probe(
-            CLIENT,
-            &probe(name(&env.mesh("mp-authz"), 9191), get("/echo-count")),
-        )
-        .await?;
-    o.first_line()
-        .trim()
-        .parse()
-        .map_err(|_| format!("echo count: {}", o.summary()))
+    mp_authz_counter(env, "/echo-count").await
 }
 
 /// routes.md §4 item 4 (Gateway API `RequestMirror`): the variant's rule on mp-httponly

@@ -370,6 +370,28 @@ fn self_peer(pod: &PodCtx) -> Peer {
     }
 }
 
+/// The answer of a rule's `RequestRedirect` for this request (routes.md §4).
+fn rule_redirect(
+    r: &crate::model::snapshot::Redirect,
+    facts: &Facts,
+    req: &Request<Body>,
+    front_port: u16,
+    run: &crate::resolve::decision::RouteRun,
+) -> Response<Body> {
+    let answer = redirect(
+        r,
+        RedirectInput {
+            scheme: "http",
+            authority: facts.authority().unwrap_or(""),
+            listener_port: front_port,
+            path: req.uri().path(),
+            query: req.uri().query(),
+            matched_prefix: run.matched_prefix.as_deref(),
+        },
+    );
+    respond::redirect(answer.status, &answer.location)
+}
+
 /// Deliver a request over the mesh hop with every filter that applies (routes.md §4, §5),
 /// sending the mirrors that fire. An upgrade request crosses a dedicated HTTP/1.1 hop and is
 /// spliced on `101`.
@@ -398,19 +420,7 @@ async fn deliver(
                 FilterStep::RequestHeaders(m) => modify_headers(req.headers_mut(), m),
                 FilterStep::ResponseHeaders(m) => rule_response.0.push(m.clone()),
                 FilterStep::Redirect(r) => {
-                    let path = req.uri().path().to_owned();
-                    let answer = redirect(
-                        r,
-                        RedirectInput {
-                            scheme: "http",
-                            authority: facts.authority().unwrap_or(""),
-                            listener_port: d.front_port,
-                            path: &path,
-                            query: req.uri().query(),
-                            matched_prefix: run.matched_prefix.as_deref(),
-                        },
-                    );
-                    let mut resp = respond::redirect(answer.status, &answer.location);
+                    let mut resp = rule_redirect(r, facts, &req, d.front_port, run);
                     rule_response.apply(&mut resp);
                     return resp;
                 }
@@ -467,19 +477,7 @@ async fn deliver(
             }
         }
         if let RuleAnswer::Redirect(r) = &plan.answer {
-            let path = req.uri().path().to_owned();
-            let answer = redirect(
-                r,
-                RedirectInput {
-                    scheme: "http",
-                    authority: facts.authority().unwrap_or(""),
-                    listener_port: d.front_port,
-                    path: &path,
-                    query: req.uri().query(),
-                    matched_prefix: run.matched_prefix.as_deref(),
-                },
-            );
-            let mut resp = respond::redirect(answer.status, &answer.location);
+            let mut resp = rule_redirect(r, facts, &req, d.front_port, run);
             backend_response.apply(&mut resp);
             rule_response.apply(&mut resp);
             return resp;
