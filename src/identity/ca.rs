@@ -176,6 +176,19 @@ fn write_then_rename(path: &Path, text: &str, mode: u32) -> Result<(), IdentityE
     fs::rename(&tmp, path).map_err(io(path))
 }
 
+/// Certificate parameters whose subject is organization `aether` and the given common name.
+pub(crate) fn named_params(common_name: impl Into<String>) -> CertificateParams {
+    let mut params = CertificateParams::default();
+    params.distinguished_name = rcgen::DistinguishedName::new();
+    params
+        .distinguished_name
+        .push(DnType::OrganizationName, "aether");
+    params
+        .distinguished_name
+        .push(DnType::CommonName, common_name.into());
+    params
+}
+
 #[cfg(test)]
 mod tests {
     use std::os::unix::fs::PermissionsExt;
@@ -227,17 +240,4 @@ mod tests {
         let err = Ca::load(&dir.join("ca.pem"), &dir.join("ca-key.pem")).unwrap_err();
         assert!(matches!(err, IdentityError::Io { .. }), "{err}");
     }
-}
-
-/// Certificate parameters whose subject is organization `aether` and the given common name.
-pub(crate) fn named_params(common_name: impl Into<String>) -> CertificateParams {
-    let mut params = CertificateParams::default();
-    params.distinguished_name = rcgen::DistinguishedName::new();
-    params
-        .distinguished_name
-        .push(DnType::OrganizationName, "aether");
-    params
-        .distinguished_name
-        .push(DnType::CommonName, common_name.into());
-    params
 }
