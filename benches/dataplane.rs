@@ -96,7 +96,7 @@ fn main() -> Result<()> {
         // `Running` takes the topology down when dropped: on error and on panic too.
         let running = aether::demo::up(&opts).await.context("bring the mesh up")?;
         let measured = measure(&running).await;
-        running.down().context("take the mesh down")?;
+        running.down().await.context("take the mesh down")?;
         measured
     })
 }
@@ -107,7 +107,8 @@ fn repo(rel: &str) -> PathBuf {
 
 async fn measure(running: &Running) -> Result<()> {
     let env = &running.env;
-    let lab = running.lab.as_ref().context("the lab is up")?;
+    let guard = running.lab.lock().await;
+    let lab = guard.as_ref().context("the lab is up")?;
     let client = env.clients.get("mp-client").context("no mp-client")?;
     let ext = lab
         .pod_netns("mp-ext", "ext-http-0")

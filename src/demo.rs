@@ -3,6 +3,7 @@
 //! every pod runs its manifest's command; then the legs of spec/legs.md run through it.
 
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 use std::time::Duration;
 
 use crate::lab::run::{Lab, UpOptions};
@@ -84,8 +85,11 @@ fn io(what: &'static str, path: &Path) -> impl FnOnce(std::io::Error) -> DemoErr
 /// A running mesh: the topology and where its daemons answer.
 #[derive(Debug)]
 pub struct Running {
-    /// The topology (taken down by [`Running::down`] or on drop).
-    pub lab: Option<Lab>,
+    /// The topology (taken down by [`Running::down`], or when the last handle drops). Shared
+    /// with the legs' daemon-restart hook.
+    pub lab: Arc<tokio::sync::Mutex<Option<Lab>>>,
+    /// The run directory.
+    pub run_dir: PathBuf,
     /// The legs' environment.
     pub env: Env,
     /// The summary of nodes and pods.
@@ -96,9 +100,12 @@ pub struct Running {
 
 impl Running {
     /// Take everything down.
-    pub fn down(mut self) -> Result<(), DemoError> {
-        if let Some(lab) = self.lab.take() {
-            lab.down()?;
+    pub async fn down(self) -> Result<(), DemoError> {
+        let lab = self.lab.lock().await.take();
+        if let Some(lab) = lab {
+            tokio::task::spawn_blocking(move || lab.down())
+                .await
+                .map_err(|e| io("take down", &self.run_dir)(std::io::Error::other(e)))??;
         }
         Ok(())
     }
@@ -159,6 +166,7 @@ pub async fn up(opts: &DemoOptions) -> Result<Running, DemoError> {
         .await
         .map_err(|e| io("bring up", &run_dir)(std::io::Error::other(e)))??;
     let mut sockets = Vec::new();
+    let mut argvs = std::collections::BTreeMap::new();
     let nodes: Vec<String> = planned.plan.nodes.iter().map(|n| n.name.clone()).collect();
     for node in &nodes {
         let state = run_dir.join(format!("node-{node}"));
@@ -180,23 +188,17 @@ pub async fn up(opts: &DemoOptions) -> Result<Running, DemoError> {
         argv.extend(opts.daemon_args.iter().cloned());
         lab.start_daemon(node, &argv)?;
         sockets.push((node.clone(), state.join("admin.sock")));
+        argvs.insert(node.clone(), (argv, state.join("admin.sock")));
     }
     for (node, sock) in &sockets {
-        let deadline = crate::time::now() + Duration::from_secs(30);
-        loop {
-            match legs::admin_get(sock, "/ready").await {
-                Ok(_) => break,
-                Err(detail) if crate::time::now() > deadline => {
-                    return Err(DemoError::NotReady {
-                        node: node.clone(),
-                        secs: 30,
-                        detail,
-                        log: run_dir.join("logs").join(format!("node-{node}.log")),
-                    });
-                }
-                Err(_) => tokio::time::sleep(Duration::from_millis(100)).await,
-            }
-        }
+        wait_ready(sock, Duration::from_secs(30))
+            .await
+            .map_err(|detail| DemoError::NotReady {
+                node: node.clone(),
+                secs: 30,
+                detail,
+                log: run_dir.join("logs").join(format!("node-{node}.log")),
+            })?;
     }
     lab.start_pods()?;
     for pod in &planned.plan.pods {
@@ -218,8 +220,11 @@ pub async fn up(opts: &DemoOptions) -> Result<Running, DemoError> {
             clients.insert(pod.name.clone(), ns);
         }
     }
+    let home = lab.home();
+    let lab = Arc::new(tokio::sync::Mutex::new(Some(lab)));
+    let restart = restart_hook(lab.clone(), argvs);
     let env = Env {
-        home: lab.home(),
+        home,
         clients,
         snapshot: planned.snapshot,
         mesh_domain: opts.mesh_domain.clone(),
@@ -229,13 +234,56 @@ pub async fn up(opts: &DemoOptions) -> Result<Running, DemoError> {
             admin_sockets: sockets.into_iter().map(|(_, s)| s).collect(),
         }),
         ca_dir: Some(ca_dir),
+        restart: Some(restart),
     };
     Ok(Running {
-        lab: Some(lab),
+        lab,
+        run_dir: run_dir.clone(),
         env,
         summary,
         netns_prefix: opts.netns_prefix.clone(),
     })
+}
+
+/// Poll a daemon's `/ready` until it answers 200, at most `bound`; the last answer otherwise.
+async fn wait_ready(sock: &Path, bound: Duration) -> Result<(), String> {
+    let deadline = crate::time::now() + bound;
+    loop {
+        match legs::admin_get(sock, "/ready").await {
+            Ok(_) => return Ok(()),
+            Err(detail) if crate::time::now() > deadline => return Err(detail),
+            Err(_) => tokio::time::sleep(Duration::from_millis(100)).await,
+        }
+    }
+}
+
+/// The legs' way to restart a node's daemon: stop it, start it again with the same arguments,
+/// wait for its `/ready`.
+fn restart_hook(
+    lab: Arc<tokio::sync::Mutex<Option<Lab>>>,
+    argvs: std::collections::BTreeMap<String, (Vec<String>, PathBuf)>,
+) -> legs::RestartHook {
+    let argvs = Arc::new(argvs);
+    legs::RestartHook(Arc::new(move |node: String| {
+        let lab = lab.clone();
+        let argvs = argvs.clone();
+        Box::pin(async move {
+            let (argv, sock) = argvs
+                .get(&node)
+                .cloned()
+                .ok_or_else(|| format!("no daemon of node {node}"))?;
+            let mut guard = lab.lock_owned().await;
+            let restarted = tokio::task::spawn_blocking(move || {
+                let lab = guard.as_mut().ok_or("the lab is down")?;
+                lab.restart_daemon(&node, &argv)
+                    .map_err(|e| crate::DisplayChain(&e).to_string())
+            })
+            .await
+            .map_err(|e| e.to_string())?;
+            restarted?;
+            wait_ready(&sock, Duration::from_secs(30)).await
+        })
+    }))
 }
 
 /// Run the legs on a running mesh.
@@ -262,9 +310,6 @@ pub fn try_these(running: &Running) -> String {
          \x20 ip netns exec {p}mp-client aether probe --dial mp-serverfirst.mp.{mesh}:3306 --wait --lines 2\n\
          (with curl installed: ip netns exec {p}mp-client curl -si http://mp-multi.mp.{mesh}:9090/)\n\
          Logs: {}/logs\n",
-        running
-            .lab
-            .as_ref()
-            .map_or_else(String::new, |l| l.run_dir().display().to_string())
+        running.run_dir.display()
     )
 }

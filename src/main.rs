@@ -489,6 +489,7 @@ async fn run_probe_legs(args: &ProbeArgs) -> anyhow::Result<ExitCode> {
         mesh_domain: "aether.internal".into(),
         registry: None,
         ca_dir: None,
+        restart: None,
     };
     let only = (!args.leg.is_empty()).then_some(args.leg.as_slice());
     let results = aether::legs::run(&env, only).await;
@@ -667,7 +668,7 @@ fn run_demo(args: &DemoArgs) -> anyhow::Result<ExitCode> {
         }
         println!("Cleaning up...");
         let run_dir = opts.run_dir.clone();
-        tokio::task::spawn_blocking(move || running.down()).await??;
+        running.down().await?;
         println!(
             "Removed everything the demo made under {}.",
             run_dir.display()

@@ -64,13 +64,13 @@ fn every_leg_through_real_sockets() {
     // The table must really list the legs, all passed, none skipped.
     let results: Vec<serde_json::Value> =
         serde_json::from_str(&std::fs::read_to_string(&json).expect("leg results")).unwrap();
-    assert!(results.len() >= 53, "only {} legs ran", results.len());
+    assert!(results.len() >= 56, "only {} legs ran", results.len());
     for r in &results {
         assert_eq!(r["ok"], true, "{r}");
         assert!(r["skipped"].is_null(), "{r}");
     }
     for id in [
-        "A1", "A13", "N19", "N23", "N28", "SWAP", "RET", "CNI", "BADSNI", "BADPEER", "BADHTTP",
+        "A1", "A13", "N19", "N23", "N28", "SWAP", "RET", "RESTART", "CNI", "BADSNI", "BADPEER", "BADHTTP",
     ] {
         assert!(results.iter().any(|r| r["id"] == id), "leg {id} missing");
     }

@@ -521,6 +521,46 @@ impl Lab {
         self.spawn(format!("node {node}"), &netns, &argv, None, log)
     }
 
+    /// Stops node `node`'s daemon (SIGTERM, SIGKILL after the stop grace) and starts `argv` in
+    /// its place; the old log is kept as `node-<node>.log.<n>`. Returns the new PID.
+    pub fn restart_daemon(&mut self, node: &str, argv: &[String]) -> Result<u32, LabError> {
+        let what = format!("node {node}");
+        let mut old: Vec<Started> = Vec::new();
+        let mut kept = Vec::new();
+        for s in self.started.drain(..) {
+            if s.record.what == what {
+                old.push(s);
+            } else {
+                kept.push(s);
+            }
+        }
+        self.started = kept;
+        for s in &mut old {
+            if matches!(s.child.try_wait(), Ok(None)) {
+                signal_group(s.record.pid, Signal::SIGTERM);
+            }
+        }
+        let deadline = time::now() + self.opts.stop_grace;
+        for s in &mut old {
+            while matches!(s.child.try_wait(), Ok(None)) && time::now() < deadline {
+                std::thread::sleep(Duration::from_millis(20));
+            }
+            if matches!(s.child.try_wait(), Ok(None)) {
+                signal_group(s.record.pid, Signal::SIGKILL);
+                let _ = s.child.wait();
+            }
+        }
+        self.state.processes.retain(|p| p.what != what);
+        self.save()?;
+        let logs = self.opts.run_dir.join("logs");
+        let log = logs.join(format!("node-{node}.log"));
+        let n = (1..)
+            .find(|n| !logs.join(format!("node-{node}.log.{n}")).exists())
+            .unwrap_or(1);
+        let _ = fs::rename(&log, logs.join(format!("node-{node}.log.{n}")));
+        self.start_daemon(node, argv)
+    }
+
     /// Starts every pod's command in its namespace with its manifest's environment (plus
     /// [`UpOptions::extra_pod_env`]), output to `<run>/logs/<pod>.log`. Pods without a command
     /// are left idle. Returns how many were started.

@@ -9,6 +9,7 @@ mod catalogue;
 mod extra;
 
 use std::collections::BTreeMap;
+use std::future::Future;
 use std::net::{IpAddr, SocketAddr};
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -37,6 +38,22 @@ pub struct Env {
     pub registry: Option<RegistryControl>,
     /// The mesh's CA directory (the bad-peer legs issue their own certificates from it).
     pub ca_dir: Option<PathBuf>,
+    /// Restarts a node's daemon and waits for its `/ready` (the RESTART leg).
+    pub restart: Option<RestartHook>,
+}
+
+/// Restarts the daemon of a node (by name).
+#[derive(Clone)]
+pub struct RestartHook(pub Arc<dyn Fn(String) -> RestartFuture + std::marker::Send + Sync>);
+
+/// What a [`RestartHook`] returns.
+pub type RestartFuture =
+    std::pin::Pin<Box<dyn Future<Output = Result<(), String>> + std::marker::Send>>;
+
+impl std::fmt::Debug for RestartHook {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("RestartHook")
+    }
 }
 
 /// How the runner changes the registry the daemons watch.
