@@ -70,7 +70,8 @@ fn every_leg_through_real_sockets() {
         assert!(r["skipped"].is_null(), "{r}");
     }
     for id in [
-        "A1", "A13", "N19", "N23", "N28", "SWAP", "RET", "RESTART", "CNI", "BADSNI", "BADPEER", "BADHTTP",
+        "A1", "A13", "N19", "N23", "N28", "SWAP", "RET", "RESTART", "CNI", "BADSNI", "BADPEER",
+        "BADHTTP",
     ] {
         assert!(results.iter().any(|r| r["id"] == id), "leg {id} missing");
     }
