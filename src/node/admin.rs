@@ -155,6 +155,7 @@ mod tests {
                 settings: ProxySettings::default(),
                 pool: Pool::default(),
                 apps: crate::proxy::app_pool::AppPool::default(),
+                drain: watch::Sender::new(false),
                 stats: Stats::default(),
             }),
             pods: Arc::new(Mutex::new(Pods::default())),

@@ -180,6 +180,7 @@ pub async fn run(config: NodeConfig) -> Result<(), NodeError> {
         },
         pool: crate::proxy::hop::Pool::default(),
         apps: crate::proxy::app_pool::AppPool::default(),
+        drain: watch::Sender::new(false),
         stats: crate::proxy::Stats::default(),
     });
     let upstreams = if config.dns_upstreams.is_empty() {
@@ -360,6 +361,8 @@ async fn drain(inputs: &Inputs, pods: &Arc<Mutex<Pods>>, bound: Duration) {
     let mut p = pods.lock().await;
     *p = Pods::default();
     drop(p);
+    // HTTP connections finish what is in flight and close; idle ones close now.
+    inputs.drain.send_replace(true);
     let deadline = crate::time::now() + bound;
     while inputs.stats.active.get() > 0 && crate::time::now() < deadline {
         tokio::time::sleep(Duration::from_millis(50)).await;

@@ -285,6 +285,7 @@ async fn inbound_connection(
         _ => {
             let h1 = alpn.as_deref() == Some(ALPN_H1);
             let peer = Arc::new(peer);
+            let drain = inputs.drain.clone();
             let service = hyper::service::service_fn(move |req| {
                 let inputs = inputs.clone();
                 let pod = pod.clone();
@@ -302,10 +303,19 @@ async fn inbound_connection(
                     .with_upgrades()
                     .await
             } else {
-                hyper::server::conn::http2::Builder::new(TokioExecutor::new())
+                let conn = hyper::server::conn::http2::Builder::new(TokioExecutor::new())
                     .timer(hyper_util::rt::TokioTimer::new())
-                    .serve_connection(TokioIo::new(tls), service)
-                    .await
+                    .serve_connection(TokioIo::new(tls), service);
+                let mut conn = std::pin::pin!(conn);
+                let mut draining = drain.subscribe();
+                // On drain: GOAWAY, the streams in flight finish, then the connection closes.
+                tokio::select! {
+                    out = conn.as_mut() => out,
+                    () = async { drop(draining.wait_for(|d| *d).await) } => {
+                        conn.as_mut().graceful_shutdown();
+                        conn.await
+                    }
+                }
             };
             if let Err(e) = served {
                 debug!(error = %e, pod = %pod_name, "inbound hop connection ended");

@@ -50,6 +50,7 @@ pub async fn serve(inputs: Arc<Inputs>, pod: Arc<PodCtx>, mut stream: TcpStream,
         count(&inputs.stats.answers);
         return;
     }
+    let drain = inputs.drain.clone();
     let service = hyper::service::service_fn(move |req: Request<Incoming>| {
         let inputs = inputs.clone();
         let pod = pod.clone();
@@ -61,10 +62,18 @@ pub async fn serve(inputs: Arc<Inputs>, pod: Arc<PodCtx>, mut stream: TcpStream,
     let mut builder = hyper_util::server::conn::auto::Builder::new(TokioExecutor::new());
     builder.http1().timer(hyper_util::rt::TokioTimer::new());
     builder.http2().timer(hyper_util::rt::TokioTimer::new());
-    if let Err(e) = builder
-        .serve_connection_with_upgrades(TokioIo::new(stream), service)
-        .await
-    {
+    let conn = builder.serve_connection_with_upgrades(TokioIo::new(stream), service);
+    let mut conn = std::pin::pin!(conn);
+    let mut draining = drain.subscribe();
+    // Until the daemon drains; then in-flight requests finish and idle connections close.
+    let served = tokio::select! {
+        out = conn.as_mut() => out,
+        () = async { drop(draining.wait_for(|d| *d).await) } => {
+            conn.as_mut().graceful_shutdown();
+            conn.await
+        }
+    };
+    if let Err(e) = served {
         debug!(error = %e, "http connection ended");
     }
 }

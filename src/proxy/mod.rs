@@ -125,6 +125,9 @@ pub struct Inputs {
     pub pool: hop::Pool,
     /// Kept connections to local applications.
     pub apps: app_pool::AppPool,
+    /// Set to `true` when the daemon drains: HTTP connections close once idle (HTTP/2 with
+    /// GOAWAY), in-flight requests finish.
+    pub drain: tokio::sync::watch::Sender<bool>,
     /// Counters.
     pub stats: Stats,
 }
