@@ -179,16 +179,6 @@ impl Pods {
         failed
     }
 
-    /// How many pods are served.
-    pub fn len(&self) -> usize {
-        self.served.len()
-    }
-
-    /// Whether none is.
-    pub fn is_empty(&self) -> bool {
-        self.served.is_empty()
-    }
-
     /// The served pods, for the admin endpoint.
     pub fn list(&self) -> Vec<serde_json::Value> {
         self.served
@@ -262,16 +252,16 @@ async fn serve_pod(shared: &Shared, d: &Desired) -> Result<Vec<AbortHandle>, Pod
     let dns_tcp = net.tcp_listener(DNS_ADDR, false)?;
     // Listeners are open: now capture may send traffic to them.
     nft::apply(&d.netns, &plan(&d.capture)).await?;
-    let pod = Arc::new(PodCtx {
-        namespace: d.capture.namespace.clone(),
-        name: d.capture.name.clone(),
-        service_account: d.service_account.clone(),
+    let pod = Arc::new(PodCtx::new(
+        d.capture.namespace.clone(),
+        d.capture.name.clone(),
+        d.service_account.clone(),
         net,
-        capture: match d.capture.mode {
+        match d.capture.mode {
             Mode::RedirectAll => CaptureMode::RedirectAll,
             Mode::Scoped => CaptureMode::Scoped,
         },
-    });
+    ));
     let inputs = &shared.inputs;
     let mut tasks = Vec::new();
     for l in capture {

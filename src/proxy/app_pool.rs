@@ -1,11 +1,13 @@
-//! Keep-alive connections from the destination daemon to local applications.
+//! Keep-alive connections from the daemon to HTTP upstreams outside the mesh hop: the
+//! application a delivery is handed to, and the destination of an HTTP passthrough.
 //!
 //! A delivery that arrives over the mesh hop is handed to the application on a connection
-//! opened inside the destination pod from the client pod's IP (model.md §12.4). Opening one per
-//! request costs a handshake and leaves a TIME_WAIT socket each; the data-plane benchmark showed
-//! throughput collapsing under them. So connections are kept, per (client IP, application
-//! address, HTTP version): HTTP/2 connections are shared, an HTTP/1.1 connection goes back to the
-//! pool once its response body has been read to the end.
+//! opened inside the destination pod from the client pod's IP (model.md §12.4); a passthrough
+//! leaves from the client pod's own IP. Opening one connection per request costs a handshake and
+//! leaves a TIME_WAIT socket each; the data-plane benchmark showed throughput collapsing under
+//! them. So connections are kept, per (source IP, destination, HTTP version): HTTP/2 connections
+//! are shared, an HTTP/1.1 connection goes back to the pool once its response body has been read
+//! to the end.
 
 use std::net::{IpAddr, SocketAddr};
 use std::pin::Pin;

@@ -24,6 +24,13 @@ pub const AUTHZ_CALLER: &str = "x-authz-caller";
 
 /// Remove every `x-aether-` header (addressing.md I12).
 pub fn strip_mesh_headers(headers: &mut HeaderMap) {
+    // The common case, none, allocates nothing.
+    if !headers
+        .keys()
+        .any(|n| n.as_str().starts_with(MESH_HEADER_PREFIX))
+    {
+        return;
+    }
     let names: Vec<HeaderName> = headers
         .keys()
         .filter(|n| n.as_str().starts_with(MESH_HEADER_PREFIX))

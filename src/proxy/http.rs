@@ -220,7 +220,7 @@ pub async fn handle(
             hold_expired,
             entropy: fastrand::u64(..),
         };
-        let decision = resolve_request(&model, &caller, &request);
+        let decision = resolve_request(&model, caller, &request);
         let resp = match decision {
             RequestDecision::Hold(_, _) => {
                 let left = inputs.settings.hold.saturating_sub(started.elapsed());
@@ -279,33 +279,68 @@ async fn passthrough(
     req: Request<Body>,
     client_upgrade: Option<OnUpgrade>,
 ) -> Response<Body> {
-    let Ok(Ok(stream)) = tokio::time::timeout(
-        inputs.settings.connect_timeout,
-        pod.net.connect(dialled, Source::PodIp),
-    )
-    .await
-    else {
+    let Ok(source) = pod.net.ip_for(dialled) else {
         return respond::reason(Reason::UpstreamUnreachable);
     };
-    let version = req.version();
+    let h2 = req.version() == Version::HTTP_2;
+    let connect = || async {
+        tokio::time::timeout(
+            inputs.settings.connect_timeout,
+            pod.net.connect(dialled, Source::PodIp),
+        )
+        .await
+        .ok()
+        .and_then(Result::ok)
+    };
+    forward(
+        inputs,
+        source,
+        dialled,
+        h2,
+        origin_form(req),
+        client_upgrade,
+        connect,
+    )
+    .await
+}
+
+/// Send a request to `dst` — a passthrough destination, or the application on a delivery — and
+/// answer with its response, the upstream's `x-aether-error` removed (I12). The request goes on
+/// a kept connection per (`source`, `dst`) (`proxy::app_pool`); an upgrade request gets a
+/// connection of its own, which becomes the client's after `101`.
+async fn forward<F, Fut>(
+    inputs: &Inputs,
+    source: IpAddr,
+    dst: SocketAddr,
+    h2: bool,
+    req: Request<Body>,
+    client_upgrade: Option<OnUpgrade>,
+    connect: F,
+) -> Response<Body>
+where
+    F: FnOnce() -> Fut,
+    Fut: Future<Output = Option<TcpStream>>,
+{
     let sent = match client_upgrade {
-        Some(up) => upgrade::forward(stream, origin_form(req), up)
-            .await
-            .map_err(BoxError::from),
-        None => send_on(stream, version == Version::HTTP_2, origin_form(req))
-            .await
-            .map_err(BoxError::from),
+        Some(up) => match connect().await {
+            Some(stream) => upgrade::forward(stream, req, up)
+                .await
+                .map_err(BoxError::from),
+            None => Err("the destination refused the connection".into()),
+        },
+        None => inputs.apps.send(source, dst, h2, req, connect).await,
     };
-    let mut resp = match sent {
-        Ok(r) => r,
-        Err(e) => {
-            debug!(error = %crate::DisplayChain(&*e), %dialled, "passthrough request failed");
-            return respond::reason(Reason::UpstreamUnreachable);
+    match sent {
+        Ok(mut resp) => {
+            count_switch(inputs, &resp);
+            resp.headers_mut().remove(HEADER_ERROR);
+            resp
         }
-    };
-    count_switch(inputs, &resp);
-    resp.headers_mut().remove(HEADER_ERROR);
-    resp
+        Err(e) => {
+            debug!(error = %crate::DisplayChain(&*e), %dst, "upstream request failed");
+            respond::reason(Reason::UpstreamUnreachable)
+        }
+    }
 }
 
 /// Count a `101` that starts a splice.
@@ -313,30 +348,6 @@ fn count_switch(inputs: &Inputs, resp: &Response<Body>) {
     if resp.status() == StatusCode::SWITCHING_PROTOCOLS {
         count(&inputs.stats.upgrades);
     }
-}
-
-/// Send one request on a fresh connection (HTTP/1.1 or h2c prior knowledge).
-async fn send_on(
-    stream: TcpStream,
-    h2: bool,
-    req: Request<Body>,
-) -> Result<Response<Body>, hyper::Error> {
-    let io = TokioIo::new(stream);
-    let resp = if h2 {
-        let (mut sender, conn) = hyper::client::conn::http2::Builder::new(TokioExecutor::new())
-            .timer(hyper_util::rt::TokioTimer::new())
-            .handshake(io)
-            .await?;
-        tokio::spawn(conn);
-        sender.send_request(req).await?
-    } else {
-        let (mut sender, conn) = hyper::client::conn::http1::Builder::new()
-            .handshake(io)
-            .await?;
-        tokio::spawn(conn.with_upgrades());
-        sender.send_request(req).await?
-    };
-    Ok(resp.map(|b| b.map_err(BoxError::from).boxed()))
 }
 
 /// HTTP/1 sends origin form (absolute form is kept when the client used it); HTTP/2 needs a
@@ -615,40 +626,16 @@ pub async fn to_app(
     mut req: Request<Body>,
     client_upgrade: Option<OnUpgrade>,
 ) -> Response<Body> {
-    let sent = match client_upgrade {
-        Some(up) => {
-            // A switched connection is the client's for good: never pooled.
-            let Some(stream) = connect_app(inputs, pod, app, client_ip).await else {
-                return respond::reason(Reason::UpstreamUnreachable);
-            };
-            *req.version_mut() = Version::HTTP_11;
-            upgrade::forward(stream, origin_form_any(req), up)
-                .await
-                .map_err(BoxError::from)
-        }
-        None => {
-            let h2 = version == Version::HTTP_2;
-            *req.version_mut() = if h2 { Version::HTTP_2 } else { version };
-            let req = if h2 { req } else { origin_form_any(req) };
-            inputs
-                .apps
-                .send(client_ip, app, h2, req, || {
-                    connect_app(inputs, pod, app, client_ip)
-                })
-                .await
-        }
+    // An upgrade is HTTP/1.1; otherwise the client's version (or h2c when the hop asked).
+    let h2 = version == Version::HTTP_2 && client_upgrade.is_none();
+    *req.version_mut() = match (h2, &client_upgrade) {
+        (true, _) => Version::HTTP_2,
+        (false, Some(_)) => Version::HTTP_11,
+        (false, None) => version,
     };
-    match sent {
-        Ok(mut resp) => {
-            count_switch(inputs, &resp);
-            resp.headers_mut().remove(HEADER_ERROR);
-            resp
-        }
-        Err(e) => {
-            debug!(error = %crate::DisplayChain(&*e), %app, "application request failed");
-            respond::reason(Reason::UpstreamUnreachable)
-        }
-    }
+    let req = if h2 { req } else { origin_form_any(req) };
+    let connect = || connect_app(inputs, pod, app, client_ip);
+    forward(inputs, client_ip, app, h2, req, client_upgrade, connect).await
 }
 
 /// Origin form for HTTP/1 toward the application, whatever form the hop carried.
@@ -718,7 +705,7 @@ async fn mesh_send(
         hold_expired: true,
         entropy: fastrand::u64(..),
     };
-    let RequestDecision::Deliver(d) = resolve_request(&model, &pod.caller(), &facts) else {
+    let RequestDecision::Deliver(d) = resolve_request(&model, pod.caller(), &facts) else {
         return Err(MeshCallError::NotDelivered(authority.to_owned()));
     };
     let endpoints = &d.backend.endpoints;

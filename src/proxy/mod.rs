@@ -13,7 +13,6 @@ pub mod socket;
 pub mod udp;
 pub mod upgrade;
 
-use std::net::IpAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -269,26 +268,37 @@ pub struct PodCtx {
     pub net: PodNet,
     /// Its capture mode.
     pub capture: CaptureMode,
+    /// The pod as a caller.
+    caller: Caller,
 }
 
 impl PodCtx {
-    /// The pod as a caller (connection facts only, I4).
-    pub fn caller(&self) -> Caller {
-        Caller {
-            namespace: Some(self.namespace.clone()),
-            pod: Some(self.name.clone()),
-            service_account: Some(self.service_account.clone()),
-            capture: self.capture,
+    /// A pod of the data plane; its caller facts are built once, not per connection.
+    pub fn new(
+        namespace: String,
+        name: String,
+        service_account: String,
+        net: PodNet,
+        capture: CaptureMode,
+    ) -> Self {
+        let caller = Caller {
+            namespace: Some(namespace.clone()),
+            pod: Some(name.clone()),
+            service_account: Some(service_account.clone()),
+            capture,
+        };
+        Self {
+            namespace,
+            name,
+            service_account,
+            net,
+            capture,
+            caller,
         }
     }
 
-    /// Its IPs.
-    pub fn ips(&self) -> Vec<IpAddr> {
-        self.net
-            .ipv4
-            .map(IpAddr::V4)
-            .into_iter()
-            .chain(self.net.ipv6.map(IpAddr::V6))
-            .collect()
+    /// The pod as a caller (connection facts only, I4).
+    pub fn caller(&self) -> &Caller {
+        &self.caller
     }
 }

@@ -63,7 +63,7 @@ async fn captured(inputs: Arc<Inputs>, pod: Arc<PodCtx>, stream: TcpStream) {
         return;
     };
     let model = inputs.model.load();
-    let decision = classify_connection(&model, &pod.caller(), dialled);
+    let decision = classify_connection(&model, pod.caller(), dialled);
     drop(model);
     match decision {
         ConnDecision::Tcp(choice) => tcp(&inputs, &pod, stream, &choice).await,
