@@ -1,40 +1,9 @@
 //! Every leg of spec/legs.md that one machine can show, in the spec's order.
 
-use std::future::Future;
-use std::pin::Pin;
 use std::time::Duration;
 
-use super::{Check, Env, addr, answer, echo, loopback, name, no_app, probe, within};
+use super::{Check, Env, Leg, addr, answer, echo, loopback, name, no_app, probe, within};
 use crate::workload::probe::{Host, HttpRequest, HttpVersion, Outcome, ReadUntil, Send, Target};
-
-/// One leg.
-pub struct Leg {
-    /// Its id in spec/legs.md.
-    pub id: &'static str,
-    /// What it checks.
-    pub title: &'static str,
-    /// The registry overlay it needs (`config/examples/variants/<name>`).
-    pub overlay: Option<&'static str>,
-    /// The leg.
-    pub run: for<'a> fn(&'a Env) -> Pin<Box<dyn Future<Output = Check> + std::marker::Send + 'a>>,
-}
-
-impl std::fmt::Debug for Leg {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "Leg({})", self.id)
-    }
-}
-
-macro_rules! leg {
-    ($id:literal, $title:literal, $overlay:expr, $f:ident) => {
-        Leg {
-            id: $id,
-            title: $title,
-            overlay: $overlay,
-            run: |e| Box::pin($f(e)),
-        }
-    };
-}
 
 /// The catalogue.
 pub static LEGS: &[Leg] = &[

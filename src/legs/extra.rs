@@ -2,72 +2,61 @@
 //! on the wire (an unknown SNI on 18008, a peer of another trust domain or another CA, a request
 //! head the parser rejects).
 
-use std::future::Future;
 use std::net::SocketAddr;
-use std::pin::Pin;
 use std::sync::Arc;
 use std::time::Duration;
 
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 
-use super::{Check, Env, NOT_HERE, answer, echo, loopback, name, probe};
+use super::{Check, Env, Leg, NOT_HERE, answer, echo, loopback, name, probe};
 use crate::identity::{Ca, Identities, IdentitySettings, client_config};
 use crate::workload::probe::{Connector, HttpRequest, Send};
 
-/// One extra leg.
-pub struct Extra {
-    /// Its id.
-    pub id: &'static str,
-    /// What it checks.
-    pub title: &'static str,
-    /// The leg.
-    pub run: for<'a> fn(&'a Env) -> Pin<Box<dyn Future<Output = Check> + std::marker::Send + 'a>>,
-}
-
-impl std::fmt::Debug for Extra {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "Extra({})", self.id)
-    }
-}
-
 /// The extra legs, run after the catalogue.
-pub static EXTRA: &[Extra] = &[
-    Extra {
-        id: "SWAP",
-        title: "model swaps under load drop no established connection",
-        run: |e| Box::pin(swap(e)),
-    },
-    Extra {
-        id: "RET",
-        title: "a service whose rows vanish is retained: 503 no-endpoints, not 404",
-        run: |e| Box::pin(retained(e)),
-    },
-    Extra {
-        id: "RESTART",
-        title: "a restarted daemon serves its pods again; no request to them fails",
-        run: |e| Box::pin(restart(e)),
-    },
-    Extra {
-        id: "CNI",
-        title: "the CNI socket: ADD and DEL are answered and applied",
-        run: |e| Box::pin(cni(e)),
-    },
-    Extra {
-        id: "BADSNI",
-        title: "18008: an SNI the pod does not serve closes the handshake",
-        run: |e| Box::pin(bad_sni(e)),
-    },
-    Extra {
-        id: "BADPEER",
-        title: "18008: a peer of another trust domain or CA gets nothing",
-        run: |e| Box::pin(bad_peer(e)),
-    },
-    Extra {
-        id: "BADHTTP",
-        title: "a head the parser rejects: 400 bad-request; oversized: 431",
-        run: |e| Box::pin(bad_http(e)),
-    },
+pub static EXTRA: &[Leg] = &[
+    leg!(
+        "SWAP",
+        "model swaps under load drop no established connection",
+        None,
+        swap
+    ),
+    leg!(
+        "RET",
+        "a service whose rows vanish is retained: 503 no-endpoints, not 404",
+        None,
+        retained
+    ),
+    leg!(
+        "RESTART",
+        "a restarted daemon serves its pods again; no request to them fails",
+        None,
+        restart
+    ),
+    leg!(
+        "CNI",
+        "the CNI socket: ADD and DEL are answered and applied",
+        None,
+        cni
+    ),
+    leg!(
+        "BADSNI",
+        "18008: an SNI the pod does not serve closes the handshake",
+        None,
+        bad_sni
+    ),
+    leg!(
+        "BADPEER",
+        "18008: a peer of another trust domain or CA gets nothing",
+        None,
+        bad_peer
+    ),
+    leg!(
+        "BADHTTP",
+        "a head the parser rejects: 400 bad-request; oversized: 431",
+        None,
+        bad_http
+    ),
 ];
 
 const CLIENT: &str = "mp-client";

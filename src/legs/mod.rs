@@ -5,6 +5,38 @@
 //! sees: the status, the `x-aether-error` reason, the `ports:` line, the echo's own identity
 //! string, and the time bounds.
 
+/// One leg of the catalogue.
+pub struct Leg {
+    /// Its id (spec/legs.md, or one of the extra legs).
+    pub id: &'static str,
+    /// What it checks.
+    pub title: &'static str,
+    /// The registry overlay it needs (`config/examples/variants/<name>`).
+    pub overlay: Option<&'static str>,
+    /// The leg.
+    pub run: for<'a> fn(
+        &'a Env,
+    )
+        -> std::pin::Pin<Box<dyn Future<Output = Check> + std::marker::Send + 'a>>,
+}
+
+impl std::fmt::Debug for Leg {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "Leg({})", self.id)
+    }
+}
+
+macro_rules! leg {
+    ($id:literal, $title:literal, $overlay:expr, $f:ident) => {
+        Leg {
+            id: $id,
+            title: $title,
+            overlay: $overlay,
+            run: |e| Box::pin($f(e)),
+        }
+    };
+}
+
 mod catalogue;
 mod extra;
 
@@ -19,8 +51,8 @@ use crate::model::Snapshot;
 use crate::netns::Netns;
 use crate::workload::probe::{Connector, Dial, Outcome, Probe, Resolver, Send};
 
-pub use catalogue::{LEGS, Leg};
-pub use extra::{EXTRA, Extra};
+pub use catalogue::LEGS;
+pub use extra::EXTRA;
 
 /// Where the legs run.
 #[derive(Debug)]
@@ -257,7 +289,7 @@ pub async fn admin_get(socket: &std::path::Path, path: &str) -> Result<String, S
 /// Run the legs whose id matches `filter` (all for `None`), in catalogue order.
 pub async fn run(env: &Env, filter: Option<&[String]>) -> Vec<LegResult> {
     let mut out = Vec::new();
-    for leg in LEGS {
+    for leg in LEGS.iter().chain(EXTRA) {
         if let Some(f) = filter
             && !f.iter().any(|id| id.eq_ignore_ascii_case(leg.id))
         {
@@ -290,27 +322,6 @@ pub async fn run(env: &Env, filter: Option<&[String]>) -> Vec<LegResult> {
             ok,
             skipped,
             detail,
-            ms: u64::try_from(started.elapsed().as_millis()).unwrap_or(u64::MAX),
-        });
-    }
-    for extra in EXTRA {
-        if let Some(f) = filter
-            && !f.iter().any(|id| id.eq_ignore_ascii_case(extra.id))
-        {
-            continue;
-        }
-        let started = crate::time::now();
-        let outcome = (extra.run)(env).await;
-        let skipped = match &outcome {
-            Err(d) if d.contains(NOT_HERE) => Some(d.clone()),
-            _ => None,
-        };
-        out.push(LegResult {
-            id: extra.id,
-            title: extra.title,
-            ok: outcome.is_ok() || skipped.is_some(),
-            skipped,
-            detail: outcome.unwrap_or_else(|e| e),
             ms: u64::try_from(started.elapsed().as_millis()).unwrap_or(u64::MAX),
         });
     }
