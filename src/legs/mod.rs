@@ -400,6 +400,21 @@ pub fn echo(o: &Outcome, wl: &str, port: u16, host: Option<&str>) -> Check {
     Ok(want)
 }
 
+/// Response headers: each `(name, Some(value))` present with exactly that value, each
+/// `(name, None)` absent.
+pub fn headers(o: &Outcome, want: &[(&str, Option<&str>)]) -> Check {
+    for (name, value) in want {
+        let got = o.header(name);
+        if got != *value {
+            return Err(match value {
+                Some(v) => format!("{name}: {got:?}, want {v:?}"),
+                None => format!("{name}: {got:?}, want none"),
+            });
+        }
+    }
+    Ok(String::new())
+}
+
 /// A mesh answer: the status, the reason, the body's first line, and (when given) exactly the
 /// `ports:` line.
 pub fn answer(o: &Outcome, status: u16, reason: &str, ports: Option<&str>) -> Check {
