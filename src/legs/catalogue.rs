@@ -297,6 +297,12 @@ async fn raw(
     env.probe(client, &p).await
 }
 
+/// Send `send` from mp-client and check that no application answers (legs.md §1.5).
+async fn nothing_answers(env: &Env, dial: super::Dial, send: Send) -> Check {
+    let o = raw(env, CLIENT, dial, send, idle()).await?;
+    no_app(&o)
+}
+
 fn idle() -> ReadUntil {
     ReadUntil::Idle(Duration::from_millis(1500))
 }
@@ -421,15 +427,12 @@ async fn a7(env: &Env) -> Check {
 }
 
 async fn a8(env: &Env) -> Check {
-    let o = raw(
+    nothing_answers(
         env,
-        CLIENT,
         name(&env.mesh("mp-mixed"), 7777),
         Send::Raw(b"\x00\x01binary\n".to_vec()),
-        idle(),
     )
-    .await?;
-    no_app(&o)
+    .await
 }
 
 async fn a9(env: &Env) -> Check {
@@ -474,15 +477,13 @@ async fn a11(env: &Env) -> Check {
     .await?;
     has(&o, "mp-mixed:9000")?;
     let nine = env.cluster_ip("mp", "mp-nine")?;
-    let o = raw(
+    nothing_answers(
         env,
-        CLIENT,
         addr(nine, 9000),
         Send::Raw(b"\x00raw bytes\n".to_vec()),
-        idle(),
     )
-    .await?;
-    no_app(&o).map(|d| format!("mp-mixed:9000 as bytes; mp-nine raw: {d}"))
+    .await
+    .map(|d| format!("mp-mixed:9000 as bytes; mp-nine raw: {d}"))
 }
 
 async fn greeting(env: &Env, dial: super::Dial, wl: &str, port: u16) -> Result<Outcome, String> {
@@ -570,27 +571,22 @@ async fn r5(env: &Env) -> Check {
     )
     .await?;
     has(&o, "mp-tcpfirst:9000")?;
-    let o = raw(
+    nothing_answers(
         env,
-        CLIENT,
         name(&env.mesh("mp-tcpfirst"), 7777),
         Send::Raw(b"hello\n".to_vec()),
-        idle(),
     )
-    .await?;
-    no_app(&o).map(|d| format!("18082 → mp-tcpfirst:9000; 7777: {d}"))
+    .await
+    .map(|d| format!("18082 → mp-tcpfirst:9000; 7777: {d}"))
 }
 
 async fn r5c(env: &Env) -> Check {
-    let o = raw(
+    nothing_answers(
         env,
-        CLIENT,
         name(&env.mesh("mp-mixed"), 18082),
         Send::Raw(b"hello\n".to_vec()),
-        idle(),
     )
-    .await?;
-    no_app(&o)
+    .await
 }
 
 async fn m4(env: &Env) -> Check {
@@ -742,29 +738,23 @@ async fn n6(env: &Env) -> Check {
 }
 
 async fn n7(env: &Env) -> Check {
-    let o = raw(
+    nothing_answers(
         env,
-        CLIENT,
         name(&env.mesh("mp-multi"), 8080),
         Send::TlsClientHello {
             sni: env.mesh("mp-multi"),
         },
-        idle(),
     )
-    .await?;
-    no_app(&o)
+    .await
 }
 
 async fn n8(env: &Env) -> Check {
-    let o = raw(
+    nothing_answers(
         env,
-        CLIENT,
         name(&env.mesh("mp-multi"), 8080),
         Send::Raw(b"GET mykey\r\n".to_vec()),
-        idle(),
     )
-    .await?;
-    no_app(&o)
+    .await
 }
 
 async fn n9(env: &Env) -> Check {
