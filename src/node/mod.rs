@@ -278,8 +278,21 @@ pub async fn run(config: NodeConfig) -> Result<(), NodeError> {
                 // Debounce inside the branch, so no other branch can drop the change.
                 tokio::time::sleep(Duration::from_millis(config.watch_debounce_ms)).await;
                 while changed_rx.try_recv().is_ok() {}
+                // Reading and compiling is blocking work: off the data plane's threads.
                 let previous = handle.load();
-                match load(&config, Some((&previous, &retained))) {
+                let (cfg, kept) = (config.clone(), retained.clone());
+                let loaded = tokio::task::spawn_blocking(move || {
+                    load(&cfg, Some((&previous, &kept)))
+                })
+                .await;
+                let loaded = match loaded {
+                    Ok(l) => l,
+                    Err(e) => {
+                        error!(error = %e, "registry reload task failed; keeping the previous model");
+                        continue;
+                    }
+                };
+                match loaded {
                     Ok(l) => {
                         retained = l.retained.clone();
                         debug!(retained = retained.len(), "recompiled");
