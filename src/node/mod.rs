@@ -176,6 +176,7 @@ pub async fn run(config: NodeConfig) -> Result<(), NodeError> {
         tls: Arc::new(tls::IdentityTls::new(identities.clone())),
         settings: ProxySettings {
             mesh_domain: config.mesh_domain.clone(),
+            trust_domain: config.trust_domain.clone(),
             ..ProxySettings::default()
         },
         pool: crate::proxy::hop::Pool::default(),

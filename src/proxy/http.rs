@@ -382,11 +382,14 @@ impl ResponseSteps {
 }
 
 /// The caller as an identity, for route-level authorization on the source node.
-fn self_peer(pod: &PodCtx) -> Peer {
+fn self_peer(inputs: &Inputs, pod: &PodCtx) -> Peer {
     Peer {
         namespace: pod.namespace.clone(),
         service_account: pod.service_account.clone(),
-        id: format!("ns/{}/sa/{}", pod.namespace, pod.service_account),
+        id: format!(
+            "spiffe://{}/ns/{}/sa/{}",
+            inputs.settings.trust_domain, pod.namespace, pod.service_account
+        ),
     }
 }
 
@@ -472,7 +475,7 @@ async fn deliver(
                             rule_response.0.push(m.response.clone());
                         }
                         other => {
-                            let peer = self_peer(pod);
+                            let peer = self_peer(inputs, pod);
                             let key = d.backend.service.clone();
                             if let Some(denied) =
                                 authorize(inputs, pod, other, &key, &peer, &req).await

@@ -86,6 +86,8 @@ pub trait HopTls: Send + Sync + std::fmt::Debug + 'static {
 pub struct ProxySettings {
     /// The mesh domain (SNI of the hop).
     pub mesh_domain: String,
+    /// The SPIFFE trust domain (the caller's identity in route-level authorization checks).
+    pub trust_domain: String,
     /// The bound on waiting for a client's first bytes (1 s, spec/README "Fixed numbers").
     pub sniff_bound: Duration,
     /// The discovery hold (2 s).
@@ -102,6 +104,7 @@ impl Default for ProxySettings {
     fn default() -> Self {
         Self {
             mesh_domain: "aether.internal".into(),
+            trust_domain: "cluster.local".into(),
             sniff_bound: Duration::from_secs(1),
             hold: Duration::from_secs(2),
             connect_timeout: Duration::from_secs(5),
