@@ -1274,3 +1274,43 @@ fn n19_udp_reaches_its_udproute_backend_on_18082_only() {
         status.conditions
     );
 }
+
+#[test]
+fn consumer_a_route_in_the_callers_namespace_applies_to_its_callers_only() {
+    // routes.md §2.3 and §3: a consumer route in mp-other, parented to mp/mp-multi, with its
+    // backend in mp and no ReferenceGrant. Callers in mp-other get its rule on every name and
+    // path; callers in mp get the producer routes (none: the default delivery).
+    let w = world(&["consumer"]);
+    let status = w
+        .model
+        .route_statuses()
+        .iter()
+        .find(|s| s.namespace == "mp-other" && s.name == "consumer")
+        .expect("the consumer route has a status");
+    let cond = |t: &str| {
+        let c = status.conditions.iter().find(|c| c.type_ == t).unwrap();
+        (c.status.clone(), c.reason.clone())
+    };
+    assert_eq!(cond("Accepted"), ("True".into(), "Accepted".into()));
+    assert_eq!(cond("ResolvedRefs"), ("True".into(), "ResolvedRefs".into()));
+    for name in [mesh("mp-multi"), "mp-multi.mp.svc.cluster.local".to_owned()] {
+        for p in [8080, 9090] {
+            let host = format!("{name}:{p}");
+            w.check(
+                "CONSUMER captured",
+                q(OTHER, host.clone()),
+                echo("mp-multi", 9090),
+            );
+            w.check(
+                "CONSUMER loopback",
+                q(OTHER, LOOPBACK).host(host.clone()),
+                echo("mp-multi", 9090),
+            );
+            w.check(
+                "CONSUMER, caller in mp",
+                q(CLIENT, host),
+                echo("mp-multi", p),
+            );
+        }
+    }
+}

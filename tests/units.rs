@@ -961,19 +961,19 @@ fn pods_of_an_ignored_namespace_are_neither_managed_nor_registered() {
 }
 
 #[test]
-fn a_cross_namespace_backend_needs_a_reference_grant() {
-    use aether::model::snapshot::ReferenceGrant;
+fn a_cross_namespace_backend_of_a_mesh_route_needs_no_reference_grant() {
+    // routes.md §3 (changed 2026-12-01): a Service-parent route's backend in another namespace
+    // is valid without a ReferenceGrant (GEP-1294); the status says ResolvedRefs=True.
     let mut r = route("mp", "to-other", "web", None, ("api", 8080));
     r.rules[0].backends[0].target.namespace = Some("other".into());
-    let mut s = Snapshot {
+    let model = build(Snapshot {
         rows: vec![
             row("mp", "web", "10.0.0.1", &[], true),
             row("other", "api", "10.0.0.2", &[], true),
         ],
         http_routes: vec![r],
         ..Snapshot::default()
-    };
-    let model = build(s.clone());
+    });
     let refs = model.route_statuses()[0]
         .conditions
         .iter()
@@ -982,35 +982,12 @@ fn a_cross_namespace_backend_needs_a_reference_grant() {
         .clone();
     assert_eq!(
         (refs.status.as_str(), refs.reason.as_str()),
-        ("False", "RefNotPermitted")
+        ("True", "ResolvedRefs")
     );
-    let c = caller(Some("mp"));
-    assert_eq!(
-        reason(&ask(
-            &model,
-            &c,
-            HttpEntry::Loopback,
-            "web.mp.aether.internal:8080",
-            false
-        )),
-        Some("invalid-backend")
-    );
-
-    s.reference_grants.push(ReferenceGrant {
-        namespace: "other".into(),
-        name: "from-mp".into(),
-        from: vec![(
-            "gateway.networking.k8s.io".into(),
-            "HTTPRoute".into(),
-            "mp".into(),
-        )],
-        to: vec![(String::new(), "Service".into(), None)],
-    });
-    let granted = build(s);
     assert_eq!(
         delivered_to(&ask(
-            &granted,
-            &c,
+            &model,
+            &caller(Some("mp")),
             HttpEntry::Loopback,
             "web.mp.aether.internal:8080",
             false
@@ -1023,6 +1000,7 @@ fn a_cross_namespace_backend_needs_a_reference_grant() {
 fn a_consumer_route_applies_to_its_namespaces_callers_only() {
     // routes.md §2.3: a route in the caller's namespace, parented to a Service of another
     // namespace, takes precedence for that caller; every other caller sees the producer routes.
+    // Its backend in the parent's namespace needs no ReferenceGrant (routes.md §3).
     let mut consumer = route("client", "consumer", "web", None, ("other", 8080));
     consumer.parents[0].target.namespace = Some("mp".into());
     consumer.rules[0].backends[0].target.namespace = Some("mp".into());
@@ -1032,16 +1010,6 @@ fn a_consumer_route_applies_to_its_namespaces_callers_only() {
             row("mp", "other", "10.0.0.2", &[], true),
         ],
         http_routes: vec![consumer],
-        reference_grants: vec![aether::model::snapshot::ReferenceGrant {
-            namespace: "mp".into(),
-            name: "from-client".into(),
-            from: vec![(
-                "gateway.networking.k8s.io".into(),
-                "HTTPRoute".into(),
-                "client".into(),
-            )],
-            to: vec![(String::new(), "Service".into(), None)],
-        }],
         ..Snapshot::default()
     });
     let host = "web.mp.aether.internal:8080";

@@ -98,8 +98,6 @@ pub enum RefReason {
     UnsupportedProtocol,
     /// Not a Service.
     InvalidKind,
-    /// Cross-namespace without a ReferenceGrant.
-    RefNotPermitted,
 }
 
 impl RefReason {
@@ -109,7 +107,6 @@ impl RefReason {
             Self::BackendNotFound => "BackendNotFound",
             Self::UnsupportedProtocol => "UnsupportedProtocol",
             Self::InvalidKind => "InvalidKind",
-            Self::RefNotPermitted => "RefNotPermitted",
         }
     }
 }

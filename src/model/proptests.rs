@@ -536,7 +536,7 @@ fn build(w: &World) -> Snapshot {
             name: NAMES[name].into(),
         };
         let parent = pick(r.parent);
-        // Mostly a backend beside the parent: one in another namespace needs a ReferenceGrant.
+        // Mostly a backend beside the parent; one in another namespace needs no ReferenceGrant.
         let beside: Vec<&SvcGen> = world.iter().filter(|g| g.ns == parent.0).collect();
         let backend_gen = if r.backend % 4 == 0 {
             &world[r.backend % world.len()]

@@ -36,7 +36,9 @@ pub struct Snapshot {
     pub tcp_routes: Vec<L4Route>,
     /// UDPRoutes.
     pub udp_routes: Vec<L4Route>,
-    /// ReferenceGrants (cross-namespace backendRefs).
+    /// ReferenceGrants. They govern cross-namespace references of Gateway-parent routes only
+    /// (the edge); a mesh route's backend in another namespace needs none (routes.md §3), so
+    /// the compiler does not read them.
     pub reference_grants: Vec<ReferenceGrant>,
     /// Allow-listed filter configurations (`MeshFilter`, routes.md §5).
     pub mesh_filters: Vec<MeshFilter>,

@@ -841,27 +841,8 @@ fn backend(
     if !is_service(target) {
         return None;
     }
+    // A mesh route's backend in another namespace needs no ReferenceGrant (routes.md §3).
     let ns = target.namespace.as_deref().unwrap_or(&route.namespace);
-    if ns != route.namespace {
-        let kind = match route.kind {
-            crate::model::snapshot::HttpRouteKind::Http => "HTTPRoute",
-            crate::model::snapshot::HttpRouteKind::Grpc => "GRPCRoute",
-        };
-        let granted = s.reference_grants.iter().any(|g| {
-            g.namespace == ns
-                && g.from.iter().any(|(grp, k, n)| {
-                    grp == "gateway.networking.k8s.io" && k == kind && *n == route.namespace
-                })
-                && g.to.iter().any(|(grp, k, n)| {
-                    grp.is_empty()
-                        && k == "Service"
-                        && n.as_deref().is_none_or(|n| n == target.name)
-                })
-        });
-        if !granted {
-            return None;
-        }
-    }
     let port = port?;
     let Holder::Name(n) = holder(s, ctx, served, ns, &target.name) else {
         return None;

@@ -40,30 +40,13 @@ impl<'s> Compiler<'s> {
         found.map(|f| (format!("{}/{}", f.namespace, f.name), f.config.clone()))
     }
 
-    /// Whether a reference from `from_ns` (of kind `from_kind`) to a Service in `to_ns` is
-    /// permitted (same namespace, or a ReferenceGrant).
-    fn permitted(&self, from_kind: &str, from_ns: &str, to_ns: &str, to_name: &str) -> bool {
-        from_ns == to_ns
-            || self.snapshot.reference_grants.iter().any(|g| {
-                g.namespace == to_ns
-                    && g.from.iter().any(|(grp, kind, ns)| {
-                        grp == "gateway.networking.k8s.io" && kind == from_kind && ns == from_ns
-                    })
-                    && g.to.iter().any(|(grp, kind, name)| {
-                        grp.is_empty()
-                            && kind == "Service"
-                            && name.as_deref().is_none_or(|n| n == to_name)
-                    })
-            })
-    }
-
     /// Resolves a backendRef to its Service's front port, strictly (routes.md §3): the kind,
-    /// the ReferenceGrant, the port, the port map. The class check is the caller's, since HTTP
-    /// and L4 routes want different classes.
-    #[allow(clippy::too_many_arguments)] // One call per route kind; every argument is a fact of the ref.
+    /// the port, the port map. The class check is the caller's, since HTTP and L4 routes want
+    /// different classes. A backend in another namespace needs no ReferenceGrant: every route
+    /// the mesh attaches has a Service parent, and ReferenceGrant governs Gateway parents only
+    /// (routes.md §3, GEP-1294).
     fn backend_port<'n>(
         &self,
-        route_kind: &str,
         route_ns: &'n str,
         target: &'n ObjectRef,
         port: Option<u16>,
@@ -81,15 +64,6 @@ impl<'s> Compiler<'s> {
             );
         }
         let ns = target.namespace.as_deref().unwrap_or(route_ns);
-        if !self.permitted(route_kind, route_ns, ns, &target.name) {
-            return invalid(
-                RefReason::RefNotPermitted,
-                format!(
-                    "Service {ns}/{} is in another namespace and no ReferenceGrant allows it",
-                    target.name
-                ),
-            );
-        }
         let svc = format!("{ns}/{}", target.name);
         let Some(port) = port else {
             return invalid(
@@ -149,11 +123,7 @@ impl<'s> Compiler<'s> {
         names: &HashMap<(&str, &str), NameEntry>,
         services: &HashMap<(&str, &str), &Service>,
     ) -> Result<HttpBackend, InvalidRef> {
-        let kind = match route.kind {
-            HttpRouteKind::Http => "HTTPRoute",
-            HttpRouteKind::Grpc => "GRPCRoute",
-        };
-        let b = self.backend_port(kind, &route.namespace, target, port, names, services)?;
+        let b = self.backend_port(&route.namespace, target, port, names, services)?;
         match b.front.class {
             PortClass::Known(PortProtocol::Http) | PortClass::Unknown => Ok(HttpBackend {
                 port: Some(b.port),
@@ -533,7 +503,7 @@ impl<'s> Compiler<'s> {
         names: &HashMap<(&str, &str), NameEntry>,
         services: &HashMap<(&str, &str), &Service>,
     ) -> Result<TcpTarget, InvalidRef> {
-        let b = self.backend_port(kind, &route.namespace, target, port, names, services)?;
+        let b = self.backend_port(&route.namespace, target, port, names, services)?;
         let want = wanted.unwrap_or(PortProtocol::Tcp);
         match b.front.class {
             PortClass::Known(c) if c == want => {}
