@@ -2,7 +2,10 @@
 
 use std::time::Duration;
 
-use super::{Check, Env, Leg, addr, answer, echo, headers, loopback, name, no_app, probe, within};
+use super::{
+    Check, Env, Leg, addr, answer, authz_count, ctx, echo, get, get_host, headers, http, loopback,
+    mp_authz_counter, name, no_app, probe, with_headers, within,
+};
 use crate::workload::probe::{Host, HttpRequest, HttpVersion, Outcome, ReadUntil, Send, Target};
 
 /// The catalogue.
@@ -243,48 +246,6 @@ fn ports_line(wl: &str) -> &'static str {
         .map_or("", |(_, _, l)| l)
 }
 
-fn get(path: &str) -> Send {
-    Send::Http(HttpRequest::get(path))
-}
-
-fn get_host(path: &str, host: &str) -> Send {
-    Send::Http(HttpRequest {
-        host: Host::Values(vec![host.to_owned()]),
-        ..HttpRequest::get(path)
-    })
-}
-
-fn with_headers(path: &str, host: Option<&str>, headers: &[(&str, &str)]) -> Send {
-    Send::Http(HttpRequest {
-        host: host.map_or(Host::Default, |h| Host::Values(vec![h.to_owned()])),
-        headers: headers
-            .iter()
-            .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
-            .collect(),
-        ..HttpRequest::get(path)
-    })
-}
-
-fn ctx(what: impl std::fmt::Display) -> impl FnOnce(String) -> String {
-    move |e| format!("{what}: {e}")
-}
-
-/// Run one HTTP probe from a client and check it.
-async fn http(
-    env: &Env,
-    client: &str,
-    dial: super::Dial,
-    send: Send,
-    check: impl FnOnce(&Outcome) -> Check,
-) -> Check {
-    let label = format!("{client} → {}", dial.authority());
-    let o = env
-        .probe(client, &probe(dial, send))
-        .await
-        .map_err(ctx(&label))?;
-    check(&o).map_err(ctx(&label))
-}
-
 async fn raw(
     env: &Env,
     client: &str,
@@ -319,10 +280,8 @@ async fn a1(env: &Env) -> Check {
     let mut n = 0;
     for (wl, ports, _) in SIX {
         for &p in *ports {
-            let host = format!("{}:{p}", env.mesh(wl));
-            let host = if p == 80 { env.mesh(wl) } else { host };
             http(env, CLIENT, name(&env.mesh(wl), p), get("/"), |o| {
-                echo(o, wl, p, Some(&host))
+                echo(o, wl, p)
             })
             .await?;
             n += 1;
@@ -336,10 +295,7 @@ async fn a2(env: &Env) -> Check {
     for (wl, ports, _) in SIX {
         for &p in *ports {
             for n_ in [format!("{wl}.mp.svc.cluster.local"), format!("{wl}.mp")] {
-                http(env, CLIENT, name(&n_, p), get("/"), |o| {
-                    echo(o, wl, p, None)
-                })
-                .await?;
+                http(env, CLIENT, name(&n_, p), get("/"), |o| echo(o, wl, p)).await?;
                 n += 1;
             }
         }
@@ -353,7 +309,7 @@ async fn a3(env: &Env) -> Check {
         for &p in *ports {
             let host = format!("{}:{p}", env.mesh(wl));
             http(env, NOCAP, loopback(), get_host("/", &host), |o| {
-                echo(o, wl, p, Some(&host))
+                echo(o, wl, p)
             })
             .await?;
             n += 1;
@@ -363,7 +319,7 @@ async fn a3(env: &Env) -> Check {
 }
 
 fn with_a4(o: &Outcome, port: u16) -> Check {
-    echo(o, "mp-multi", port, None)?;
+    echo(o, "mp-multi", port)?;
     headers(o, &[("x-a4", Some("1"))])?;
     Ok(format!("mp-multi:{port} + x-a4"))
 }
@@ -444,7 +400,7 @@ async fn a9(env: &Env) -> Check {
         for &p in ports.iter().filter(|p| **p != 80) {
             for n_ in [env.mesh(wl), format!("{wl}.mp.svc.cluster.local")] {
                 http(env, CLIENT, name(&n_, p), get_host("/", &n_), |o| {
-                    echo(o, wl, p, Some(&n_))
+                    echo(o, wl, p)
                 })
                 .await?;
                 n += 1;
@@ -460,7 +416,7 @@ async fn a10(env: &Env) -> Check {
         CLIENT,
         name(&env.mesh("mp-nine"), 9000),
         get("/"),
-        |o| echo(o, "mp-nine", 9000, None),
+        |o| echo(o, "mp-nine", 9000),
     )
     .await
 }
@@ -505,7 +461,7 @@ async fn r1(env: &Env) -> Check {
         "mp-eighty.mp.svc.cluster.local".into(),
     ] {
         http(env, CLIENT, name(&n_, 80), get("/"), |o| {
-            echo(o, "mp-eighty", 80, Some(&n_))
+            echo(o, "mp-eighty", 80)
         })
         .await?;
     }
@@ -514,7 +470,7 @@ async fn r1(env: &Env) -> Check {
         format!("{}:80", env.mesh("mp-eighty")),
     ] {
         http(env, NOCAP, loopback(), get_host("/", &host), |o| {
-            echo(o, "mp-eighty", 80, Some(&host))
+            echo(o, "mp-eighty", 80)
         })
         .await?;
     }
@@ -607,7 +563,7 @@ async fn m4(env: &Env) -> Check {
         CLIENT,
         name(&env.mesh("mp-tcpfirst"), 8080),
         get("/"),
-        |o| echo(o, "mp-tcpfirst", 8080, None),
+        |o| echo(o, "mp-tcpfirst", 8080),
     )
     .await?;
     Ok("raw 9000 of both mixed shapes; X3 HTTP 8080".into())
@@ -619,7 +575,7 @@ async fn n1(env: &Env) -> Check {
         CLIENT,
         name("mp-multi", 9090),
         get_host("/", "mp-multi:9090"),
-        |o| echo(o, "mp-multi", 9090, Some("mp-multi:9090")),
+        |o| echo(o, "mp-multi", 9090),
     )
     .await?;
     http(
@@ -627,7 +583,7 @@ async fn n1(env: &Env) -> Check {
         CLIENT,
         name("mp-multi", 9090),
         get_host("/", "mp-multi"),
-        |o| echo(o, "mp-multi", 9090, Some("mp-multi")),
+        |o| echo(o, "mp-multi", 9090),
     )
     .await
 }
@@ -661,7 +617,7 @@ async fn n3(env: &Env) -> Check {
         "mp-multi:9090",
     ] {
         http(env, NOCAP, loopback(), get_host("/", host), |o| {
-            echo(o, "mp-multi", 9090, Some(host))
+            echo(o, "mp-multi", 9090)
         })
         .await?;
     }
@@ -683,7 +639,7 @@ async fn n4(env: &Env) -> Check {
         CLIENT,
         addr(ip, 18081),
         get_host("/", &format!("{mesh}:9090")),
-        |o| echo(o, "mp-multi", 9090, None),
+        |o| echo(o, "mp-multi", 9090),
     )
     .await?;
     for host in [
@@ -691,7 +647,7 @@ async fn n4(env: &Env) -> Check {
         "MP-MULTI.MP.SVC.CLUSTER.LOCAL:8080",
     ] {
         http(env, CLIENT, addr(ip, 18081), get_host("/", host), |o| {
-            echo(o, "mp-multi", 8080, Some(host))
+            echo(o, "mp-multi", 8080)
         })
         .await?;
     }
@@ -705,7 +661,7 @@ async fn n4(env: &Env) -> Check {
         CLIENT,
         addr(eighty, 18081),
         get_host("/", &env.mesh("mp-eighty")),
-        |o| echo(o, "mp-eighty", 80, None),
+        |o| echo(o, "mp-eighty", 80),
     )
     .await
 }
@@ -717,7 +673,7 @@ async fn n5(env: &Env) -> Check {
         CLIENT,
         name(&env.mesh("mp-multi"), 9090),
         get_host("/", &host),
-        |o| echo(o, "mp-multi", 9090, Some(&host)),
+        |o| echo(o, "mp-multi", 9090),
     )
     .await
 }
@@ -728,7 +684,7 @@ async fn n6(env: &Env) -> Check {
         ..HttpRequest::get("/")
     });
     http(env, CLIENT, name(&env.mesh("mp-multi"), 8080), send, |o| {
-        echo(o, "mp-multi", 8080, None)?;
+        echo(o, "mp-multi", 8080)?;
         match o.version.as_deref() {
             Some(v) if v.contains('2') => Ok("echo 8080 over HTTP/2".into()),
             v => Err(format!("answered over {v:?}, not HTTP/2")),
@@ -787,7 +743,7 @@ async fn n10(env: &Env) -> Check {
         CLIENT,
         name(&env.mesh("mp-multi"), 8080),
         get_host("/", &host),
-        |o| echo(o, "mp-multi", 8080, Some(&host)),
+        |o| echo(o, "mp-multi", 8080),
     )
     .await
 }
@@ -798,7 +754,7 @@ async fn shares(env: &Env, bad: &str) -> Check {
         let o = env
             .probe(CLIENT, &probe(name(&env.mesh("mp-multi"), 8080), get("/")))
             .await?;
-        if echo(&o, "mp-multi", 9090, None).is_ok() {
+        if echo(&o, "mp-multi", 9090).is_ok() {
             good += 1;
         } else if answer(&o, 500, "invalid-backend", None).is_ok() {
             invalid += 1;
@@ -837,7 +793,7 @@ async fn n12(env: &Env) -> Check {
         CLIENT,
         name(&env.mesh("mp-mixed"), 8080),
         get("/"),
-        |o| echo(o, "mp-mixed", 8080, None),
+        |o| echo(o, "mp-mixed", 8080),
     )
     .await?;
     let ip = env.cluster_ip("mp", "mp-mixed")?;
@@ -883,7 +839,7 @@ async fn n13(env: &Env) -> Check {
         name(&env.mesh("mp-multi"), 8080),
         get("/"),
         |o| {
-            echo(o, "mp-multi", 8080, None)?;
+            echo(o, "mp-multi", 8080)?;
             headers(o, &[("x-a4", None)])
         },
     )
@@ -893,20 +849,6 @@ async fn n13(env: &Env) -> Check {
 
 /// A counter of mp-authz's echo (workload/echo.rs): `/count` (its authorization checks) or
 /// `/echo-count` (the plain requests it answered).
-async fn mp_authz_counter(env: &Env, path: &str) -> Result<u64, String> {
-    let o = env
-        .probe(CLIENT, &probe(name(&env.mesh("mp-authz"), 9191), get(path)))
-        .await?;
-    o.first_line()
-        .trim()
-        .parse()
-        .map_err(|_| format!("mp-authz {path}: {}", o.summary()))
-}
-
-async fn authz_count(env: &Env) -> Result<u64, String> {
-    mp_authz_counter(env, "/count").await
-}
-
 async fn n14(env: &Env) -> Check {
     let before = authz_count(env).await?;
     http(
@@ -946,7 +888,7 @@ async fn n14(env: &Env) -> Check {
 }
 
 fn svc(o: &Outcome, want: bool) -> Check {
-    echo(o, "mp-owned", 8080, None)?;
+    echo(o, "mp-owned", 8080)?;
     headers(o, &[("x-svc", want.then_some("1"))])
 }
 
@@ -1001,7 +943,7 @@ async fn n15(env: &Env) -> Check {
         NOCAP,
         loopback(),
         get_host("/", "mp-owned.mp.svc.cluster.local:80"),
-        |o| echo(o, "mp-owned", 8080, None),
+        |o| echo(o, "mp-owned", 8080),
     )
     .await?;
     Ok("meshOnly then routed".into())
@@ -1029,10 +971,7 @@ async fn n17(env: &Env) -> Check {
         host: Host::Values(vec![format!("{mesh}:8080")]),
         ..HttpRequest::get("/x")
     });
-    http(env, NOCAP, loopback(), send, |o| {
-        echo(o, "mp-multi", 9090, None)
-    })
-    .await
+    http(env, NOCAP, loopback(), send, |o| echo(o, "mp-multi", 9090)).await
 }
 
 async fn n18(env: &Env) -> Check {
@@ -1041,7 +980,7 @@ async fn n18(env: &Env) -> Check {
         CLIENT,
         name(&env.mesh("mp-multi"), 9090),
         get("/"),
-        |o| echo(o, "mp-multi", 9090, None),
+        |o| echo(o, "mp-multi", 9090),
     )
     .await?;
     let ip = env.cluster_ip("mp", "mp-serverfirst")?;
@@ -1105,7 +1044,7 @@ async fn n21(env: &Env) -> Check {
     for host in &hosts {
         for _ in 0..20 {
             http(env, CLIENT, addr(ip, 8080), get_host("/", host), |o| {
-                echo(o, "mp-multi", 8080, Some(host))?;
+                echo(o, "mp-multi", 8080)?;
                 headers(
                     o,
                     &[
@@ -1134,7 +1073,7 @@ async fn n22(env: &Env) -> Check {
     let client_ip = env.pod_ip("mp", CLIENT)?.to_string();
     let host = format!("{}:7070", env.mesh("mp-mixed"));
     http(env, CLIENT, addr(ip, 7070), get_host("/", &host), |o| {
-        echo(o, "mp-mixed", 7070, Some(&host))?;
+        echo(o, "mp-mixed", 7070)?;
         // Passed through outside the mesh, from the client pod's own address.
         headers(
             o,
@@ -1216,7 +1155,7 @@ async fn n24(env: &Env) -> Check {
         ("x-aether-caller", "forged"),
     ];
     let check = |o: &Outcome| {
-        echo(o, "mp-multi", 8080, None)?;
+        echo(o, "mp-multi", 8080)?;
         match o.body_text().lines().find(|l| l.starts_with("x-aether-")) {
             Some(l) => Err(format!("the application saw {l:?}")),
             None => Ok(String::new()),
@@ -1249,7 +1188,7 @@ async fn n25(env: &Env) -> Check {
         CLIENT,
         name(&mesh, 8080),
         with_headers("/", None, &set),
-        |o| echo(o, "mp-multi", 8080, None),
+        |o| echo(o, "mp-multi", 8080),
     )
     .await?;
     http(
@@ -1274,13 +1213,13 @@ async fn n25(env: &Env) -> Check {
         CLIENT,
         name("ext-http.mp-ext.svc.cluster.local", 18081),
         with_headers("/", None, &set),
-        |o| echo(o, "ext-http", 18081, None),
+        |o| echo(o, "ext-http", 18081),
     )
     .await
 }
 
 fn svc_echo(o: &Outcome, port: u16) -> Check {
-    echo(o, "mp-multi", port, None)?;
+    echo(o, "mp-multi", port)?;
     headers(o, &[("x-svc", Some("1"))])
 }
 
@@ -1343,7 +1282,7 @@ async fn n27(env: &Env) -> Check {
         "mp-multi.mp.svc.cluster.local.:8080".into(),
     ] {
         http(env, NOCAP, loopback(), get_host("/", &host), |o| {
-            echo(o, "mp-multi", 8080, None)
+            echo(o, "mp-multi", 8080)
         })
         .await?;
     }
@@ -1369,7 +1308,7 @@ async fn n28(env: &Env) -> Check {
         format!("{ext}:18082"),
     ] {
         http(env, CLIENT, addr(ip, 18081), get_host("/", &host), |o| {
-            echo(o, "ext-http", 18081, Some(&host))
+            echo(o, "ext-http", 18081)
         })
         .await?;
     }
@@ -1465,7 +1404,7 @@ async fn mir(env: &Env) -> Check {
             name(&env.mesh("mp-httponly"), 8080),
             send,
             |o| {
-                echo(o, "mp-httponly", 8080, None)?;
+                echo(o, "mp-httponly", 8080)?;
                 if o.header("x-mirror") == Some("1") {
                     marked += 1;
                 }

@@ -131,7 +131,7 @@ async fn swap(env: &Env) -> Check {
                 Send::Http(HttpRequest::get("/")),
             );
             match env.probe(CLIENT, &p).await {
-                Ok(o) if echo(&o, "mp-multi", 8080, None).is_ok() => ok += 1,
+                Ok(o) if echo(&o, "mp-multi", 8080).is_ok() => ok += 1,
                 Ok(o) => failed.push(o.summary()),
                 Err(e) => failed.push(e),
             }
@@ -209,7 +209,7 @@ async fn cni(env: &Env) -> Check {
             ),
         )
         .await?;
-    echo(&o, "mp-multi", 8080, None)?;
+    echo(&o, "mp-multi", 8080)?;
     let del = CniCommand::Del {
         namespace: "mp".into(),
         pod: "no-such-pod".into(),
@@ -379,7 +379,7 @@ async fn retained(env: &Env) -> Check {
             ),
         )
         .await?;
-    echo(&o, "mp-nine", 9000, None).map_err(|e| format!("after restoring: {e}"))?;
+    echo(&o, "mp-nine", 9000).map_err(|e| format!("after restoring: {e}"))?;
     result.map(|d| format!("rows gone: {d} after the hold; restored: echo 9000"))
 }
 
@@ -400,7 +400,7 @@ async fn restart(env: &Env) -> Check {
     let o = env
         .probe(CLIENT, &probe(super::addr(ip, 8080), send()))
         .await?;
-    echo(&o, "mp-httponly", 8080, None).map_err(|e| format!("before: {e}"))?;
+    echo(&o, "mp-httponly", 8080).map_err(|e| format!("before: {e}"))?;
     let started = crate::time::now();
     (hook.0)("node-b".to_owned()).await?;
     let took = started.elapsed();
@@ -409,7 +409,7 @@ async fn restart(env: &Env) -> Check {
         let o = env
             .probe(CLIENT, &probe(super::addr(ip, 8080), send()))
             .await?;
-        echo(&o, "mp-httponly", 8080, None).map_err(|e| format!("request {i} after: {e}"))?;
+        echo(&o, "mp-httponly", 8080).map_err(|e| format!("request {i} after: {e}"))?;
     }
     // And the new daemon serves node-b's pods again (capture re-applied, listeners re-bound).
     if let Some(reg) = &env.registry

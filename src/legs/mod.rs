@@ -49,7 +49,7 @@ use std::time::Duration;
 
 use crate::model::Snapshot;
 use crate::netns::Netns;
-use crate::workload::probe::{Connector, Dial, Outcome, Probe, Resolver, Send};
+use crate::workload::probe::{Connector, Dial, Host, HttpRequest, Outcome, Probe, Resolver, Send};
 
 pub use catalogue::LEGS;
 pub use extra::EXTRA;
@@ -156,13 +156,16 @@ impl Env {
         ))
     }
 
-    /// Run one probe from a client pod.
+    /// Run one probe from a client pod. Every answer an echo gives is checked for invariant
+    /// I3 here, so that no leg can forget it (legs.md §1.5).
     pub async fn probe(&self, pod: &str, probe: &Probe) -> Result<Outcome, String> {
         let (connector, resolver) = self.client(pod)?;
-        probe
+        let o = probe
             .run(&connector, &resolver)
             .await
-            .map_err(|e| format!("{pod}: {}", crate::DisplayChain(&e)))
+            .map_err(|e| format!("{pod}: {}", crate::DisplayChain(&e)))?;
+        authority_kept(probe, &o)?;
+        Ok(o)
     }
 
     /// The ClusterIP of a Service.
@@ -245,6 +248,25 @@ impl Env {
         self.settle()
             .await
             .map_err(|e| format!("overlay {variant:?}: {e}"))
+    }
+}
+
+/// Invariant I3 (addressing.md §12, legs.md §1.5): an answer from an echo (it carries
+/// `x-echo-pod`) reports exactly one received authority, the one the request named.
+pub fn authority_kept(probe: &Probe, o: &Outcome) -> Result<(), String> {
+    let Send::Http(req) = &probe.send else {
+        return Ok(());
+    };
+    if o.header("x-echo-pod").is_none() {
+        return Ok(());
+    }
+    let want = req.authority(&probe.dial.authority());
+    let got = o.header_all("x-echo-host");
+    match (&want, got.as_slice()) {
+        (Some(w), [g]) if w == g => Ok(()),
+        _ => Err(format!(
+            "I3: the echo received authority {got:?}, the request named {want:?}"
+        )),
     }
 }
 
@@ -342,7 +364,7 @@ pub fn table(results: &[LegResult]) -> String {
         };
         let detail = r.skipped.as_deref().unwrap_or(&r.detail);
         s.push_str(&format!(
-            "{:<5} {:<4} {:>6}ms  {}  {}\n",
+            "{:<11} {:<4} {:>6}ms  {}  {}\n",
             r.id, verdict, r.ms, r.title, detail
         ));
     }
@@ -383,19 +405,12 @@ pub fn probe(dial: Dial, send: Send) -> Probe {
     Probe::new(dial, send)
 }
 
-/// Status 200, body `<wl>:<port>`, no reason, and (when given) `x-echo-host` exactly.
-pub fn echo(o: &Outcome, wl: &str, port: u16, host: Option<&str>) -> Check {
+/// Status 200, body `<wl>:<port>`, no reason. (`x-echo-host` is checked for every answer an
+/// echo gives, in [`Env::probe`].)
+pub fn echo(o: &Outcome, wl: &str, port: u16) -> Check {
     let want = format!("{wl}:{port}");
     if o.status != Some(200) || o.first_line() != want || o.reason().is_some() {
         return Err(format!("want echo {want}, got {}", o.summary()));
-    }
-    if let Some(h) = host
-        && o.header("x-echo-host") != Some(h)
-    {
-        return Err(format!(
-            "echo {want}: x-echo-host {:?}, want {h:?}",
-            o.header("x-echo-host")
-        ));
     }
     Ok(want)
 }
@@ -468,4 +483,64 @@ pub fn within(o: &Outcome, bound: Duration) -> Check {
         )),
         None => Err(format!("no answer within {bound:?}: {}", o.summary())),
     }
+}
+
+fn get(path: &str) -> Send {
+    Send::Http(HttpRequest::get(path))
+}
+
+fn get_host(path: &str, host: &str) -> Send {
+    Send::Http(HttpRequest {
+        host: Host::Values(vec![host.to_owned()]),
+        ..HttpRequest::get(path)
+    })
+}
+
+fn with_headers(path: &str, host: Option<&str>, headers: &[(&str, &str)]) -> Send {
+    Send::Http(HttpRequest {
+        host: host.map_or(Host::Default, |h| Host::Values(vec![h.to_owned()])),
+        headers: headers
+            .iter()
+            .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
+            .collect(),
+        ..HttpRequest::get(path)
+    })
+}
+
+fn ctx(what: impl std::fmt::Display) -> impl FnOnce(String) -> String {
+    move |e| format!("{what}: {e}")
+}
+
+/// Run one HTTP probe from a client and check it.
+async fn http(
+    env: &Env,
+    client: &str,
+    dial: Dial,
+    send: Send,
+    check: impl FnOnce(&Outcome) -> Check,
+) -> Check {
+    let label = format!("{client} → {}", dial.authority());
+    let o = env
+        .probe(client, &probe(dial, send))
+        .await
+        .map_err(ctx(&label))?;
+    check(&o).map_err(ctx(&label))
+}
+
+/// A counter of mp-authz (`/count`: the checks it answered; `/echo-count`: the requests it echoed), read from mp-client.
+async fn mp_authz_counter(env: &Env, path: &str) -> Result<u64, String> {
+    let o = env
+        .probe(
+            "mp-client",
+            &probe(name(&env.mesh("mp-authz"), 9191), get(path)),
+        )
+        .await?;
+    o.first_line()
+        .trim()
+        .parse()
+        .map_err(|_| format!("mp-authz {path}: {}", o.summary()))
+}
+
+async fn authz_count(env: &Env) -> Result<u64, String> {
+    mp_authz_counter(env, "/count").await
 }

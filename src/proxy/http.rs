@@ -426,6 +426,15 @@ async fn deliver(
     mut req: Request<Body>,
     client_upgrade: Option<OnUpgrade>,
 ) -> Response<Body> {
+    // addressing.md §2: a delivered request carries the authority it was routed on as its
+    // `Host` (an absolute-form target's, not a `Host` field that says otherwise), so routing,
+    // filters and the application see the same authority.
+    if let Some(a) = facts
+        .authority()
+        .and_then(|a| HeaderValue::from_str(a).ok())
+    {
+        req.headers_mut().insert(HOST, a);
+    }
     let mut rule_response = ResponseSteps::default();
     let mut backend_response = ResponseSteps::default();
     if let Some(run) = &d.route {
@@ -532,7 +541,7 @@ async fn deliver(
         match client_upgrade {
             None => {
                 super::hop::annotate(&mut req, &d.filter_services, version, d.backend.h2c);
-                let req = hop_form(req, facts.authority());
+                let req = hop_form(req);
                 inputs
                     .pool
                     .send(inputs, pod, endpoint, d.backend.pod_port, req)
@@ -575,15 +584,20 @@ async fn deliver(
 }
 
 /// The request as sent over the HTTP/2 hop: an absolute URI (`http://<authority><path>`) so
-/// that HTTP/2 has its pseudo-headers; the `Host` field travels as sent.
-fn hop_form(mut req: Request<Body>, authority: Option<&str>) -> Request<Body> {
+/// that HTTP/2 has its pseudo-headers. The authority is the `Host` [`deliver`] set, as a
+/// rule's `URLRewrite` may have changed it.
+fn hop_form(mut req: Request<Body>) -> Request<Body> {
     let pq = req
         .uri()
         .path_and_query()
         .map_or_else(|| "/".to_owned(), |p| p.as_str().to_owned());
-    let host = authority
+    let host = req
+        .headers()
+        .get(HOST)
+        .and_then(|v| v.to_str().ok())
         .filter(|a| http::uri::Authority::try_from(*a).is_ok())
-        .unwrap_or("mesh.invalid");
+        .unwrap_or("mesh.invalid")
+        .to_owned();
     if let Ok(uri) = Uri::try_from(format!("http://{host}{pq}")) {
         *req.uri_mut() = uri;
     }
@@ -722,7 +736,10 @@ async fn mesh_send(
         Version::HTTP_11,
         d.backend.h2c,
     );
-    let req = hop_form(req, Some(authority));
+    if let Ok(v) = HeaderValue::from_str(authority) {
+        req.headers_mut().insert(HOST, v);
+    }
+    let req = hop_form(req);
     Ok(inputs
         .pool
         .send(inputs, pod, endpoint, d.backend.pod_port, req)

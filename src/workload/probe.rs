@@ -279,6 +279,21 @@ impl HttpRequest {
         }
     }
 
+    /// The authority this request names as a mesh reads it (addressing.md §2): the absolute
+    /// or CONNECT target's, else on h2c its `:authority`, else its one `Host` field (`None`
+    /// with no field or several). `dial_authority` is the dial's [`Dial::authority`].
+    pub fn authority(&self, dial_authority: &str) -> Option<String> {
+        if let Some(a) = self.target_authority() {
+            return Some(a);
+        }
+        match (&self.host, self.version) {
+            (Host::Default, _) => Some(dial_authority.to_owned()),
+            (Host::Values(v), HttpVersion::H2c) => v.first().cloned(),
+            (Host::Values(v), _) if v.len() == 1 => v.first().cloned(),
+            (Host::Values(_) | Host::None, _) => None,
+        }
+    }
+
     /// The `Host` field values to send.
     fn host_values(&self, default_authority: &str) -> Vec<String> {
         match &self.host {
