@@ -39,6 +39,7 @@ macro_rules! leg {
 
 mod catalogue;
 mod extra;
+mod rules;
 
 use std::collections::BTreeMap;
 use std::future::Future;
@@ -53,6 +54,7 @@ use crate::workload::probe::{Connector, Dial, Host, HttpRequest, Outcome, Probe,
 
 pub use catalogue::LEGS;
 pub use extra::EXTRA;
+pub use rules::RULES;
 
 /// Where the legs run.
 #[derive(Debug)]
@@ -311,7 +313,7 @@ pub async fn admin_get(socket: &std::path::Path, path: &str) -> Result<String, S
 /// Run the legs whose id matches `filter` (all for `None`), in catalogue order.
 pub async fn run(env: &Env, filter: Option<&[String]>) -> Vec<LegResult> {
     let mut out = Vec::new();
-    for leg in LEGS.iter().chain(EXTRA) {
+    for leg in LEGS.iter().chain(EXTRA).chain(RULES) {
         if let Some(f) = filter
             && !f.iter().any(|id| id.eq_ignore_ascii_case(leg.id))
         {

@@ -4,7 +4,7 @@
 use std::time::Duration;
 
 use http::header::HeaderMap;
-use http::{HeaderName, HeaderValue, Request, Response, StatusCode};
+use http::{HeaderName, HeaderValue, Request, Response};
 use http_body_util::BodyExt;
 
 use super::{Body, Inputs, Peer, PodCtx, respond};
@@ -125,8 +125,10 @@ pub async fn authorize<B>(
 
 /// One external authorization check (docs/mesh-filter.md): the request's method, path and
 /// headers, plus the asking Service and the caller, to the authorization server through the
-/// mesh. 2xx allows; any other status denies with the server's status and body; no answer
-/// (unreachable, timeout, error) denies with `authz-unavailable` (fail closed).
+/// mesh. 2xx allows; a 4xx (or another non-2xx status that is not an error) denies, with
+/// the server's status (`403` for a status that is not 4xx) and body; no answer (unreachable,
+/// timeout), a 5xx or a mesh answer on the check's path denies with `authz-unavailable`
+/// (fail closed).
 async fn ext_authz<B>(
     inputs: &Inputs,
     pod: &PodCtx,
@@ -169,30 +171,28 @@ async fn ext_authz<B>(
     let Some(resp) = answer else {
         return Some(respond::reason(Reason::AuthzUnavailable));
     };
-    if resp.status().is_success() {
-        // Read the (normally empty) body to its end: a dropped HTTP/2 response resets its
-        // stream, and a hop connection that resets many gets closed by the h2 crate.
-        let _ = tokio::time::timeout(timeout, resp.into_body().collect()).await;
-        return None;
-    }
     let status = resp.status();
+    // A mesh answer on the check's own path (no endpoint, unreachable) or a server error is
+    // an unavailable server, not a denial: authorization fails closed (addressing.md §11.1).
+    let unavailable = status.is_server_error()
+        || resp
+            .headers()
+            .contains_key(crate::resolve::answer::HEADER_ERROR);
+    // The body is read to its end either way: a dropped HTTP/2 response resets its stream,
+    // and a hop connection that resets many gets closed by the h2 crate.
     let body = tokio::time::timeout(timeout, resp.into_body().collect())
         .await
         .ok()
         .and_then(Result::ok)
         .map(http_body_util::Collected::to_bytes)
         .unwrap_or_default();
-    let mut denied = Response::new(respond::full(body));
-    *denied.status_mut() = if status.is_client_error() || status.is_server_error() {
-        status
+    if status.is_success() {
+        None
+    } else if unavailable {
+        Some(respond::reason(Reason::AuthzUnavailable))
     } else {
-        StatusCode::FORBIDDEN
-    };
-    denied.headers_mut().insert(
-        crate::resolve::answer::HEADER_ERROR,
-        HeaderValue::from_static("authz-denied"),
-    );
-    Some(denied)
+        Some(respond::authz_denied(status, body))
+    }
 }
 
 #[cfg(test)]

@@ -27,6 +27,20 @@ pub fn reason(reason: Reason) -> Response<Body> {
     answer(&MeshAnswer::bare(reason))
 }
 
+/// `authz-denied` for an `ext_authz` server's denial (addressing.md §11.1): the server's own
+/// status when it is a 4xx (`403` otherwise) and its body when it gave one, with the reason
+/// header of [`Reason::AuthzDenied`].
+pub fn authz_denied(server_status: StatusCode, body: Bytes) -> Response<Body> {
+    let mut resp = reason(Reason::AuthzDenied);
+    if server_status.is_client_error() {
+        *resp.status_mut() = server_status;
+    }
+    if !body.is_empty() {
+        *resp.body_mut() = full(body);
+    }
+    resp
+}
+
 /// A redirect a route rule configured: no reason header (addressing.md §11.1).
 pub fn redirect(status: u16, location: &str) -> Response<Body> {
     let mut resp = Response::new(empty());

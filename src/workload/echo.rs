@@ -35,7 +35,9 @@
 //! 1. A **check** is any request that carries the header `x-authz-service` (the mesh
 //!    sets it on every check it makes). Each check is counted.
 //! 2. A check is allowed (`200`, body `<workload>:<port>\n`) unless the request carries
-//!    `x-authz-deny: 1`; then it is denied: `403`, body `denied by <workload>\n`.
+//!    `x-authz-deny`: `1` denies with `403`, a status `400`–`599` denies with that status; the
+//!    body is `denied by <workload>\n`. A check carrying `x-authz-delay-ms: <n>` is answered
+//!    after n milliseconds (at most 5 s): a slow authorization server.
 //! 3. `GET /count` **without** `x-authz-service` answers the number of checks so far,
 //!    `<n>\n`. It is not a check and is not counted.
 //! 4. Any other request is answered as by the HTTP echo.
@@ -69,8 +71,14 @@ use tokio::task::JoinSet;
 
 /// The request header that makes a request to the authz listener a check.
 pub const AUTHZ_CHECK_HEADER: &str = crate::proxy::filters::AUTHZ_SERVICE;
-/// The request header (`1`) that makes the authz listener deny a check.
+/// The request header that makes the authz listener deny a check: `1` (with `403`) or the
+/// status to deny with (`400`–`599`).
 pub const AUTHZ_DENY_HEADER: &str = "x-authz-deny";
+/// The request header that makes the authz listener wait this many milliseconds before it
+/// answers a check (a slow authorization server).
+pub const AUTHZ_DELAY_HEADER: &str = "x-authz-delay-ms";
+/// The longest wait [`AUTHZ_DELAY_HEADER`] may ask for.
+const AUTHZ_DELAY_MAX: Duration = Duration::from_secs(5);
 /// The request header (`<name>: <value>`) that asks the HTTP echo to add a response header.
 pub const ECHO_SET_HEADER: &str = "x-echo-set";
 /// The request header (`1`) that asks the HTTP echo for a JSON body.
@@ -454,7 +462,15 @@ async fn serve_http(
         } else {
             answer_http(&ctx, b.port, peer.ip(), &req)
         };
-        async move { Ok::<_, Infallible>(resp) }
+        let delay = (b.kind == ListenerKind::Authz)
+            .then(|| authz_delay(&req))
+            .flatten();
+        async move {
+            if let Some(d) = delay {
+                tokio::time::sleep(d).await;
+            }
+            Ok::<_, Infallible>(resp)
+        }
     });
     auto::Builder::new(TokioExecutor::new())
         .serve_connection_with_upgrades(TokioIo::new(stream), service)
@@ -640,20 +656,39 @@ fn answer_http<B>(ctx: &Ctx, port: u16, peer: IpAddr, req: &Request<B>) -> Respo
     resp
 }
 
+/// How long a check asks the authz listener to wait before it answers
+/// ([`AUTHZ_DELAY_HEADER`], in milliseconds, at most [`AUTHZ_DELAY_MAX`]).
+fn authz_delay<B>(req: &Request<B>) -> Option<Duration> {
+    if !req.headers().contains_key(AUTHZ_CHECK_HEADER) {
+        return None;
+    }
+    let ms = req
+        .headers()
+        .get(AUTHZ_DELAY_HEADER)?
+        .to_str()
+        .ok()?
+        .parse::<u64>()
+        .ok()?;
+    Some(Duration::from_millis(ms).min(AUTHZ_DELAY_MAX))
+}
+
 fn answer_authz<B>(ctx: &Ctx, port: u16, peer: IpAddr, req: &Request<B>) -> Response<Full<Bytes>> {
     if req.headers().contains_key(AUTHZ_CHECK_HEADER) {
         ctx.checks.fetch_add(1, Ordering::SeqCst);
         let deny = req
             .headers()
             .get(AUTHZ_DENY_HEADER)
-            .is_some_and(|v| v.as_bytes() == b"1");
-        return if deny {
-            text_response(
-                StatusCode::FORBIDDEN,
-                format!("denied by {}\n", ctx.workload),
-            )
-        } else {
-            text_response(StatusCode::OK, format!("{}:{}\n", ctx.workload, port))
+            .and_then(|v| match v.as_bytes() {
+                b"1" => Some(StatusCode::FORBIDDEN),
+                code => std::str::from_utf8(code)
+                    .ok()
+                    .and_then(|c| c.parse::<u16>().ok())
+                    .filter(|c| (400..600).contains(c))
+                    .and_then(|c| StatusCode::from_u16(c).ok()),
+            });
+        return match deny {
+            Some(status) => text_response(status, format!("denied by {}\n", ctx.workload)),
+            None => text_response(StatusCode::OK, format!("{}:{}\n", ctx.workload, port)),
         };
     }
     if req.method() == http::Method::GET && req.uri().path() == "/count" {
