@@ -214,7 +214,8 @@ pub async fn up(opts: &DemoOptions) -> Result<Running, DemoError> {
     }
     let mut clients = std::collections::BTreeMap::new();
     for pod in &planned.plan.pods {
-        if (pod.name.starts_with("mp-client") || pod.name == "ext-http-0")
+        if (pod.name.starts_with("mp-client")
+            || ["ext-http-0", "mp-cni-0"].contains(&pod.name.as_str()))
             && let Some(ns) = lab.pod_netns(&pod.namespace, &pod.name)
         {
             clients.insert(pod.name.clone(), ns);
@@ -235,6 +236,7 @@ pub async fn up(opts: &DemoOptions) -> Result<Running, DemoError> {
         }),
         ca_dir: Some(ca_dir),
         restart: Some(restart),
+        missing: Default::default(),
     };
     Ok(Running {
         lab,

@@ -490,6 +490,7 @@ async fn run_probe_legs(args: &ProbeArgs) -> anyhow::Result<ExitCode> {
         registry: None,
         ca_dir: None,
         restart: None,
+        missing: Default::default(),
     };
     let only = (!args.leg.is_empty()).then_some(args.leg.as_slice());
     let results = aether::legs::run(&env, only).await;

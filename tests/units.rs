@@ -915,6 +915,7 @@ fn pods_of_an_ignored_namespace_are_neither_managed_nor_registered() {
             exclude_outbound_ip_ranges: Vec::new(),
             ready: true,
             netns: None,
+            netns_from_cni: false,
             command: Vec::new(),
         }],
         ..Snapshot::default()

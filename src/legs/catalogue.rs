@@ -3,8 +3,8 @@
 use std::time::Duration;
 
 use super::{
-    Check, Env, Leg, addr, answer, authz_count, ctx, echo, get, get_host, headers, http, loopback,
-    mp_authz_counter, name, no_app, probe, with_headers, within,
+    Check, Env, Leg, NO_APP_WAIT, addr, answer, authz_count, ctx, echo, get, get_host, headers,
+    http, loopback, mp_authz_counter, name, no_app, probe, with_headers, within,
 };
 use crate::workload::probe::{Host, HttpRequest, HttpVersion, Outcome, ReadUntil, Send, Target};
 
@@ -258,14 +258,14 @@ async fn raw(
     env.probe(client, &p).await
 }
 
-/// Send `send` from mp-client and check that no application answers (legs.md §1.5).
+/// Send raw bytes (or a ClientHello) from mp-client and check that no application answers
+/// (legs.md §1.5): nothing with an identity for [`NO_APP_WAIT`] of silence.
 async fn nothing_answers(env: &Env, dial: super::Dial, send: Send) -> Check {
-    let o = raw(env, CLIENT, dial, send, idle()).await?;
-    no_app(&o)
-}
-
-fn idle() -> ReadUntil {
-    ReadUntil::Idle(Duration::from_millis(1500))
+    let mut p = probe(dial, send);
+    p.until = ReadUntil::Idle(NO_APP_WAIT);
+    p.timeout = NO_APP_WAIT + SECOND;
+    let o = env.probe(CLIENT, &p).await?;
+    no_app(&o, None)
 }
 
 fn has(o: &Outcome, text: &str) -> Check {
@@ -596,7 +596,9 @@ async fn n2(env: &Env) -> Check {
             &probe(addr(ip, 8080), get_host("/", "mp-multi:8080")),
         )
         .await?;
-    let captured = no_app(&o)?;
+    // An HTTP request passed through to a ClusterIP with no endpoints: the mesh's own 503 if
+    // its connect fails within the wait.
+    let captured = no_app(&o, Some("upstream-unreachable"))?;
     http(
         env,
         OTHER,
@@ -825,30 +827,31 @@ async fn n13(env: &Env) -> Check {
         }
     }
     env.overlay(Some("n13-port")).await?;
-    http(
-        env,
-        CLIENT,
-        name(&env.mesh("mp-multi"), 9090),
-        get("/"),
-        |o| with_a4(o, 9090),
-    )
-    .await?;
-    http(
-        env,
-        CLIENT,
-        name(&env.mesh("mp-multi"), 8080),
-        get("/"),
-        |o| {
+    for n_ in [
+        env.mesh("mp-multi"),
+        "mp-multi.mp.svc.cluster.local".into(),
+        "mp-multi".into(),
+    ] {
+        let host = format!("{n_}:9090");
+        http(env, CLIENT, name(&n_, 9090), get("/"), |o| with_a4(o, 9090)).await?;
+        http(env, NOCAP, loopback(), get_host("/", &host), |o| {
+            with_a4(o, 9090)
+        })
+        .await?;
+        let no_rule = |o: &Outcome| {
             echo(o, "mp-multi", 8080)?;
             headers(o, &[("x-a4", None)])
-        },
+        };
+        let host = format!("{n_}:8080");
+        http(env, CLIENT, name(&n_, 8080), get("/"), no_rule).await?;
+        http(env, NOCAP, loopback(), get_host("/", &host), no_rule).await?;
+    }
+    Ok(
+        "(i) every name, port and path → 9090 + x-a4; (ii) only 9090, on every name and path"
+            .into(),
     )
-    .await?;
-    Ok("(i) every name and port → 9090 + x-a4; (ii) only 9090".into())
 }
 
-/// A counter of mp-authz's echo (workload/echo.rs): `/count` (its authorization checks) or
-/// `/echo-count` (the plain requests it answered).
 async fn n14(env: &Env) -> Check {
     let before = authz_count(env).await?;
     http(
@@ -926,9 +929,6 @@ async fn n15(env: &Env) -> Check {
         |o| answer(o, 404, "not-a-mesh-name", None),
     )
     .await?;
-    if env.registry.is_none() {
-        return Ok("meshOnly half (routed half needs registry control)".into());
-    }
     env.overlay(Some("n15-routed")).await?;
     http(
         env,
@@ -997,11 +997,15 @@ async fn n19(env: &Env) -> Check {
     if o.udp_from != Some(std::net::SocketAddr::new(ip, 18082)) {
         return Err(format!("reply from {:?}, want {ip}:18082", o.udp_from));
     }
+    // (ii): no reply at all, from anyone, for the whole wait.
     let mut p = probe(addr(ip, 5353), Send::Udp(b"hello".to_vec()));
-    p.timeout = Duration::from_secs(2);
+    p.timeout = NO_APP_WAIT;
     let o = env.probe(CLIENT, &p).await?;
-    if o.body_text().contains("mp-udp:") {
-        return Err("a reply on the real UDP port of a generated Service".into());
+    if !o.body.is_empty() || o.udp_from.is_some() {
+        return Err(format!(
+            "(ii) a reply on the real UDP port of a generated Service: {}",
+            o.summary()
+        ));
     }
     Ok("18082 → mp-udp:5353 from the ClusterIP; 5353: no reply".into())
 }
@@ -1134,9 +1138,19 @@ async fn n23(env: &Env) -> Check {
         ReadUntil::Close,
     )
     .await?;
-    has(&o, "not-http")?;
-    if !o.body_text().contains("x-aether-error: not-http") {
-        return Err(format!("(v) want 400 not-http, got {}", o.summary()));
+    // (v): the status line, the reason header and the body's first line, and only then the
+    // close.
+    let text = o.body_text();
+    let (head, body) = text.split_once("\r\n\r\n").unwrap_or((&text, ""));
+    let status_400 = head.starts_with("HTTP/1.1 400 ");
+    let reason = head
+        .lines()
+        .any(|l| l.eq_ignore_ascii_case("x-aether-error: not-http"));
+    if !status_400 || !reason || body.lines().next() != Some("not-http") || !o.peer_closed {
+        return Err(format!(
+            "(v) want 400 not-http, then close; got {}",
+            o.summary()
+        ));
     }
     let old = HttpRequest {
         version: HttpVersion::Http10,
@@ -1146,7 +1160,8 @@ async fn n23(env: &Env) -> Check {
     let o = env
         .probe(CLIENT, &probe(name(&mesh, 8080), Send::Http(old)))
         .await?;
-    no_app(&o).map(|d| format!("(i)–(iv) 400 bad-authority; (v) not-http; (vi) {d}"))
+    no_app(&o, Some("upstream-unreachable"))
+        .map(|d| format!("(i)–(iv) 400 bad-authority; (v) not-http; (vi) {d}"))
 }
 
 async fn n24(env: &Env) -> Check {

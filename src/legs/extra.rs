@@ -9,7 +9,7 @@ use std::time::Duration;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 
-use super::{Check, Env, Leg, NOT_HERE, answer, echo, loopback, name, probe};
+use super::{Check, Env, Leg, Need, answer, echo, loopback, name, probe};
 use crate::identity::{Ca, Identities, IdentitySettings, client_config};
 use crate::workload::probe::{Connector, HttpRequest, Send};
 
@@ -35,7 +35,7 @@ pub static EXTRA: &[Leg] = &[
     ),
     leg!(
         "CNI",
-        "the CNI socket: ADD and DEL are answered and applied",
+        "CNI ADD serves a pod only it brings in; DEL removes it",
         None,
         cni
     ),
@@ -63,10 +63,7 @@ const CLIENT: &str = "mp-client";
 const OUTSIDE: &str = "ext-http-0";
 
 async fn connect(env: &Env, pod: &str, dst: SocketAddr) -> Result<TcpStream, String> {
-    let netns = env
-        .clients
-        .get(pod)
-        .ok_or_else(|| format!("{NOT_HERE}client pod {pod} is not here"))?;
+    let netns = env.client_netns(pod)?;
     let socket = Connector::in_netns(netns.clone(), env.home.clone())
         .tcp_socket(dst)
         .map_err(|e| e.to_string())?;
@@ -104,7 +101,7 @@ async fn read_until(s: &mut TcpStream, want: &str) -> Result<String, String> {
 
 async fn swap(env: &Env) -> Check {
     if env.registry.is_none() {
-        return Err(format!("{NOT_HERE}needs registry control"));
+        return Err(env.not_here(Need::RegistryControl));
     }
     // Two established connections: raw TCP over the hop, and HTTP/1.1 keep-alive.
     let mixed = env.cluster_ip("mp", "mp-mixed")?;
@@ -174,52 +171,111 @@ async fn swap(env: &Env) -> Check {
     ))
 }
 
+/// The pod leg CNI adds and deletes: the daemon learns its namespace from the ADD alone.
+const CNI_POD: &str = "mp-cni-0";
+
+/// Whether the pod's namespace holds the daemon's capture table (`table inet aether`).
+async fn has_capture_table(netns: &std::path::Path) -> Result<bool, String> {
+    let out = tokio::process::Command::new("nsenter")
+        .arg(format!("--net={}", netns.display()))
+        .args(["nft", "list", "table", "inet", "aether"])
+        .output()
+        .await
+        .map_err(|e| format!("nsenter nft: {e}"))?;
+    Ok(out.status.success())
+}
+
+/// What a served pod has and an unserved one lacks: the daemon's capture table, its loopback
+/// listener, its mesh hop. `Ok(true)` when all answer, `Ok(false)` when none does.
+async fn cni_served(env: &Env, netns: &std::path::Path) -> Result<bool, String> {
+    let table = has_capture_table(netns).await?;
+    let multi = format!("{}:8080", env.mesh("mp-multi"));
+    let lb = env
+        .probe(CNI_POD, &probe(loopback(), super::get_host("/", &multi)))
+        .await?;
+    // Its hop: mp-client delivers to it by its mesh name (an echo, or the mesh's 503).
+    let hop = env
+        .probe(
+            CLIENT,
+            &probe(name(&env.mesh("mp-cni"), 8080), super::get("/")),
+        )
+        .await?;
+    match (table, lb.connected, hop.status) {
+        (true, true, Some(200)) => {
+            echo(&lb, "mp-multi", 8080).map_err(|e| format!("its loopback: {e}"))?;
+            echo(&hop, "mp-cni", 8080).map_err(|e| format!("its hop: {e}"))?;
+            // Its capture: a dial with another port in the Host gets the mesh's 421.
+            let ip = env.cluster_ip("mp", "mp-multi")?;
+            let o = env
+                .probe(
+                    CNI_POD,
+                    &probe(super::addr(ip, 9090), super::get_host("/", &multi)),
+                )
+                .await?;
+            answer(&o, 421, "port-mismatch", Some("8080/http 9090/http"))
+                .map_err(|e| format!("its capture: {e}"))?;
+            Ok(true)
+        }
+        (false, false, Some(503)) if hop.reason() == Some("upstream-unreachable") => Ok(false),
+        _ => Err(format!(
+            "half served: capture table {table}, loopback listener {}, hop answer {}",
+            lb.connected,
+            hop.summary()
+        )),
+    }
+}
+
 async fn cni(env: &Env) -> Check {
     let Some(reg) = &env.registry else {
-        return Err(format!("{NOT_HERE}needs the daemons' sockets"));
+        return Err(env.not_here(Need::DaemonSockets));
     };
     let sock = reg.admin_sockets[0].with_file_name("cni.sock");
-    let netns = env
-        .clients
-        .get(CLIENT)
-        .ok_or_else(|| format!("{NOT_HERE}client pod mp-client is not here"))?
-        .path()
-        .to_path_buf();
+    let netns = env.client_netns(CNI_POD)?.path().to_path_buf();
     use crate::capture::cni::{CniCommand, send};
+    let pods = || super::admin_get(&reg.admin_sockets[0], "/pods");
+    let listed = format!("\"{CNI_POD}\"");
+    if pods().await?.contains(&listed) || cni_served(env, &netns).await? {
+        return Err(format!("{CNI_POD} is served before its ADD"));
+    }
     let add = CniCommand::Add {
         namespace: "mp".into(),
-        pod: CLIENT.into(),
-        netns,
+        pod: CNI_POD.into(),
+        netns: netns.clone(),
     };
     tokio::time::timeout(Duration::from_secs(10), send(&sock, &add))
         .await
         .map_err(|_| "ADD not answered".to_owned())?
         .map_err(|e| format!("ADD: {e}"))?;
-    let pods = super::admin_get(&reg.admin_sockets[0], "/pods").await?;
-    if !pods.contains("\"mp-client\"") {
-        return Err(format!("after ADD, /pods lacks mp-client: {pods}"));
+    if !pods().await?.contains(&listed) {
+        return Err(format!("after ADD, /pods lacks {CNI_POD}"));
     }
-    // The pod still works through its capture after the ADD (same netns: nothing changes).
-    let o = env
-        .probe(
-            CLIENT,
-            &probe(
-                name(&env.mesh("mp-multi"), 8080),
-                Send::Http(HttpRequest::get("/")),
-            ),
-        )
-        .await?;
-    echo(&o, "mp-multi", 8080)?;
+    if !cni_served(env, &netns)
+        .await
+        .map_err(|e| format!("after ADD: {e}"))?
+    {
+        return Err(format!("after ADD, {CNI_POD} is not served"));
+    }
     let del = CniCommand::Del {
         namespace: "mp".into(),
-        pod: "no-such-pod".into(),
+        pod: CNI_POD.into(),
         netns: None,
     };
     tokio::time::timeout(Duration::from_secs(10), send(&sock, &del))
         .await
         .map_err(|_| "DEL not answered".to_owned())?
         .map_err(|e| format!("DEL: {e}"))?;
-    Ok("ADD and DEL answered ok; mp-client served".into())
+    if pods().await?.contains(&listed) {
+        return Err(format!("after DEL, /pods still lists {CNI_POD}"));
+    }
+    if cni_served(env, &netns)
+        .await
+        .map_err(|e| format!("after DEL: {e}"))?
+    {
+        return Err(format!("after DEL, {CNI_POD} is still served"));
+    }
+    Ok(format!(
+        "{CNI_POD}: not served; ADD → capture, loopback and hop answer; DEL → all gone"
+    ))
 }
 
 fn identities(env: &Env, trust_domain: &str, ca: Option<Ca>) -> Result<Arc<Identities>, String> {
@@ -229,7 +285,7 @@ fn identities(env: &Env, trust_domain: &str, ca: Option<Ca>) -> Result<Arc<Ident
             let dir = env
                 .ca_dir
                 .as_ref()
-                .ok_or_else(|| format!("{NOT_HERE}needs the mesh CA"))?;
+                .ok_or_else(|| env.not_here(Need::MeshCa))?;
             Ca::load_or_create(dir).map_err(|e| e.to_string())?
         }
     };
@@ -348,7 +404,7 @@ async fn bad_http(env: &Env) -> Check {
 
 async fn retained(env: &Env) -> Check {
     let Some(reg) = &env.registry else {
-        return Err(format!("{NOT_HERE}needs registry control"));
+        return Err(env.not_here(Need::RegistryControl));
     };
     let file = reg.dir.join("10-mp-nine.yaml");
     let aside = reg.dir.with_file_name("10-mp-nine.yaml.aside");
@@ -385,7 +441,7 @@ async fn retained(env: &Env) -> Check {
 
 async fn restart(env: &Env) -> Check {
     let Some(hook) = &env.restart else {
-        return Err(format!("{NOT_HERE}needs the daemons' processes"));
+        return Err(env.not_here(Need::DaemonProcesses));
     };
     // A pod on node-b, reached from node-a over the hop: the request before the restart leaves a
     // pooled hop connection to node-b behind, which the restart kills.

@@ -74,6 +74,8 @@ pub struct Env {
     pub ca_dir: Option<PathBuf>,
     /// Restarts a node's daemon and waits for its `/ready` (the RESTART leg).
     pub restart: Option<RestartHook>,
+    /// What the running leg found missing ([`Env::not_here`]); the runner takes it.
+    pub missing: arc_swap::ArcSwapOption<Need>,
 }
 
 /// Restarts the daemon of a node (by name).
@@ -121,9 +123,34 @@ pub struct LegResult {
 /// A leg's own failure text.
 pub type Check = Result<String, String>;
 
-/// The start of a failure that means "this leg cannot run here" (a client pod the runner does
-/// not have, e.g. `aether probe --legs` inside one pod): reported as skipped, not failed.
-pub const NOT_HERE: &str = "not here: ";
+/// What a leg needs that a runner may not have (`aether probe --legs` runs inside one pod,
+/// with no registry control and no daemons of its own). A leg that finds one missing reports
+/// it through [`Env::not_here`] and is reported as skipped, by this kind, not as failed.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Need {
+    /// A client pod, by name.
+    Pod(String),
+    /// Control of the registry the daemons watch.
+    RegistryControl,
+    /// The mesh's CA.
+    MeshCa,
+    /// The daemons' admin and CNI sockets.
+    DaemonSockets,
+    /// The daemons' processes (to restart one).
+    DaemonProcesses,
+}
+
+impl std::fmt::Display for Need {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Self::Pod(p) => write!(f, "needs client pod {p}"),
+            Self::RegistryControl => f.write_str("needs registry control"),
+            Self::MeshCa => f.write_str("needs the mesh CA"),
+            Self::DaemonSockets => f.write_str("needs the daemons' sockets"),
+            Self::DaemonProcesses => f.write_str("needs the daemons' processes"),
+        }
+    }
+}
 
 /// The workload identity strings: a byte containing any of them is an application's answer.
 pub const WORKLOADS: &[&str] = &[
@@ -140,12 +167,24 @@ pub const WORKLOADS: &[&str] = &[
 ];
 
 impl Env {
+    /// Record that the running leg cannot run here for want of `need`; the failure text to
+    /// return. The runner reports the leg as skipped.
+    pub fn not_here(&self, need: Need) -> String {
+        let text = need.to_string();
+        self.missing.store(Some(Arc::new(need)));
+        text
+    }
+
+    /// A client pod's network namespace.
+    pub fn client_netns(&self, pod: &str) -> Result<&Arc<Netns>, String> {
+        self.clients
+            .get(pod)
+            .ok_or_else(|| self.not_here(Need::Pod(pod.to_owned())))
+    }
+
     /// A client's connector and resolver.
     fn client(&self, pod: &str) -> Result<(Connector, Resolver), String> {
-        let netns = self
-            .clients
-            .get(pod)
-            .ok_or_else(|| format!("{NOT_HERE}client pod {pod} is not here"))?;
+        let netns = self.client_netns(pod)?;
         let ns = self
             .snapshot
             .pods
@@ -320,12 +359,9 @@ pub async fn run(env: &Env, filter: Option<&[String]>) -> Vec<LegResult> {
             continue;
         }
         let started = crate::time::now();
+        env.missing.store(None);
         let (ok, skipped, detail) = if leg.overlay.is_some() && env.registry.is_none() {
-            (
-                true,
-                Some("needs registry control".to_owned()),
-                String::new(),
-            )
+            (true, Some(Need::RegistryControl.to_string()), String::new())
         } else {
             let outcome = (leg.run)(env).await;
             // A leg's overlay never outlives it.
@@ -333,11 +369,11 @@ pub async fn run(env: &Env, filter: Option<&[String]>) -> Vec<LegResult> {
                 Some(_) => env.overlay(None).await,
                 None => Ok(()),
             };
-            match (outcome, reset) {
-                (Ok(d), Ok(())) => (true, None, d),
-                (Err(d), _) if d.contains(NOT_HERE) => (true, Some(d), String::new()),
-                (Err(d), _) => (false, None, d),
-                (Ok(_), Err(e)) => (false, None, format!("removing the overlay: {e}")),
+            match (outcome, reset, env.missing.swap(None)) {
+                (Err(_), _, Some(need)) => (true, Some(need.to_string()), String::new()),
+                (Ok(d), Ok(()), _) => (true, None, d),
+                (Err(d), _, None) => (false, None, d),
+                (Ok(_), Err(e), _) => (false, None, format!("removing the overlay: {e}")),
             }
         };
         out.push(LegResult {
@@ -454,24 +490,30 @@ pub fn answer(o: &Outcome, status: u16, reason: &str, ports: Option<&str>) -> Ch
     Ok(format!("{status} {reason}"))
 }
 
-/// No application answered: no workload identity in anything received; for HTTP, a mesh 503
-/// also counts.
-pub fn no_app(o: &Outcome) -> Check {
+/// How long "no application answers" listens (legs.md §1.5).
+pub const NO_APP_WAIT: Duration = Duration::from_secs(3);
+
+/// "No application answers" (legs.md §1.5): no byte received holds a workload's identity, and
+/// what came back is silence, a close or a reset, or (for an HTTP request the mesh passes
+/// through, when `mesh_503` names it) the mesh's `503` with exactly that reason. Any other
+/// status, a mesh answer with another reason included, is a failure.
+pub fn no_app(o: &Outcome, mesh_503: Option<&str>) -> Check {
     let text = o.body_text();
     if let Some(w) = WORKLOADS.iter().find(|w| text.contains(*w)) {
         return Err(format!("an application answered ({w}): {}", o.summary()));
     }
-    match o.status {
-        Some(200) => Err(format!("got 200: {}", o.summary())),
-        Some(503) if matches!(o.reason(), Some("upstream-unreachable" | "no-endpoints")) => {
-            Ok("mesh 503".into())
-        }
-        Some(s) if o.reason().is_none() => Err(format!("an application answered {s}")),
-        _ => Ok(if o.connected {
+    match (o.status, mesh_503) {
+        (None, _) => Ok(if o.connected {
             "no answer".into()
         } else {
             "refused".into()
         }),
+        (Some(503), Some(r)) if o.reason() == Some(r) => Ok(format!("mesh 503 {r}")),
+        (Some(_), _) => Err(format!(
+            "want no answer{}, got {}",
+            mesh_503.map_or(String::new(), |r| format!(" or 503 {r}")),
+            o.summary()
+        )),
     }
 }
 

@@ -569,6 +569,7 @@ impl<'s> Compiler<'s> {
                         },
                         node: p.node.clone(),
                         netns: p.netns.clone(),
+                        netns_from_cni: p.netns_from_cni,
                         exclude_outbound_ports: p.exclude_outbound_ports.clone(),
                         exclude_outbound_ip_ranges: p.exclude_outbound_ip_ranges.clone(),
                     },

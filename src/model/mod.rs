@@ -204,6 +204,8 @@ pub struct PodFacts {
     pub node: Option<String>,
     /// The network namespace it lives in (`aether.io/netns`, file mode).
     pub netns: Option<String>,
+    /// Its namespace is learned from a CNI ADD alone (`aether.io/netns-from: cni`).
+    pub netns_from_cni: bool,
     /// `capture.aether.io/exclude-outbound-ports`.
     pub exclude_outbound_ports: Vec<u16>,
     /// `capture.aether.io/exclude-outbound-ip-ranges`.

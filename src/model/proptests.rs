@@ -356,6 +356,7 @@ fn build(w: &World) -> Snapshot {
                 exclude_outbound_ip_ranges: vec![],
                 ready: p.ready,
                 netns: None,
+                netns_from_cni: false,
                 command: vec![],
             });
         }

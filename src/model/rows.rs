@@ -30,6 +30,9 @@ pub const ANNOTATION_EXCLUDE_RANGES: &str = "capture.aether.io/exclude-outbound-
 pub const ANNOTATION_MANAGED: &str = "aether.io/managed";
 /// `aether.io/netns` (file registry: the pod's network namespace).
 pub const ANNOTATION_NETNS: &str = "aether.io/netns";
+/// `aether.io/netns-from` (file registry): `cni` when the daemon learns the pod's network
+/// namespace from a CNI ADD alone.
+pub const ANNOTATION_NETNS_FROM: &str = "aether.io/netns-from";
 /// The label on every generated Service.
 pub const LABEL_MESH_SERVICE: &str = "aether.io/mesh-service";
 

@@ -121,6 +121,9 @@ pub struct Pod {
     pub ready: bool,
     /// The network namespace the pod lives in (`aether.io/netns`, file mode only).
     pub netns: Option<String>,
+    /// `aether.io/netns-from: cni` (file mode only): the daemon learns the pod's namespace
+    /// from a CNI ADD alone, as on Kubernetes; `netns` names it for the local topology.
+    pub netns_from_cni: bool,
     /// The container command (file mode: what the local topology starts in the pod).
     pub command: Vec<String>,
 }

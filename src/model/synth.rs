@@ -74,6 +74,7 @@ pub fn scaled(services: u32) -> Snapshot {
                 exclude_outbound_ip_ranges: Vec::new(),
                 ready: true,
                 netns: None,
+                netns_from_cni: false,
                 command: Vec::new(),
             });
         }

@@ -36,6 +36,7 @@ pub struct Desired {
 struct Served {
     desired: Desired,
     tasks: Vec<AbortHandle>,
+    pod: Arc<PodCtx>,
 }
 
 impl Drop for Served {
@@ -72,6 +73,8 @@ pub fn desired(
         let key = (p.namespace.clone(), p.name.clone());
         let netns = match (cni.get(&key), &p.netns) {
             (Some(path), _) => path.clone(),
+            // Served from the CNI ADD that names its namespace, not before (docs/node.md).
+            (None, _) if p.netns_from_cni => continue,
             (None, Some(name)) if name.contains('/') => PathBuf::from(name),
             (None, Some(name)) => {
                 PathBuf::from(crate::netns::NETNS_DIR).join(format!("{netns_prefix}{name}"))
@@ -154,6 +157,7 @@ impl Pods {
             .collect();
         for key in gone {
             if let Some(served) = self.served.remove(&key) {
+                served.pod.retire();
                 if let Err(e) = nft::remove(&served.desired.netns).await {
                     warn!(error = %e, pod = %key.1, "removing capture");
                 }
@@ -168,10 +172,17 @@ impl Pods {
             // Changed settings: stop the old listeners before the new ones bind.
             self.served.remove(&key);
             match serve_pod(shared, &d).await {
-                Ok(tasks) => {
+                Ok((tasks, pod)) => {
                     info!(namespace = %key.0, pod = %key.1, netns = %d.netns.display(),
                         mode = d.capture.mode.as_str(), "pod served");
-                    self.served.insert(key, Served { desired: d, tasks });
+                    self.served.insert(
+                        key,
+                        Served {
+                            desired: d,
+                            tasks,
+                            pod,
+                        },
+                    );
                 }
                 Err(e) => failed.push((key, e)),
             }
@@ -199,7 +210,10 @@ impl Pods {
 }
 
 /// Program one pod's capture and open its listeners (model.md §12).
-async fn serve_pod(shared: &Shared, d: &Desired) -> Result<Vec<AbortHandle>, PodError> {
+async fn serve_pod(
+    shared: &Shared,
+    d: &Desired,
+) -> Result<(Vec<AbortHandle>, Arc<PodCtx>), PodError> {
     let netns = Arc::new(Netns::open(&d.netns)?);
     let net = PodNet {
         netns,
@@ -301,5 +315,5 @@ async fn serve_pod(shared: &Shared, d: &Desired) -> Result<Vec<AbortHandle>, Pod
         );
     }
     tasks.extend(crate::node::dns::serve(&shared.dns, &pod, dns_udp, dns_tcp));
-    Ok(tasks)
+    Ok((tasks, pod))
 }

@@ -213,7 +213,8 @@ pub async fn serve_inbound(inputs: Arc<Inputs>, pod: Arc<PodCtx>, listener: TcpL
         let pod = pod.clone();
         tokio::spawn(async move {
             if let Some(local) = local {
-                inbound_connection(inputs, pod, tcp, peer_addr, local).await;
+                let connection = inbound_connection(inputs, pod.clone(), tcp, peer_addr, local);
+                pod.until_retired(connection).await;
             }
         });
     }

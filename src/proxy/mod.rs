@@ -273,6 +273,8 @@ pub struct PodCtx {
     pub capture: CaptureMode,
     /// The pod as a caller.
     caller: Caller,
+    /// Set once the pod is no longer served ([`PodCtx::retire`]).
+    retired: tokio::sync::watch::Sender<bool>,
 }
 
 impl PodCtx {
@@ -297,7 +299,24 @@ impl PodCtx {
             net,
             capture,
             caller,
+            retired: tokio::sync::watch::Sender::new(false),
         }
+    }
+
+    /// Run one of the pod's connections until it ends or the pod is retired: a pod that is no
+    /// longer served (its CNI DEL, or gone from the registry) takes its connections with it,
+    /// where a pod whose settings change keeps them.
+    pub async fn until_retired(&self, connection: impl Future<Output = ()>) {
+        let mut retired = self.retired.subscribe();
+        tokio::select! {
+            () = connection => {}
+            _ = retired.wait_for(|r| *r) => {}
+        }
+    }
+
+    /// The pod is no longer served: end every connection run by [`PodCtx::until_retired`].
+    pub fn retire(&self) {
+        self.retired.send_replace(true);
     }
 
     /// The pod as a caller (connection facts only, I4).

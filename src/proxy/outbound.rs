@@ -24,7 +24,11 @@ pub async fn serve_capture(inputs: Arc<Inputs>, pod: Arc<PodCtx>, listener: TcpL
                 count(&inputs.stats.captured);
                 let inputs = inputs.clone();
                 let pod = pod.clone();
-                tokio::spawn(async move { captured(inputs, pod, stream).await });
+                tokio::spawn(async move {
+                    pod.clone()
+                        .until_retired(captured(inputs, pod, stream))
+                        .await
+                });
             }
             Err(e) => {
                 warn!(error = %e, pod = %pod.name, "capture accept failed");
@@ -44,7 +48,13 @@ pub async fn serve_loopback(inputs: Arc<Inputs>, pod: Arc<PodCtx>, listener: Tcp
                 let pod = pod.clone();
                 tokio::spawn(async move {
                     let _active = super::Active::new(&inputs.stats);
-                    super::http::serve(inputs.clone(), pod, stream, HttpEntry::Loopback).await;
+                    let serve = super::http::serve(
+                        inputs.clone(),
+                        pod.clone(),
+                        stream,
+                        HttpEntry::Loopback,
+                    );
+                    pod.until_retired(serve).await;
                 });
             }
             Err(e) => {

@@ -135,11 +135,15 @@ pub async fn serve_udp(inputs: Arc<Inputs>, pod: Arc<PodCtx>, sock: UdpSocket) {
         let _ = up.send(&buf[..n]).await;
         flows.insert((client, dst), up.clone());
         let idle = inputs.settings.udp_idle;
+        let pod = pod.clone();
         tokio::spawn(async move {
-            let mut rbuf = vec![0u8; 65536];
-            while let Ok(Ok(m)) = tokio::time::timeout(idle, up.recv(&mut rbuf)).await {
-                let _ = reply.send_to(&rbuf[..m], client).await;
-            }
+            let flow = async {
+                let mut rbuf = vec![0u8; 65536];
+                while let Ok(Ok(m)) = tokio::time::timeout(idle, up.recv(&mut rbuf)).await {
+                    let _ = reply.send_to(&rbuf[..m], client).await;
+                }
+            };
+            pod.until_retired(flow).await;
         });
     }
 }

@@ -33,7 +33,7 @@ use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString as K8sIntOrString;
 use crate::model::port::Transport;
 use crate::model::rows::{
     ANNOTATION_EXCLUDE_PORTS, ANNOTATION_EXCLUDE_RANGES, ANNOTATION_MANAGED, ANNOTATION_NETNS,
-    ANNOTATION_REDIRECT_ALL, LABEL_MESH_SERVICE, parse_declared_ports,
+    ANNOTATION_NETNS_FROM, ANNOTATION_REDIRECT_ALL, LABEL_MESH_SERVICE, parse_declared_ports,
 };
 use crate::model::snapshot::{
     EndpointSlice, Pod, RefusedPod, Row, Service, ServicePort, SliceEndpoint, SlicePort, TargetPort,
@@ -471,6 +471,9 @@ pub fn convert_pod(
         exclude_outbound_ip_ranges,
         ready,
         netns: annotations.get(ANNOTATION_NETNS).cloned(),
+        netns_from_cni: annotations
+            .get(ANNOTATION_NETNS_FROM)
+            .is_some_and(|v| v == "cni"),
         command,
     };
 
