@@ -159,13 +159,14 @@ fn the_fixture_lab_routes_across_nodes_translates_user_services_only_and_leaves_
     // A generated Service has no rule: its ClusterIP reaches nothing, even with mp-multi-1
     // listening on 8080.
     assert!(matches!(generated_multi, IpAddr::V4(_)));
-    let started = time::now();
+    // No wall-clock bound on this: `fetch` is bounded by its own socket deadlines (1 s to
+    // connect, 1 s to read), so the test cannot hang, and whether nothing answers is the
+    // behaviour under test, not how fast the kernel says so.
     let got = fetch(&client, &home, SocketAddr::new(generated_multi, 8080));
     assert!(
         got.as_deref().map_or(true, str::is_empty),
         "the generated Service {generated_multi}:8080 answered {got:?}"
     );
-    assert!(time::now() - started < Duration::from_millis(2500));
 
     drop((owned0, owned1, multi1, client, home));
     lab.down().unwrap();
