@@ -102,7 +102,9 @@ fn policy_for(files: &[String]) -> Policy {
     Policy {
         pure_modules: files.iter().map(|f| module_of(f)).collect(),
         plain_data: PLAIN_DATA.iter().map(|s| (*s).to_owned()).collect(),
-        model_names_only_model: false,
+        // src/model never names crate::resolve (or any other module): the model's own types
+        // live in model/target.rs.
+        model_names_only_model: true,
     }
 }
 
