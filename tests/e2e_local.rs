@@ -3,35 +3,20 @@
 //! leg of the catalogue through real sockets. It runs `aether demo --check`, which prints the
 //! leg table and exits non-zero when a leg fails.
 //!
-//! It needs root, `ip`, `nft` and `nsenter`. Without them it prints SKIPPED, except under `CI`,
-//! where it fails: the suite must never pass without running.
+//! It needs root, `ip`, `nft` and `nsenter`. Without them it prints SKIPPED, except under
+//! `AETHER_REQUIRE_NETNS=1` (set by `.ci/run`), where it fails: the suite must never pass without
+//! running (`src/test_util/needs_root.rs`).
 
 use std::process::Command;
 
-fn missing_requirement() -> Option<String> {
-    if !nix::unistd::Uid::effective().is_root() {
-        return Some("needs root (network namespaces, nftables)".into());
-    }
-    for tool in ["ip", "nft", "nsenter"] {
-        let found = Command::new("sh")
-            .args(["-c", &format!("command -v {tool}")])
-            .output()
-            .is_ok_and(|o| o.status.success());
-        if !found {
-            return Some(format!("`{tool}` is not installed"));
-        }
-    }
-    None
-}
+// The one skip rule of the crate's tests, included by path so that no feature is needed.
+#[path = "../src/test_util/needs_root.rs"]
+#[allow(dead_code, unreachable_pub)] // Only `cannot_run` is used, from this one crate.
+mod needs_root;
 
 #[test]
 fn every_leg_through_real_sockets() {
-    if let Some(why) = missing_requirement() {
-        assert!(
-            std::env::var_os("CI").is_none(),
-            "e2e suite cannot run in CI: {why}"
-        );
-        println!("SKIPPED: {why}");
+    if needs_root::cannot_run("every_leg_through_real_sockets", &["ip", "nft", "nsenter"]) {
         return;
     }
     let root = env!("CARGO_MANIFEST_DIR");

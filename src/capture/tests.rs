@@ -275,21 +275,6 @@ mod functional {
     use crate::netns::Netns;
     use crate::proxy::socket::{PodNet, Source};
 
-    /// Print `SKIPPED: <why>` and return true, or panic when `CI` is set.
-    fn skip(why: &str) -> bool {
-        if std::env::var_os("CI").is_some() {
-            panic!("cannot run under CI: {why}");
-        }
-        println!("SKIPPED: {why}");
-        true
-    }
-
-    /// Whether `program` is on PATH, where `nft::apply` will look for it.
-    fn have(program: &str) -> bool {
-        let path = std::env::var_os("PATH").unwrap_or_default();
-        std::env::split_paths(&path).any(|dir| dir.join(program).is_file())
-    }
-
     fn sh(args: &[&str]) {
         let out = Command::new("ip").args(args).output().unwrap();
         assert!(
@@ -418,12 +403,10 @@ mod functional {
 
     #[tokio::test]
     async fn capture_in_a_real_pod_namespace() {
-        if !nix::unistd::geteuid().is_root() {
-            skip("needs root to create network namespaces");
-            return;
-        }
-        if let Some(missing) = ["nft", "ip", "nsenter"].into_iter().find(|p| !have(p)) {
-            skip(&format!("`{missing}` is not installed"));
+        if crate::test_util::needs_root::cannot_run(
+            "capture::tests::functional::capture_in_a_real_pod_namespace",
+            &["nft", "ip", "nsenter"],
+        ) {
             return;
         }
         let lab = lab();

@@ -11,7 +11,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::model::filters::FilterPlan;
 use crate::model::snapshot::{FilterConfig, HttpRouteKind, ParentRef};
-use crate::resolve::decision::{HttpBackend, TcpChoice};
+use crate::model::target::{HttpBackend, TcpChoice};
 
 /// The rules attached to one (name, front port): producer routes, and consumer routes by the
 /// caller namespace they serve (routes.md §2.3).

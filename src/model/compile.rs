@@ -32,14 +32,14 @@ use crate::model::snapshot::{
     FilterConfig, HttpFilter, HttpRoute, HttpRouteKind, L4Route, ObjectRef, ParentRef,
     ProtocolValue, Row, Service, Snapshot, TargetPort,
 };
+use crate::model::target::{
+    CaptureMode, Endpoint, HttpBackend, ServiceKey, ServiceLine, TcpBackend, TcpChoice, TcpTarget,
+    Why,
+};
 use crate::model::vote::{Tally, legacy_target, vote};
 use crate::model::{
     ClusterIpEntry, FrontPort, Model, NameEntry, NameKind, NamedFilter, NodeContext, PodFacts,
     PodIpEntry,
-};
-use crate::resolve::answer::ServiceLine;
-use crate::resolve::decision::{
-    CaptureMode, Endpoint, HttpBackend, ServiceKey, TcpBackend, TcpChoice, TcpTarget, Why,
 };
 
 mod routes;

@@ -24,6 +24,7 @@ pub mod route_match;
 pub mod rows;
 pub mod snapshot;
 pub mod synth;
+pub mod target;
 pub mod vote;
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
@@ -40,8 +41,7 @@ use crate::model::attach::{PortRoutes, RouteStatus, TlsTable};
 use crate::model::names::Domains;
 use crate::model::port::{PortClass, PortProtocol};
 use crate::model::snapshot::FilterConfig;
-use crate::resolve::answer::ServiceLine;
-use crate::resolve::decision::{CaptureMode, Endpoint, ServiceKey, TcpChoice};
+use crate::model::target::{CaptureMode, Endpoint, ServiceKey, ServiceLine, TcpChoice};
 
 /// The node's settings that the model depends on.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]

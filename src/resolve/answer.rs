@@ -4,9 +4,11 @@
 //! Layer 0 (pure).
 
 use std::fmt::Write as _;
-use std::sync::Arc;
 
 use serde::{Deserialize, Serialize};
+
+// Compiled into the model, so it lives there (ARCHITECTURE.md "Who may import whom").
+pub use crate::model::target::ServiceLine;
 
 /// Every reason a mesh daemon may send (addressing.md §11.1, active values only).
 ///
@@ -134,15 +136,6 @@ impl Reason {
     pub fn from_code(code: &str) -> Option<Self> {
         Self::ALL.into_iter().find(|r| r.code() == code)
     }
-}
-
-/// The service a 421 refusal describes: its mesh name and its `ports:` line.
-#[derive(Clone, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
-pub struct ServiceLine {
-    /// The mesh name of the service (`<svc>.<ns>.<mesh-domain>`).
-    pub name: Arc<str>,
-    /// The ports, ascending, `<port>/<class>` joined by one space.
-    pub ports: Arc<str>,
 }
 
 /// One mesh-generated answer: the reason and, for a 421 about a known service, that service.

@@ -3,23 +3,18 @@
 //! Deliver, refuse and pass through are normal outcomes carried as values (STYLE.md §6.1).
 //! Layer 0 (pure).
 
-use std::borrow::Cow;
-use std::net::{IpAddr, SocketAddr};
+use std::net::SocketAddr;
 use std::sync::Arc;
 
 use serde::Serialize;
 
 use crate::model::names::AuthorityInput;
 use crate::resolve::answer::MeshAnswer;
-
-/// The capture mode of the pod a connection comes from (spec/model.md §12.2).
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize)]
-pub enum CaptureMode {
-    /// All outbound TCP is captured.
-    RedirectAll,
-    /// Only TCP to 18081 and 18082 (and UDP to 18082).
-    Scoped,
-}
+// The model's own types live in `model` (ARCHITECTURE.md "Who may import whom"); re-exported here,
+// where the resolvers' callers have always found them.
+pub use crate::model::target::{
+    CaptureMode, Endpoint, HttpBackend, ServiceKey, TcpBackend, TcpChoice, TcpTarget, Why,
+};
 
 /// Who a connection comes from: connection facts, never request content (I4).
 #[derive(Clone, Debug, PartialEq, Eq, Serialize)]
@@ -32,49 +27,6 @@ pub struct Caller {
     pub service_account: Option<String>,
     /// The caller pod's capture mode.
     pub capture: CaptureMode,
-}
-
-/// A mesh service: one ServiceAccount in one namespace.
-#[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize)]
-pub struct ServiceKey {
-    /// Namespace.
-    pub namespace: Arc<str>,
-    /// Name (the ServiceAccount, or a user Service's name).
-    pub name: Arc<str>,
-}
-
-impl std::fmt::Display for ServiceKey {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "{}/{}", self.namespace, self.name)
-    }
-}
-
-/// One pod a delivery may go to.
-#[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize)]
-pub struct Endpoint {
-    /// The pod IP (the mesh hop goes to `<address>:18008`).
-    pub address: IpAddr,
-    /// The pod's name, when known.
-    pub pod: Option<Arc<str>>,
-    /// The node it runs on, when known.
-    pub node: Option<Arc<str>>,
-    /// The pod's own mesh service (its ServiceAccount): routes.md §5.5 item 3.
-    pub mesh_service: ServiceKey,
-}
-
-/// Where a raw-TCP connection goes.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
-pub struct TcpTarget {
-    /// The Service (or the pod's mesh service) the bytes go to.
-    pub service: ServiceKey,
-    /// The port the client reached (the dialled port, or the legacy target for 18082).
-    pub port: u16,
-    /// The pod port the bytes are delivered to.
-    pub pod_port: u16,
-    /// The endpoints to choose from (one, for a pod-IP dial).
-    pub endpoints: Arc<[Endpoint]>,
-    /// What decided it, for explain and logs.
-    pub why: Why,
 }
 
 /// How a captured connection is handled when it is accepted (addressing.md §3).
@@ -90,23 +42,6 @@ pub enum ConnDecision {
     ///
     /// [`resolve_sniffed`]: crate::resolve::resolve_sniffed
     Sniff(SniffPlan),
-}
-
-/// A raw-TCP choice: the default destination or a TCPRoute's weighted backends.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
-pub struct TcpChoice {
-    /// The weighted destinations; a single entry for the default destination. Shared: a
-    /// decision clones it with a reference count, never a copy.
-    pub backends: Arc<[(u32, TcpBackend)]>,
-}
-
-/// One destination of a raw-TCP choice.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
-pub enum TcpBackend {
-    /// Deliver to these endpoints.
-    Target(TcpTarget),
-    /// The share of an invalid backendRef: the connection is closed.
-    Invalid(Why),
 }
 
 /// What a datagram from a managed pod gets (addressing.md §10.2).
@@ -283,21 +218,6 @@ pub struct RouteRun {
     pub route_level: Arc<[(String, crate::model::snapshot::FilterConfig)]>,
 }
 
-/// The backend a delivery goes to.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
-pub struct HttpBackend {
-    /// The backend Service (or the dialled pod's mesh service).
-    pub service: ServiceKey,
-    /// Its front port (`None` for a pod-IP dial).
-    pub port: Option<u16>,
-    /// The pod port the request reaches.
-    pub pod_port: u16,
-    /// The endpoints to choose from.
-    pub endpoints: Arc<[Endpoint]>,
-    /// Reach the application as h2c (`appProtocol: kubernetes.io/h2c`).
-    pub h2c: bool,
-}
-
 /// A route rule, named for explain and logs.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize)]
 pub struct RuleRef {
@@ -311,24 +231,4 @@ pub struct RuleRef {
     pub index: usize,
     /// The rule's name, if any.
     pub name: Option<Arc<str>>,
-}
-
-/// What decided an answer: the rule of the spec and the declaration behind it.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
-pub struct Why {
-    /// The rule of the spec (e.g. `addressing.md §5 C2`).
-    pub rule: &'static str,
-    /// The facts, in words. Static on the hot paths: the service, ports and endpoints are in
-    /// the decision itself.
-    pub detail: Cow<'static, str>,
-}
-
-impl Why {
-    /// A reason with detail.
-    pub fn new(rule: &'static str, detail: impl Into<Cow<'static, str>>) -> Self {
-        Self {
-            rule,
-            detail: detail.into(),
-        }
-    }
 }

@@ -9,6 +9,7 @@
 //! addressing rule decides (where a request goes, or which answer it gets) and drop what only
 //! explains it (`Why`, filter descriptions, pod names).
 
+pub mod needs_root;
 pub mod reference;
 
 use std::collections::BTreeSet;

@@ -1,5 +1,6 @@
 //! Root-only: the `mp` fixture's lab, without daemons and without the pods' commands, seen from
-//! inside its pods. Prints `SKIPPED: ...` when it cannot run, and panics instead when `CI` is set.
+//! inside its pods. Without root, `ip`, `nft` or `sysctl` it is skipped, or fails under
+//! `AETHER_REQUIRE_NETNS=1` ([`crate::test_util::needs_root`]).
 
 use std::collections::BTreeSet;
 use std::io::{Read as _, Write as _};
@@ -14,35 +15,9 @@ use socket2::{Domain, Protocol, Socket, Type};
 use super::*;
 use crate::lab::{DEFAULT_SERVICE_CIDR, LabOptions, plan_dir};
 
-/// `Some(reason)` when this machine cannot run the test.
-fn cannot_run() -> Option<String> {
-    if !nix::unistd::Uid::effective().is_root() {
-        return Some("needs root (network namespaces)".to_owned());
-    }
-    for tool in ["ip", "nft", "sysctl"] {
-        let found = Command::new(tool)
-            .arg("-V") // Only whether it starts matters.
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .status()
-            .is_ok();
-        if !found {
-            return Some(format!("`{tool}` is not installed"));
-        }
-    }
-    None
-}
-
-/// True when the test must return early (after saying so); panics in CI.
-fn skip() -> bool {
-    match cannot_run() {
-        None => false,
-        Some(why) if std::env::var_os("CI").is_some() => panic!("lab test cannot run in CI: {why}"),
-        Some(why) => {
-            println!("SKIPPED: {why}");
-            true
-        }
-    }
+/// True when the test must return early (after saying so); fails under `AETHER_REQUIRE_NETNS=1`.
+fn skip(test: &str) -> bool {
+    crate::test_util::needs_root::cannot_run(test, &["ip", "nft", "sysctl"])
 }
 
 /// A listener in `netns` on `0.0.0.0:port` that writes `reply` to every connection.
@@ -104,7 +79,9 @@ fn fetch(netns: &Netns, home: &Netns, dst: SocketAddr) -> io::Result<String> {
 
 #[test]
 fn the_fixture_lab_routes_across_nodes_translates_user_services_only_and_leaves_nothing_behind() {
-    if skip() {
+    if skip(
+        "lab::run::tests::the_fixture_lab_routes_across_nodes_translates_user_services_only_and_leaves_nothing_behind",
+    ) {
         return;
     }
     let run_dir = std::env::temp_dir().join("aether-lab-test-wt-lab");
@@ -182,13 +159,14 @@ fn the_fixture_lab_routes_across_nodes_translates_user_services_only_and_leaves_
     // A generated Service has no rule: its ClusterIP reaches nothing, even with mp-multi-1
     // listening on 8080.
     assert!(matches!(generated_multi, IpAddr::V4(_)));
-    let started = time::now();
+    // No wall-clock bound on this: `fetch` is bounded by its own socket deadlines (1 s to
+    // connect, 1 s to read), so the test cannot hang, and whether nothing answers is the
+    // behaviour under test, not how fast the kernel says so.
     let got = fetch(&client, &home, SocketAddr::new(generated_multi, 8080));
     assert!(
         got.as_deref().map_or(true, str::is_empty),
         "the generated Service {generated_multi}:8080 answered {got:?}"
     );
-    assert!(time::now() - started < Duration::from_millis(2500));
 
     drop((owned0, owned1, multi1, client, home));
     lab.down().unwrap();
@@ -240,7 +218,9 @@ status: {podIP: 10.244.8.5}
 
 #[test]
 fn started_processes_see_their_env_and_resolv_conf_and_are_stopped_by_down_or_stale_cleanup() {
-    if skip() {
+    if skip(
+        "lab::run::tests::started_processes_see_their_env_and_resolv_conf_and_are_stopped_by_down_or_stale_cleanup",
+    ) {
         return;
     }
     let base = std::env::temp_dir().join("aether-lab-test-wt-lab-procs");

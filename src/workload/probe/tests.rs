@@ -579,16 +579,6 @@ async fn a_server_failure_on_one_candidate_does_not_end_the_search() {
     );
 }
 
-/// Prints `SKIPPED: <why>` and returns true, or panics under `CI`.
-fn skip(why: &str) -> bool {
-    assert!(
-        std::env::var_os("CI").is_none(),
-        "cannot run under CI: {why}"
-    );
-    eprintln!("SKIPPED: {why}");
-    true
-}
-
 /// A named network namespace with `lo` up, deleted on drop.
 struct TempNetns(String);
 
@@ -623,8 +613,13 @@ impl Drop for TempNetns {
 async fn a_connector_in_a_netns_connects_from_inside_it() {
     let ns = match TempNetns::create() {
         Ok(ns) => ns,
-        Err(why) if skip(&format!("needs root and iproute2: {why}")) => return,
-        Err(_) => unreachable!(),
+        Err(why) => {
+            crate::test_util::needs_root::skip(
+                "workload::probe::tests::a_connector_in_a_netns_connects_from_inside_it",
+                &format!("needs root and iproute2: {why}"),
+            );
+            return;
+        }
     };
     let home = Arc::new(Netns::current().unwrap());
     let pod = Arc::new(Netns::named(&ns.0).unwrap());
