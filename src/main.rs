@@ -275,6 +275,10 @@ struct EchoArgs {
     /// A counting external authorization port (repeatable).
     #[arg(long)]
     authz: Vec<u16>,
+    /// A gRPC echo port, h2c with prior knowledge (repeatable): every method path
+    /// `/<pkg.Service>/<Method>` answers an `aether.echo.v1.EchoReply` (docs/grpc.md).
+    #[arg(long)]
+    grpc: Vec<u16>,
     /// The pod's name.
     #[arg(long, env = "POD_NAME", default_value = "")]
     pod: String,
@@ -302,6 +306,7 @@ fn run_echo(args: &EchoArgs) -> anyhow::Result<ExitCode> {
         (ListenerKind::ServerFirst, &args.server_first),
         (ListenerKind::Udp, &args.udp),
         (ListenerKind::Authz, &args.authz),
+        (ListenerKind::Grpc, &args.grpc),
     ] {
         for port in ports {
             opts = opts.with(kind, *port);
