@@ -32,6 +32,7 @@ mod grpc;
 mod h2c;
 mod http1;
 mod many;
+mod outcome;
 
 use std::io;
 use std::net::{IpAddr, SocketAddr};
@@ -39,7 +40,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use http::{HeaderMap, Uri};
-use serde::{Serialize, Serializer};
+use serde::Serialize;
 use socket2::{Domain, Protocol, Socket, Type};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpSocket, TcpStream, UdpSocket};
@@ -47,6 +48,7 @@ use tokio::net::{TcpSocket, TcpStream, UdpSocket};
 pub use dns::{DnsError, Resolver};
 pub use grpc::{GrpcAnswer, GrpcRequest};
 pub use many::{Many, Summary};
+pub use outcome::{Outcome, Timings};
 
 use crate::netns::{Netns, NetnsError};
 use crate::time;
@@ -365,173 +367,6 @@ impl Probe {
             until: ReadUntil::Close,
             body_limit: DEFAULT_BODY_LIMIT,
         }
-    }
-}
-
-// === Outcome ===
-
-fn ms<S: Serializer>(d: &Option<Duration>, s: S) -> Result<S::Ok, S::Error> {
-    match d {
-        Some(d) => s.serialize_some(&(d.as_secs_f64() * 1000.0)),
-        None => s.serialize_none(),
-    }
-}
-
-fn text<S: Serializer>(b: &[u8], s: S) -> Result<S::Ok, S::Error> {
-    s.serialize_str(&String::from_utf8_lossy(b))
-}
-
-/// How long the steps took, in milliseconds in JSON.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Serialize)]
-pub struct Timings {
-    /// From the start of the connect to the connection (TCP).
-    #[serde(serialize_with = "ms")]
-    pub connect: Option<Duration>,
-    /// From the end of sending (or from the connect, when nothing is sent) to the first byte
-    /// of the answer (for HTTP, the status line).
-    #[serde(serialize_with = "ms")]
-    pub first_byte: Option<Duration>,
-    /// From the start of the connect (after name resolution) to the end.
-    #[serde(serialize_with = "ms")]
-    pub total: Option<Duration>,
-}
-
-/// What one attempt observed.
-#[derive(Debug, Clone, Default, PartialEq, Serialize)]
-pub struct Outcome {
-    /// The address connected to (or sent to).
-    pub addr: Option<SocketAddr>,
-    /// Whether the TCP connection was established (false for UDP).
-    pub connected: bool,
-    /// Why the connect failed.
-    pub connect_error: Option<String>,
-    /// The HTTP status.
-    pub status: Option<u16>,
-    /// The HTTP version of the answer.
-    pub version: Option<String>,
-    /// The response headers, lower-case names, in order.
-    pub headers: Vec<(String, String)>,
-    /// The HTTP body, or every byte received after a raw send, wait or ClientHello, or the UDP
-    /// reply; at most the body limit.
-    #[serde(serialize_with = "text")]
-    pub body: Vec<u8>,
-    /// Whether bytes beyond the body limit were dropped.
-    pub truncated: bool,
-    /// Step timings.
-    pub timings: Timings,
-    /// Whether the peer closed the connection (end of stream seen).
-    pub peer_closed: bool,
-    /// Whether the peer reset the connection.
-    pub reset: bool,
-    /// Whether the overall timeout cut the attempt short.
-    pub timed_out: bool,
-    /// The source of the UDP reply.
-    pub udp_from: Option<SocketAddr>,
-    /// Any other failure (a malformed response, an HTTP/2 error), as text.
-    pub error: Option<String>,
-    /// The connection's own (source) address: requests with the same one went on the same
-    /// connection.
-    pub local_addr: Option<SocketAddr>,
-    /// Whether the request went on a connection kept from an earlier request
-    /// ([`Probe::run_many`] with keep-alive); `timings.connect` is then absent.
-    pub reused: bool,
-    /// For [`Send::Grpc`]: the gRPC status and the echo's reply. `None` when no HTTP answer
-    /// came (then `error`, `timed_out` or `connect_error` says why). The HTTP status, headers
-    /// and, for an answer that is not gRPC (a mesh refusal), the body are in the fields above.
-    pub grpc: Option<GrpcAnswer>,
-}
-
-impl Outcome {
-    /// The first value of the response header `name` (case-insensitive).
-    pub fn header(&self, name: &str) -> Option<&str> {
-        self.headers
-            .iter()
-            .find(|(k, _)| k.eq_ignore_ascii_case(name))
-            .map(|(_, v)| v.as_str())
-    }
-
-    /// Every value of the response header `name`, in order.
-    pub fn header_all(&self, name: &str) -> Vec<&str> {
-        self.headers
-            .iter()
-            .filter(|(k, _)| k.eq_ignore_ascii_case(name))
-            .map(|(_, v)| v.as_str())
-            .collect()
-    }
-
-    /// The mesh's reason: the `x-aether-error` header.
-    pub fn reason(&self) -> Option<&str> {
-        self.header("x-aether-error")
-    }
-
-    /// The body as text (invalid UTF-8 replaced).
-    pub fn body_text(&self) -> String {
-        String::from_utf8_lossy(&self.body).into_owned()
-    }
-
-    /// The body's first line, without its newline.
-    pub fn first_line(&self) -> String {
-        self.body_text().lines().next().unwrap_or("").to_owned()
-    }
-
-    /// One line for a person: status, reason, first body line, timings and how it ended.
-    pub fn summary(&self) -> String {
-        let ms = |d: Option<Duration>| {
-            d.map_or_else(
-                || "-".to_owned(),
-                |d| format!("{:.1}ms", d.as_secs_f64() * 1000.0),
-            )
-        };
-        let mut line = match (&self.connect_error, self.status) {
-            (Some(e), _) => format!("connect failed: {e}"),
-            (None, Some(status)) => format!(
-                "{status} {} {:?}",
-                self.reason().unwrap_or("-"),
-                self.first_line()
-            ),
-            (None, None) => format!("- - {:?}", self.first_line()),
-        };
-        line.push_str(&format!(
-            " connect={} first_byte={} total={}",
-            ms(self.timings.connect),
-            ms(self.timings.first_byte),
-            ms(self.timings.total)
-        ));
-        if let Some(from) = self.udp_from {
-            line.push_str(&format!(" from={from}"));
-        }
-        if let Some(g) = &self.grpc {
-            line.push_str(&format!(" grpc={}", g.code_name));
-            if !g.message.is_empty() {
-                line.push_str(&format!(" grpc_message={:?}", g.message));
-            }
-            if let Some(r) = &g.reply {
-                line.push_str(&format!(
-                    " ident={} pod={} method={} authority={}",
-                    r.ident, r.pod, r.method, r.authority
-                ));
-            } else if let Some(ident) = self.ident() {
-                line.push_str(&format!(" ident={ident}"));
-            }
-        }
-        if self.reused {
-            line.push_str(" reused");
-        }
-        for (flag, on) in [
-            ("closed", self.peer_closed),
-            ("reset", self.reset),
-            ("timed-out", self.timed_out),
-            ("truncated", self.truncated),
-        ] {
-            if on {
-                line.push(' ');
-                line.push_str(flag);
-            }
-        }
-        if let Some(e) = &self.error {
-            line.push_str(&format!(" error={e:?}"));
-        }
-        line
     }
 }
 

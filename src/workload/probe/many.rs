@@ -31,7 +31,6 @@ use tonic::body::Body as TonicBody;
 use super::h2c::{self, Driver, handshake};
 use super::{Connector, HttpVersion, Outcome, Probe, ProbeError, Resolver, Send};
 use crate::time;
-use crate::workload::grpc::IDENT_HEADER;
 
 /// How [`Probe::run_many`] sends its requests.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
@@ -135,88 +134,6 @@ impl Summary {
         line(&mut out, "by reason", &self.by_reason);
         line(&mut out, "errors", &self.by_error);
         out
-    }
-}
-
-/// `<name>:<port>`, as the echoes identify themselves.
-fn is_ident(s: &str) -> bool {
-    s.rsplit_once(':').is_some_and(|(name, port)| {
-        !name.is_empty()
-            && name
-                .bytes()
-                .all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'.' || b == b'_')
-            && port.parse::<u16>().is_ok()
-    })
-}
-
-impl Outcome {
-    /// The echo's identity string `<workload>:<port>`: from the gRPC reply, the `x-echo-ident`
-    /// header (a gRPC error answer), an HTTP echo's JSON body, or the body's first line (the
-    /// HTTP, raw, server-first and UDP echoes). `None` for an answer no echo gave.
-    pub fn ident(&self) -> Option<String> {
-        if let Some(r) = self.grpc.as_ref().and_then(|g| g.reply.as_ref()) {
-            return Some(r.ident.clone());
-        }
-        if let Some(i) = self.header(IDENT_HEADER) {
-            return Some(i.to_owned());
-        }
-        if let Some(j) = self.json_body() {
-            return match (j["workload"].as_str(), j["port"].as_u64()) {
-                (Some(w), Some(p)) => Some(format!("{w}:{p}")),
-                _ => None,
-            };
-        }
-        let line = self.first_line();
-        let line = line.strip_suffix(" ready").unwrap_or(&line);
-        is_ident(line).then(|| line.to_owned())
-    }
-
-    /// The answering echo's pod: from the gRPC reply, `x-echo-pod`, an HTTP echo's JSON body,
-    /// or the raw echoes' `pod <name>` line. `None` when unknown or empty.
-    pub fn pod(&self) -> Option<String> {
-        let pod = if let Some(r) = self.grpc.as_ref().and_then(|g| g.reply.as_ref()) {
-            Some(r.pod.clone())
-        } else if let Some(p) = self.header("x-echo-pod") {
-            Some(p.to_owned())
-        } else if let Some(j) = self.json_body() {
-            j["pod"].as_str().map(str::to_owned)
-        } else {
-            self.body_text()
-                .lines()
-                .find_map(|l| l.strip_prefix("pod ").map(str::to_owned))
-        };
-        pod.filter(|p| !p.is_empty())
-    }
-
-    fn json_body(&self) -> Option<serde_json::Value> {
-        if !self.body.starts_with(b"{") {
-            return None;
-        }
-        serde_json::from_slice(&self.body).ok()
-    }
-
-    /// Why there was no answer (`None` when there was one: an HTTP status, a UDP reply, or
-    /// raw bytes): `connect: <error>`, `timed out`, `reset`, `closed`, or the error's text.
-    pub fn failure(&self) -> Option<String> {
-        let answered = self.status.is_some()
-            || self.udp_from.is_some()
-            || (!self.body.is_empty() && self.error.is_none());
-        if answered {
-            return None;
-        }
-        Some(if let Some(e) = &self.connect_error {
-            format!("connect: {e}")
-        } else if self.timed_out {
-            "timed out".to_owned()
-        } else if self.reset {
-            "reset".to_owned()
-        } else if let Some(e) = &self.error {
-            e.clone()
-        } else if self.peer_closed {
-            "closed".to_owned()
-        } else {
-            "no answer".to_owned()
-        })
     }
 }
 
