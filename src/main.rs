@@ -23,7 +23,8 @@ enum Command {
     Explain(ExplainArgs),
     /// The echo workload: every listener answers with its workload name and its own port.
     Echo(EchoArgs),
-    /// The e2e client: one request (or several) from where it runs, and what came back.
+    /// The e2e client: HTTP/1.x, h2c, gRPC, raw TCP, TLS or UDP from where it runs, one request
+    /// or many (concurrent, on kept connections), and what came back.
     Probe(ProbeArgs),
     /// The node daemon: capture, the data plane and the mesh hop for this node's pods.
     Node(Box<NodeArgs>),
@@ -275,6 +276,10 @@ struct EchoArgs {
     /// A counting external authorization port (repeatable).
     #[arg(long)]
     authz: Vec<u16>,
+    /// A gRPC echo port, h2c with prior knowledge (repeatable): every method path
+    /// `/<pkg.Service>/<Method>` answers an `aether.echo.v1.EchoReply` (docs/grpc.md).
+    #[arg(long)]
+    grpc: Vec<u16>,
     /// The pod's name.
     #[arg(long, env = "POD_NAME", default_value = "")]
     pod: String,
@@ -302,6 +307,7 @@ fn run_echo(args: &EchoArgs) -> anyhow::Result<ExitCode> {
         (ListenerKind::ServerFirst, &args.server_first),
         (ListenerKind::Udp, &args.udp),
         (ListenerKind::Authz, &args.authz),
+        (ListenerKind::Grpc, &args.grpc),
     ] {
         for port in ports {
             opts = opts.with(kind, *port);
@@ -330,7 +336,7 @@ enum ProbeOutput {
 
 #[derive(Debug, clap::Args)]
 #[command(group(clap::ArgGroup::new("send").args(
-    ["http1", "http10", "h2c", "raw", "wait", "tls", "udp"]
+    ["http1", "http10", "h2c", "raw", "wait", "tls", "udp", "grpc"]
 )))]
 struct ProbeArgs {
     /// Sleep until SIGTERM or SIGINT, then exit 0 (the client pods' command).
@@ -374,7 +380,20 @@ struct ProbeArgs {
     /// Send one UDP datagram with this text (escapes as for --raw).
     #[arg(long)]
     udp: Option<String>,
-    /// A `Host` field (repeatable; default: the dialled authority, port left out for 80).
+    /// Make a unary gRPC call over h2c (tonic) with an `aether.echo.v1.EchoRequest`: --method
+    /// names it (`pkg.Service/Method`), each --header is request metadata, the first --host is
+    /// the `:authority`. Prints the HTTP status, `x-aether-error`, `grpc-status`, `grpc-message`
+    /// and the echo's reply (docs/grpc.md).
+    #[arg(long)]
+    grpc: bool,
+    /// With --grpc: ask the echo to answer this gRPC status code (0-16) instead of a reply.
+    #[arg(long, requires = "grpc")]
+    grpc_status: Option<i32>,
+    /// With --grpc-status: the status message to ask for.
+    #[arg(long, requires = "grpc_status")]
+    grpc_message: Option<String>,
+    /// A `Host` field (repeatable; default: the dialled authority, port left out for 80). With
+    /// --grpc, the first one is the `:authority`.
     #[arg(long, conflicts_with = "no_host")]
     host: Vec<String>,
     /// Send no `Host` field.
@@ -383,18 +402,28 @@ struct ProbeArgs {
     /// The request path (for CONNECT, an authority; default: the dialled one).
     #[arg(long, default_value = "/")]
     path: String,
-    /// The request method.
-    #[arg(long, default_value = "GET")]
-    method: String,
+    /// The request method (default GET); with --grpc, the gRPC method `pkg.Service/Method`
+    /// (default `aether.echo.v1.Echo/Echo`; the echo answers any).
+    #[arg(long)]
+    method: Option<String>,
     /// Send the request in absolute form, `http://<authority>/<path>` (overrides --path).
     #[arg(long)]
     absolute: Option<String>,
     /// A request header, `name:value` (repeatable).
     #[arg(long = "header")]
     headers: Vec<String>,
-    /// How many attempts, one connection each.
+    /// How many requests. With more than one, a summary follows the answers: answers by
+    /// echo identity and pod, by status, gRPC status and `x-aether-error`, and the errors.
     #[arg(long, default_value_t = 1)]
-    count: u32,
+    count: usize,
+    /// At most this many requests in flight.
+    #[arg(long, default_value_t = 1)]
+    concurrency: usize,
+    /// Keep connections: HTTP/1.1 keeps one per concurrent request and reuses it; h2c and
+    /// --grpc multiplex every request on one HTTP/2 connection. Without it, one connection
+    /// per request.
+    #[arg(long)]
+    keep_alive: bool,
     /// The bound on each attempt, in seconds.
     #[arg(long, default_value_t = 3.0)]
     timeout: f64,
@@ -402,17 +431,37 @@ struct ProbeArgs {
     /// without a byte).
     #[arg(long)]
     lines: Option<usize>,
-    /// Output format: one line per attempt, or one JSON Outcome per line.
+    /// Output format: one line per answer, or one JSON Outcome per line (and with --count > 1,
+    /// the summary last, as `{"summary": {...}}`).
     #[arg(short = 'o', long, value_enum, default_value = "text")]
     output: ProbeOutput,
 }
 
 fn probe_from_args(args: &ProbeArgs, dial: &str) -> anyhow::Result<aether::workload::probe::Probe> {
     use aether::workload::probe::{
-        Dial, Host, HttpRequest, HttpVersion, Probe, ReadUntil, Send, Target, unescape,
+        Dial, GrpcRequest, Host, HttpRequest, HttpVersion, Probe, ReadUntil, Send, Target, unescape,
     };
     let dial = Dial::parse(dial)?;
-    let send = if let Some(raw) = &args.raw {
+    let mut headers = Vec::new();
+    for h in &args.headers {
+        let Some((k, v)) = h.split_once(':') else {
+            bail!("--header {h:?}: expected name:value");
+        };
+        headers.push((k.trim().to_owned(), v.trim().to_owned()));
+    }
+    let method = args.method.clone();
+    let send = if args.grpc {
+        let mut g = GrpcRequest::default();
+        if let Some(m) = method {
+            g.method = m;
+        }
+        g.authority = args.host.first().cloned();
+        g.headers = headers;
+        g.status = args
+            .grpc_status
+            .map(|c| (c, args.grpc_message.clone().unwrap_or_default()));
+        Send::Grpc(g)
+    } else if let Some(raw) = &args.raw {
         Send::Raw(unescape(raw))
     } else if args.wait {
         Send::Nothing
@@ -421,16 +470,10 @@ fn probe_from_args(args: &ProbeArgs, dial: &str) -> anyhow::Result<aether::workl
     } else if let Some(text) = &args.udp {
         Send::Udp(unescape(text))
     } else {
-        let mut headers = Vec::new();
-        for h in &args.headers {
-            let Some((k, v)) = h.split_once(':') else {
-                bail!("--header {h:?}: expected name:value");
-            };
-            headers.push((k.trim().to_owned(), v.trim().to_owned()));
-        }
+        let method = method.unwrap_or_else(|| "GET".to_owned());
         let target = if let Some(url) = &args.absolute {
             Target::Absolute(url.clone())
-        } else if args.method.eq_ignore_ascii_case("CONNECT") {
+        } else if method.eq_ignore_ascii_case("CONNECT") {
             Target::Authority(if args.path.starts_with('/') {
                 dial.authority()
             } else {
@@ -447,7 +490,7 @@ fn probe_from_args(args: &ProbeArgs, dial: &str) -> anyhow::Result<aether::workl
             } else {
                 HttpVersion::Http11
             },
-            method: args.method.clone(),
+            method,
             target,
             host: if args.no_host {
                 Host::None
@@ -503,7 +546,7 @@ async fn run_probe_legs(args: &ProbeArgs) -> anyhow::Result<ExitCode> {
 }
 
 fn run_probe(args: &ProbeArgs) -> anyhow::Result<ExitCode> {
-    use aether::workload::probe::{Connector, Resolver, idle};
+    use aether::workload::probe::{Connector, Many, Resolver, idle};
     let rt = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
@@ -520,17 +563,45 @@ fn run_probe(args: &ProbeArgs) -> anyhow::Result<ExitCode> {
         .map(|t| Resolver::parse_resolv_conf(&t))
         .unwrap_or_default();
     let connector = Connector::current();
+    let many = Many {
+        count: args.count,
+        concurrency: args.concurrency,
+        keep_alive: args.keep_alive,
+    };
     let mut all_answered = true;
-    for i in 0..args.count {
-        let outcome = rt.block_on(probe.run(&connector, &resolver))?;
-        all_answered &= outcome.connected || outcome.udp_from.is_some();
-        let line = match args.output {
-            ProbeOutput::Text => format!("{i}: {}", outcome.summary()),
-            ProbeOutput::Json => serde_json::to_string(&outcome)?,
+    let mut print_error = None;
+    let summary = rt.block_on(
+        probe.run_many_each(&connector, &resolver, many, |i, outcome| {
+            all_answered &= outcome.connected || outcome.udp_from.is_some();
+            let line = match args.output {
+                ProbeOutput::Text => format!("{i}: {}", outcome.summary()),
+                ProbeOutput::Json => match serde_json::to_string(outcome) {
+                    Ok(line) => line,
+                    Err(e) => {
+                        print_error.get_or_insert(e);
+                        return;
+                    }
+                },
+            };
+            #[allow(clippy::print_stdout)] // The command's output.
+            {
+                println!("{line}");
+            }
+        }),
+    )?;
+    if let Some(e) = print_error {
+        return Err(e.into());
+    }
+    if args.count > 1 {
+        let text = match args.output {
+            ProbeOutput::Text => summary.render(),
+            ProbeOutput::Json => {
+                serde_json::to_string(&serde_json::json!({ "summary": summary }))? + "\n"
+            }
         };
         #[allow(clippy::print_stdout)] // The command's output.
         {
-            println!("{line}");
+            print!("{text}");
         }
     }
     Ok(if all_answered {

@@ -10,6 +10,7 @@
 //! | server-first TCP | on accept writes `<workload>:<port> ready\n` and `pod <pod>\n`, then echoes |
 //! | UDP | answers every datagram with `<workload>:<port>` (no newline) |
 //! | authz | the counting external authorization server of legs N14 and N21, below |
+//! | gRPC (h2c prior knowledge) | every method path `/<pkg.Service>/<Method>` answered with a unary [`EchoReply`](crate::workload::grpc::EchoReply): identity `<workload>:<port>`, pod, namespace, port, `:authority`, method path and every request metadata entry; a request can ask for a gRPC status instead (below) |
 //!
 //! Two more behaviours of the HTTP echo (and of the authz listener's echo answers) serve the
 //! mesh's own tests:
@@ -27,6 +28,23 @@
 //! The HTTP echo validates nothing: a request without `Host`, with two `Host` fields, in
 //! absolute form or in HTTP/1.0 is answered like any other, so that a mesh that fails to
 //! refuse such a request is seen to deliver it.
+//!
+//! ## The gRPC echo (issue #7 §2)
+//!
+//! A gRPC listener speaks HTTP/2 only, with prior knowledge (h2c), and answers **every** path
+//! as the unary call `aether.echo.v1.Echo/Echo` of [`crate::workload::grpc`] (whose docs hold
+//! the wire schema), so GRPCRoute method matches can be tested with any service and method
+//! names. The request message is decoded as an `EchoRequest` (a foreign message decodes too,
+//! unless its fields 1-3 have other wire types). The answer:
+//!
+//! - normally `grpc-status: 0` with an `EchoReply`: identity `<workload>:<port>`, pod,
+//!   namespace, port, `:authority`, method path, every request header (pseudo headers aside)
+//!   one entry per value, the request's `message`, the peer IP;
+//! - the status a request asks for, when it asks: `EchoRequest.status_code` (non-zero) with
+//!   `status_message`, or the metadata `x-echo-grpc-status: <code>` with
+//!   `x-echo-grpc-message: <text>` (the metadata wins);
+//! - either way with the response metadata `x-echo-ident: <workload>:<port>`, `x-echo-pod`,
+//!   `x-echo-host` (the authority) and `x-echo-peer`, so an error answer names its workload too.
 //!
 //! ## The authorization protocol (ours)
 //!
@@ -69,6 +87,8 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream, UdpSocket};
 use tokio::task::JoinSet;
 
+mod grpc;
+
 /// The request header that makes a request to the authz listener a check.
 pub const AUTHZ_CHECK_HEADER: &str = crate::proxy::filters::AUTHZ_SERVICE;
 /// The request header that makes the authz listener deny a check: `1` (with `403`) or the
@@ -102,6 +122,9 @@ pub enum ListenerKind {
     Udp,
     /// The counting external authorization server.
     Authz,
+    /// gRPC over h2c (prior knowledge): every method path answered with an
+    /// [`EchoReply`](crate::workload::grpc::EchoReply).
+    Grpc,
 }
 
 impl ListenerKind {
@@ -112,6 +135,7 @@ impl ListenerKind {
             Self::ServerFirst => "server-first",
             Self::Udp => "udp",
             Self::Authz => "authz",
+            Self::Grpc => "grpc",
         }
     }
 }
@@ -168,7 +192,9 @@ impl EchoOptions {
 #[derive(Debug, thiserror::Error)]
 pub enum EchoError {
     /// No listener was asked for.
-    #[error("no listener: give at least one of --http, --tcp, --server-first, --udp, --authz")]
+    #[error(
+        "no listener: give at least one of --http, --tcp, --server-first, --udp, --authz, --grpc"
+    )]
     NoListeners,
     /// A port could not be bound.
     #[error("cannot bind {kind} port {port} on {addr}")]
@@ -365,6 +391,7 @@ async fn accept_loop(ctx: Arc<Ctx>, b: Bound, l: TcpListener) -> Result<(), Echo
         tokio::spawn(async move {
             let r = match b.kind {
                 ListenerKind::Http | ListenerKind::Authz => serve_http(ctx, b, stream, peer).await,
+                ListenerKind::Grpc => grpc::serve(ctx, b, stream, peer).await.map_err(Into::into),
                 ListenerKind::Tcp => serve_tcp(&ctx, b.port, stream, false)
                     .await
                     .map_err(Into::into),

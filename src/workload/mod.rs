@@ -10,6 +10,10 @@
 //! - [`probe`]: `aether probe`, and the library the local e2e suite calls in-process from
 //!   inside a pod's network namespace. It writes HTTP/1.x by hand so that it can send what a
 //!   well-behaved client never would (no `Host`, two `Host` fields, userinfo, absolute form).
+//!   Its gRPC client (tonic over the probe's own connections) and its many-requests mode
+//!   ([`probe::Probe::run_many`]) live there too.
+//! - [`grpc`]: the wire schema the gRPC echo and the probe share (hand-written prost messages).
 
 pub mod echo;
+pub mod grpc;
 pub mod probe;

@@ -14,28 +14,41 @@
 //! 3. [`Probe::run`] returns an [`Outcome`]: what a client observed, connect failures
 //!    included. `Err` is kept for what broke before anything was attempted (a name that does
 //!    not resolve, a namespace that cannot be entered).
+//! 4. Or [`Probe::run_many`] makes many such requests ([`Many`]: how many, how many at once,
+//!    on kept connections or not) and returns a [`Summary`]: answers counted by echo identity,
+//!    pod, status, gRPC status and `x-aether-error` reason, and the failures by why.
+//!
+//! A gRPC call is one more [`Send`]: [`Send::Grpc`] with a [`GrpcRequest`]. tonic makes the
+//! call, over an HTTP/2 connection the probe made through its [`Connector`] (so it runs in
+//! the pod's namespace like every other request); the outcome has the HTTP status and headers
+//! as they came (a mesh refusal is a plain `421` with `x-aether-error` and a text body, which
+//! the outcome keeps) and, in [`Outcome::grpc`], the gRPC status and the echo's reply.
 //!
 //! The probe is an application: its sockets carry **no** socket mark, so the mesh captures them
 //! like any other client's.
 
 mod dns;
+mod grpc;
+mod h2c;
 mod http1;
+mod many;
+mod outcome;
 
 use std::io;
 use std::net::{IpAddr, SocketAddr};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use bytes::Bytes;
-use http::{HeaderName, HeaderValue, Method, Uri};
-use http_body_util::{BodyExt, Full};
-use hyper_util::rt::{TokioExecutor, TokioIo};
-use serde::{Serialize, Serializer};
+use http::{HeaderMap, Uri};
+use serde::Serialize;
 use socket2::{Domain, Protocol, Socket, Type};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpSocket, TcpStream, UdpSocket};
 
 pub use dns::{DnsError, Resolver};
+pub use grpc::{GrpcAnswer, GrpcRequest};
+pub use many::{Many, Summary};
+pub use outcome::{Outcome, Timings};
 
 use crate::netns::{Netns, NetnsError};
 use crate::time;
@@ -323,6 +336,8 @@ pub enum Send {
     },
     /// One UDP datagram; the reply and its source are recorded.
     Udp(Vec<u8>),
+    /// One unary gRPC call over h2c (tonic); the answer is in [`Outcome::grpc`].
+    Grpc(GrpcRequest),
 }
 
 /// When a raw read (after [`Send::Raw`], [`Send::Nothing`] or [`Send::TlsClientHello`])
@@ -367,146 +382,6 @@ impl Probe {
             until: ReadUntil::Close,
             body_limit: DEFAULT_BODY_LIMIT,
         }
-    }
-}
-
-// === Outcome ===
-
-fn ms<S: Serializer>(d: &Option<Duration>, s: S) -> Result<S::Ok, S::Error> {
-    match d {
-        Some(d) => s.serialize_some(&(d.as_secs_f64() * 1000.0)),
-        None => s.serialize_none(),
-    }
-}
-
-fn text<S: Serializer>(b: &[u8], s: S) -> Result<S::Ok, S::Error> {
-    s.serialize_str(&String::from_utf8_lossy(b))
-}
-
-/// How long the steps took, in milliseconds in JSON.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Serialize)]
-pub struct Timings {
-    /// From the start of the connect to the connection (TCP).
-    #[serde(serialize_with = "ms")]
-    pub connect: Option<Duration>,
-    /// From the end of sending (or from the connect, when nothing is sent) to the first byte
-    /// of the answer (for HTTP, the status line).
-    #[serde(serialize_with = "ms")]
-    pub first_byte: Option<Duration>,
-    /// From the start of the connect (after name resolution) to the end.
-    #[serde(serialize_with = "ms")]
-    pub total: Option<Duration>,
-}
-
-/// What one attempt observed.
-#[derive(Debug, Clone, Default, PartialEq, Serialize)]
-pub struct Outcome {
-    /// The address connected to (or sent to).
-    pub addr: Option<SocketAddr>,
-    /// Whether the TCP connection was established (false for UDP).
-    pub connected: bool,
-    /// Why the connect failed.
-    pub connect_error: Option<String>,
-    /// The HTTP status.
-    pub status: Option<u16>,
-    /// The HTTP version of the answer.
-    pub version: Option<String>,
-    /// The response headers, lower-case names, in order.
-    pub headers: Vec<(String, String)>,
-    /// The HTTP body, or every byte received after a raw send, wait or ClientHello, or the UDP
-    /// reply; at most the body limit.
-    #[serde(serialize_with = "text")]
-    pub body: Vec<u8>,
-    /// Whether bytes beyond the body limit were dropped.
-    pub truncated: bool,
-    /// Step timings.
-    pub timings: Timings,
-    /// Whether the peer closed the connection (end of stream seen).
-    pub peer_closed: bool,
-    /// Whether the peer reset the connection.
-    pub reset: bool,
-    /// Whether the overall timeout cut the attempt short.
-    pub timed_out: bool,
-    /// The source of the UDP reply.
-    pub udp_from: Option<SocketAddr>,
-    /// Any other failure (a malformed response, an HTTP/2 error), as text.
-    pub error: Option<String>,
-}
-
-impl Outcome {
-    /// The first value of the response header `name` (case-insensitive).
-    pub fn header(&self, name: &str) -> Option<&str> {
-        self.headers
-            .iter()
-            .find(|(k, _)| k.eq_ignore_ascii_case(name))
-            .map(|(_, v)| v.as_str())
-    }
-
-    /// Every value of the response header `name`, in order.
-    pub fn header_all(&self, name: &str) -> Vec<&str> {
-        self.headers
-            .iter()
-            .filter(|(k, _)| k.eq_ignore_ascii_case(name))
-            .map(|(_, v)| v.as_str())
-            .collect()
-    }
-
-    /// The mesh's reason: the `x-aether-error` header.
-    pub fn reason(&self) -> Option<&str> {
-        self.header("x-aether-error")
-    }
-
-    /// The body as text (invalid UTF-8 replaced).
-    pub fn body_text(&self) -> String {
-        String::from_utf8_lossy(&self.body).into_owned()
-    }
-
-    /// The body's first line, without its newline.
-    pub fn first_line(&self) -> String {
-        self.body_text().lines().next().unwrap_or("").to_owned()
-    }
-
-    /// One line for a person: status, reason, first body line, timings and how it ended.
-    pub fn summary(&self) -> String {
-        let ms = |d: Option<Duration>| {
-            d.map_or_else(
-                || "-".to_owned(),
-                |d| format!("{:.1}ms", d.as_secs_f64() * 1000.0),
-            )
-        };
-        let mut line = match (&self.connect_error, self.status) {
-            (Some(e), _) => format!("connect failed: {e}"),
-            (None, Some(status)) => format!(
-                "{status} {} {:?}",
-                self.reason().unwrap_or("-"),
-                self.first_line()
-            ),
-            (None, None) => format!("- - {:?}", self.first_line()),
-        };
-        line.push_str(&format!(
-            " connect={} first_byte={} total={}",
-            ms(self.timings.connect),
-            ms(self.timings.first_byte),
-            ms(self.timings.total)
-        ));
-        if let Some(from) = self.udp_from {
-            line.push_str(&format!(" from={from}"));
-        }
-        for (flag, on) in [
-            ("closed", self.peer_closed),
-            ("reset", self.reset),
-            ("timed-out", self.timed_out),
-            ("truncated", self.truncated),
-        ] {
-            if on {
-                line.push(' ');
-                line.push_str(flag);
-            }
-        }
-        if let Some(e) = &self.error {
-            line.push_str(&format!(" error={e:?}"));
-        }
-        line
     }
 }
 
@@ -625,7 +500,17 @@ impl Probe {
         connector: &Connector,
         resolver: &Resolver,
     ) -> Result<Outcome, ProbeError> {
-        let addr = match &self.dial {
+        let addr = self.resolve(connector, resolver).await?;
+        self.run_at(connector, addr).await
+    }
+
+    /// The address the dial names: itself, or the first address the resolver gives.
+    pub async fn resolve(
+        &self,
+        connector: &Connector,
+        resolver: &Resolver,
+    ) -> Result<SocketAddr, ProbeError> {
+        Ok(match &self.dial {
             Dial::Addr(a) => *a,
             Dial::Name { name, port } => {
                 let ips = resolver.resolve(connector, name).await?;
@@ -635,7 +520,11 @@ impl Probe {
                 })?;
                 SocketAddr::new(ip, *port)
             }
-        };
+        })
+    }
+
+    /// One attempt on a new connection to `addr` (already resolved).
+    async fn run_at(&self, connector: &Connector, addr: SocketAddr) -> Result<Outcome, ProbeError> {
         let start = time::now();
         let deadline = start + self.timeout;
         let mut out = Outcome {
@@ -645,25 +534,43 @@ impl Probe {
         if let Send::Udp(data) = &self.send {
             self.run_udp(connector, addr, data, deadline, &mut out)
                 .await?;
-        } else {
-            let socket = connector.tcp_socket(addr)?;
-            let connected = tokio::time::timeout(self.timeout, socket.connect(addr)).await;
-            out.timings.connect = Some(time::now().saturating_duration_since(start));
-            match connected {
-                Err(_) => {
-                    out.timed_out = true;
-                    out.connect_error = Some("connect timed out".to_owned());
-                }
-                Ok(Err(e)) => out.connect_error = Some(e.to_string()),
-                Ok(Ok(stream)) => {
-                    out.connected = true;
-                    let _ = stream.set_nodelay(true);
-                    self.run_tcp(stream, deadline, &mut out).await?;
-                }
-            }
+        } else if let Some(stream) = self.connect(connector, addr, start, &mut out).await? {
+            self.run_tcp(stream, deadline, &mut out).await?;
         }
         out.timings.total = Some(time::now().saturating_duration_since(start));
         Ok(out)
+    }
+
+    /// Connect to `addr` within the timeout. `out` records the connect time, the connection's
+    /// source address, or why it failed (then `None`).
+    async fn connect(
+        &self,
+        connector: &Connector,
+        addr: SocketAddr,
+        start: Instant,
+        out: &mut Outcome,
+    ) -> Result<Option<TcpStream>, ProbeError> {
+        let socket = connector.tcp_socket(addr)?;
+        let left = (start + self.timeout).saturating_duration_since(time::now());
+        let connected = tokio::time::timeout(left, socket.connect(addr)).await;
+        out.timings.connect = Some(time::now().saturating_duration_since(start));
+        match connected {
+            Err(_) => {
+                out.timed_out = true;
+                out.connect_error = Some("connect timed out".to_owned());
+                Ok(None)
+            }
+            Ok(Err(e)) => {
+                out.connect_error = Some(e.to_string());
+                Ok(None)
+            }
+            Ok(Ok(stream)) => {
+                out.connected = true;
+                out.local_addr = stream.local_addr().ok();
+                let _ = stream.set_nodelay(true);
+                Ok(Some(stream))
+            }
+        }
     }
 
     async fn run_tcp(
@@ -672,14 +579,29 @@ impl Probe {
         deadline: Instant,
         out: &mut Outcome,
     ) -> Result<(), ProbeError> {
+        match &self.send {
+            Send::Http(req) if req.version == HttpVersion::H2c => {
+                self.run_h2c(req, stream, deadline, out).await
+            }
+            Send::Grpc(g) => self.run_grpc(g, stream, deadline, out).await,
+            _ => self.exchange(&mut stream, deadline, out).await.map(|_| ()),
+        }
+    }
+
+    /// Write the HTTP/1.x request (or the raw bytes, or nothing) on `stream` and read the
+    /// answer into `out`. True when nothing was read beyond the answer (the connection is at a
+    /// response boundary, so an HTTP/1.1 connection may carry another request).
+    async fn exchange(
+        &self,
+        stream: &mut TcpStream,
+        deadline: Instant,
+        out: &mut Outcome,
+    ) -> Result<bool, ProbeError> {
         let default_authority = self.dial.authority();
         let bytes = match &self.send {
-            Send::Http(req) if req.version == HttpVersion::H2c => {
-                return self.run_h2c(req, stream, deadline, out).await;
-            }
             Send::Http(req) => http1::render(req, &default_authority),
             Send::Raw(b) => b.clone(),
-            Send::Nothing | Send::Udp(_) => Vec::new(),
+            Send::Nothing | Send::Udp(_) | Send::Grpc(_) => Vec::new(),
             Send::TlsClientHello { sni } => client_hello(sni)?,
         };
         if !bytes.is_empty() {
@@ -687,20 +609,20 @@ impl Probe {
             match tokio::time::timeout(left, stream.write_all(&bytes)).await {
                 Err(_) => {
                     out.timed_out = true;
-                    return Ok(());
+                    return Ok(false);
                 }
                 Ok(Err(e)) => {
                     if e.kind() == io::ErrorKind::ConnectionReset {
                         out.reset = true;
                     }
                     out.error = Some(format!("write: {e}"));
-                    return Ok(());
+                    return Ok(false);
                 }
                 Ok(Ok(())) => {}
             }
         }
         let mut rd = Reader {
-            stream: &mut stream,
+            stream,
             buf: Vec::new(),
             deadline,
             sent: time::now(),
@@ -711,107 +633,7 @@ impl Probe {
             Send::Http(req) => http1::read_response(&mut rd, &req.method, out).await,
             _ => rd.read_raw(&self.until, out).await,
         }
-        Ok(())
-    }
-
-    async fn run_h2c(
-        &self,
-        req: &HttpRequest,
-        stream: TcpStream,
-        deadline: Instant,
-        out: &mut Outcome,
-    ) -> Result<(), ProbeError> {
-        let authority = match (&req.target, &req.host) {
-            (Target::Origin(_), Host::None) => None,
-            (Target::Origin(_), Host::Values(v)) => v.first().cloned(),
-            _ => Some(
-                req.target_authority()
-                    .unwrap_or_else(|| self.dial.authority()),
-            ),
-        };
-        let uri = match (&req.target, authority) {
-            (Target::Authority(a), _) => a.clone(),
-            (Target::Absolute(u), _) => u.clone(),
-            (Target::Origin(p), Some(a)) => format!("http://{a}{p}"),
-            (Target::Origin(p), None) => p.clone(),
-        };
-        let bad = |e: &dyn std::fmt::Display| ProbeError::InvalidRequest(e.to_string());
-        let uri: Uri = uri.parse().map_err(|e| bad(&e))?;
-        let method = Method::from_bytes(req.method.as_bytes()).map_err(|e| bad(&e))?;
-        let mut request = http::Request::builder()
-            .method(method)
-            .uri(uri)
-            .body(Full::new(Bytes::from(req.body.clone())))
-            .map_err(|e| bad(&e))?;
-        let headers = request.headers_mut();
-        if let Host::Values(values) = &req.host {
-            for v in values {
-                headers.append(
-                    http::header::HOST,
-                    HeaderValue::from_str(v).map_err(|e| bad(&e))?,
-                );
-            }
-        }
-        for (k, v) in &req.headers {
-            let name =
-                HeaderName::from_bytes(k.to_ascii_lowercase().as_bytes()).map_err(|e| bad(&e))?;
-            headers.append(name, HeaderValue::from_str(v).map_err(|e| bad(&e))?);
-        }
-
-        let left = deadline.saturating_duration_since(time::now());
-        let body_limit = self.body_limit;
-        let exchange = async {
-            let (mut sender, conn) =
-                hyper::client::conn::http2::handshake(TokioExecutor::new(), TokioIo::new(stream))
-                    .await?;
-            let driver = tokio::spawn(conn);
-            let sent = time::now();
-            let resp = sender.send_request(request).await;
-            let result = async {
-                let resp = resp?;
-                let first = time::now().saturating_duration_since(sent);
-                let (parts, mut body) = resp.into_parts();
-                let mut data = Vec::new();
-                let mut truncated = false;
-                while let Some(frame) = body.frame().await {
-                    if let Ok(chunk) = frame?.into_data() {
-                        let room = body_limit.saturating_sub(data.len());
-                        truncated |= chunk.len() > room;
-                        data.extend_from_slice(&chunk[..chunk.len().min(room)]);
-                        if truncated {
-                            break;
-                        }
-                    }
-                }
-                Ok::<_, hyper::Error>((parts, data, truncated, first))
-            }
-            .await;
-            driver.abort();
-            result
-        };
-        match tokio::time::timeout(left, exchange).await {
-            Err(_) => out.timed_out = true,
-            Ok(Err(e)) => {
-                out.peer_closed = e.is_closed() || e.is_incomplete_message();
-                out.error = Some(format!("h2c: {e}"));
-            }
-            Ok(Ok((parts, body, truncated, first))) => {
-                out.status = Some(parts.status.as_u16());
-                out.version = Some("HTTP/2".to_owned());
-                out.headers = parts
-                    .headers
-                    .iter()
-                    .map(|(k, v)| {
-                        let v = String::from_utf8_lossy(v.as_bytes()).into_owned();
-                        (k.as_str().to_owned(), v)
-                    })
-                    .collect();
-                out.body = body;
-                out.truncated = truncated;
-                out.timings.first_byte = Some(first);
-            }
-        }
-        Ok(())
+        Ok(rd.buf.is_empty())
     }
 
     async fn run_udp(
@@ -860,6 +682,17 @@ pub fn client_hello(sni: &str) -> Result<Vec<u8>, ProbeError> {
             .map_err(|e| ProbeError::InvalidRequest(format!("write the ClientHello: {e}")))?;
     }
     Ok(out)
+}
+
+/// Headers as `(name, value)` pairs in order, one per value, invalid UTF-8 replaced.
+fn header_list(headers: &HeaderMap) -> Vec<(String, String)> {
+    headers
+        .iter()
+        .map(|(k, v)| {
+            let v = String::from_utf8_lossy(v.as_bytes()).into_owned();
+            (k.as_str().to_owned(), v)
+        })
+        .collect()
 }
 
 /// Turn `\r`, `\n`, `\t`, `\0`, `\\` and `\xHH` escapes into bytes (the CLI's `--raw`).
@@ -911,3 +744,7 @@ pub async fn idle() -> io::Result<()> {
 
 #[cfg(test)]
 mod tests;
+#[cfg(test)]
+mod tests_grpc;
+#[cfg(test)]
+mod tests_many;

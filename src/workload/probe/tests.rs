@@ -13,10 +13,10 @@ use tokio::sync::mpsc;
 use super::*;
 use crate::workload::echo::{Bound, Echo, EchoOptions, ListenerKind};
 
-const WL: &str = "mp-test";
+pub(super) const WL: &str = "mp-test";
 
 /// An echo on 127.0.0.1, one listener per kind asked, on free ports.
-async fn echo(kinds: &[ListenerKind]) -> Vec<Bound> {
+pub(super) async fn echo(kinds: &[ListenerKind]) -> Vec<Bound> {
     let mut opts = EchoOptions::new(WL);
     opts.pod = "mp-test-0".to_owned();
     opts.namespace = "mp".to_owned();
