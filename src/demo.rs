@@ -129,7 +129,7 @@ fn listening_ports(argv: &[String]) -> Vec<u16> {
         .filter(|w| {
             matches!(
                 w[0].as_str(),
-                "--http" | "--tcp" | "--server-first" | "--authz"
+                "--http" | "--tcp" | "--server-first" | "--authz" | "--grpc"
             )
         })
         .filter_map(|w| w[1].parse().ok())

@@ -1314,3 +1314,41 @@ fn consumer_a_route_in_the_callers_namespace_applies_to_its_callers_only() {
         }
     }
 }
+
+#[test]
+fn grpc_a_grpcroute_matches_by_method_on_its_parent_port_only() {
+    // routes.md §1: a GRPCRoute attaches and matches as an HTTPRoute (its method is the path).
+    let w = world(&["grpc"]);
+    let m = format!("{}:50051", mesh("mp-grpc"));
+    let to = |port: u16| Got::Deliver {
+        svc: "mp/mp-grpc".into(),
+        port: Some(port),
+        pod_port: port,
+        pods: ["mp-grpc-0", "mp-grpc-1"].map(str::to_owned).into(),
+    };
+    for from in [q(CLIENT, m.clone()), q(NOCAPTURE, LOOPBACK).host(m)] {
+        let other = from
+            .clone()
+            .method("POST")
+            .path("/aether.echo.v1.Echo/Other");
+        w.check("GRPC-ROUTE by method", other, to(50052));
+        let missing = from
+            .clone()
+            .method("POST")
+            .path("/aether.echo.v1.Echo/Missing");
+        w.check(
+            "GRPC-ROUTE no rule",
+            missing,
+            Got::Answer {
+                status: 404,
+                reason: "route-not-matched",
+                ports: None,
+            },
+        );
+    }
+    // Port 50052 has no rule attached: the default delivery, whatever the method.
+    let plain = q(CLIENT, format!("{}:50052", mesh("mp-grpc")))
+        .method("POST")
+        .path("/aether.echo.v1.Echo/Missing");
+    w.check("GRPC-ROUTE other port", plain, to(50052));
+}

@@ -6,7 +6,9 @@ use super::{
     Check, Env, Leg, NO_APP_WAIT, addr, answer, authz_count, ctx, echo, get, get_host, headers,
     http, loopback, mp_authz_counter, name, no_app, probe, with_headers, within,
 };
-use crate::workload::probe::{Host, HttpRequest, HttpVersion, Outcome, ReadUntil, Send, Target};
+use crate::workload::probe::{
+    Host, HttpRequest, HttpVersion, Many, Outcome, ReadUntil, Send, Target,
+};
 
 /// The catalogue.
 pub static LEGS: &[Leg] = &[
@@ -225,6 +227,8 @@ const CLIENT: &str = "mp-client";
 const NOCAP: &str = "mp-client-nocapture";
 const OTHER: &str = "mp-client-other";
 const SECOND: Duration = Duration::from_secs(1);
+/// In flight at once for a weighted leg, each on its kept connection.
+pub(super) const WEIGHTED_CONCURRENCY: usize = 10;
 
 /// The six workloads and their HTTP ports and `ports:` lines (legs.md §1.2, §1.5).
 const SIX: &[(&str, &[u16], &str)] = &[
@@ -750,22 +754,35 @@ async fn n10(env: &Env) -> Check {
     .await
 }
 
+/// N11's 200 requests, at most [`WEIGHTED_CONCURRENCY`] in flight over kept connections, so
+/// that the shares are per request, not per connection.
 async fn shares(env: &Env, bad: &str) -> Check {
-    let (mut good, mut invalid) = (0u32, 0u32);
-    for _ in 0..200 {
-        let o = env
-            .probe(CLIENT, &probe(name(&env.mesh("mp-multi"), 8080), get("/")))
-            .await?;
-        if echo(&o, "mp-multi", 9090).is_ok() {
-            good += 1;
-        } else if answer(&o, 500, "invalid-backend", None).is_ok() {
-            invalid += 1;
-        } else {
-            return Err(format!(
-                "{bad}: neither echo 9090 nor 500 invalid-backend: {}",
-                o.summary()
-            ));
-        }
+    let p = probe(name(&env.mesh("mp-multi"), 8080), get("/"));
+    let many = Many {
+        count: 200,
+        concurrency: WEIGHTED_CONCURRENCY,
+        keep_alive: true,
+    };
+    let s = env
+        .probe_many(CLIENT, &p, many, |_| Ok(String::new()))
+        .await?;
+    let good = s.by_ident.get("mp-multi:9090").copied().unwrap_or(0);
+    let invalid = s.by_reason.get("invalid-backend").copied().unwrap_or(0);
+    let statuses = (
+        s.by_status.get(&200).copied().unwrap_or(0),
+        s.by_status.get(&500).copied().unwrap_or(0),
+    );
+    if good + invalid != 200 || statuses != (good, invalid) || s.by_ident.len() != 1 {
+        return Err(format!(
+            "{bad}: want only echo 9090 and 500 invalid-backend: {}",
+            s.render()
+        ));
+    }
+    if s.connections > WEIGHTED_CONCURRENCY {
+        return Err(format!(
+            "{bad}: {} connections for {WEIGHTED_CONCURRENCY} kept ones",
+            s.connections
+        ));
     }
     // "Both shares within ±15 %": each share is 50 % ± 15 percentage points of the 200
     // requests (70..=130). Read as ±15 % of 100 instead, a fair coin would miss the band in
@@ -776,7 +793,8 @@ async fn shares(env: &Env, bad: &str) -> Check {
         ));
     }
     Ok(format!(
-        "{bad}: {good} echo 9090, {invalid} invalid-backend"
+        "{bad}: {good} echo 9090, {invalid} invalid-backend on {} connections",
+        s.connections
     ))
 }
 

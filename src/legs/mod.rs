@@ -50,7 +50,9 @@ use std::time::Duration;
 
 use crate::model::Snapshot;
 use crate::netns::Netns;
-use crate::workload::probe::{Connector, Dial, Host, HttpRequest, Outcome, Probe, Resolver, Send};
+use crate::workload::probe::{
+    Connector, Dial, Host, HttpRequest, Many, Outcome, Probe, Resolver, Send, Summary,
+};
 
 pub use catalogue::LEGS;
 pub use extra::EXTRA;
@@ -209,6 +211,35 @@ impl Env {
         Ok(o)
     }
 
+    /// Run `many` requests of one probe from a client pod (`aether probe --count N
+    /// --concurrency C --keep-alive`), checking invariant I3 and `check` on every answer; the
+    /// first failure is the error.
+    pub async fn probe_many(
+        &self,
+        pod: &str,
+        probe: &Probe,
+        many: Many,
+        check: impl Fn(&Outcome) -> Check + std::marker::Send + Sync,
+    ) -> Result<Summary, String> {
+        let (connector, resolver) = self.client(pod)?;
+        let mut broken = None;
+        let summary = probe
+            .run_many_each(&connector, &resolver, many, |i, o| {
+                if broken.is_none() {
+                    broken = authority_kept(probe, o)
+                        .and_then(|()| check(o).map(drop))
+                        .err()
+                        .map(|e| format!("request {i}: {e}"));
+                }
+            })
+            .await
+            .map_err(|e| format!("{pod}: {}", crate::DisplayChain(&e)))?;
+        match broken {
+            Some(e) => Err(e),
+            None => Ok(summary),
+        }
+    }
+
     /// The ClusterIP of a Service.
     pub fn cluster_ip(&self, ns: &str, name: &str) -> Result<IpAddr, String> {
         self.snapshot
@@ -295,13 +326,20 @@ impl Env {
 /// Invariant I3 (addressing.md §12, legs.md §1.5): an answer from an echo (it carries
 /// `x-echo-pod`) reports exactly one received authority, the one the request named.
 pub fn authority_kept(probe: &Probe, o: &Outcome) -> Result<(), String> {
-    let Send::Http(req) = &probe.send else {
-        return Ok(());
+    let want = match &probe.send {
+        Send::Http(req) => req.authority(&probe.dial.authority()),
+        Send::Grpc(req) => Some(
+            req.authority
+                .clone()
+                .unwrap_or_else(|| probe.dial.authority()),
+        ),
+        Send::Raw(_) | Send::Nothing | Send::TlsClientHello { .. } | Send::Udp(_) => {
+            return Ok(());
+        }
     };
     if o.header("x-echo-pod").is_none() {
         return Ok(());
     }
-    let want = req.authority(&probe.dial.authority());
     let got = o.header_all("x-echo-host");
     match (&want, got.as_slice()) {
         (Some(w), [g]) if w == g => Ok(()),

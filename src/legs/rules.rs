@@ -1,16 +1,21 @@
 //! Legs for rules of the spec that spec/legs.md does not number (issue #7): consumer routes
-//! without a ReferenceGrant (routes.md §2.3, §3) and authorization denials on every HTTP path
-//! (routes.md §5.2, §5.5; addressing.md §11.1).
+//! without a ReferenceGrant (routes.md §2.3, §3), authorization denials on every HTTP path
+//! (routes.md §5.2, §5.5; addressing.md §11.1), weights per request over kept connections,
+//! and gRPC through the mesh (GRPCRoute, routes.md §1).
 //!
 //! Every denial leg fails when its filter is skipped: a skipped filter delivers, and the echo's
 //! `200` is never a denial.
 
 use super::{
     Check, Env, Leg, addr, answer, authz_count, echo, get, get_host, headers, http, loopback, name,
-    with_headers,
+    probe, with_headers,
 };
+use crate::resolve::answer::grpc_code;
 use crate::workload::echo::{AUTHZ_DELAY_HEADER, AUTHZ_DENY_HEADER};
-use crate::workload::probe::Outcome;
+use crate::workload::grpc::EchoReply;
+use crate::workload::probe::{
+    GrpcRequest, HttpRequest, HttpVersion, Many, Outcome, ReadUntil, Send, Summary,
+};
 
 /// The legs, run after the extra legs.
 pub static RULES: &[Leg] = &[
@@ -50,7 +55,37 @@ pub static RULES: &[Leg] = &[
         Some("deny-levels"),
         deny_levels
     ),
+    leg!(
+        "WEIGHTS",
+        "weighted backends split per request over kept HTTP/1.1 and h2c connections",
+        Some("weights"),
+        weights
+    ),
+    leg!(
+        "GRPC-ROUTE",
+        "GRPCRoute by method and header, a header modifier, a method no rule matches",
+        Some("grpc"),
+        grpc_route
+    ),
+    leg!(
+        "GRPC-WEIGHT",
+        "GRPCRoute weights split per call on one kept HTTP/2 connection",
+        Some("grpc"),
+        grpc_weight
+    ),
+    leg!(
+        "GRPC-TCP",
+        "gRPC to a raw-TCP port: bytes on a captured dial, 421 port-not-http on the proxy port",
+        None,
+        grpc_tcp
+    ),
 ];
+
+/// Requests of a weighted leg: each share within ±5 percentage points of its weight misses in
+/// under 0.1 % of runs at this count (one standard deviation of a 25 % share is 1.4 points).
+const WEIGHTED_COUNT: usize = 1000;
+/// In flight at once in a weighted leg.
+const WEIGHTED_IN_FLIGHT: usize = 20;
 
 const CLIENT: &str = "mp-client";
 const NOCAP: &str = "mp-client-nocapture";
@@ -229,4 +264,243 @@ async fn deny_levels(env: &Env) -> Check {
         "both allow: delivered; service level denies: 403; route level denies: 403, no check"
             .into(),
     )
+}
+
+/// Each `(ident, weight share in percent)` within ±5 percentage points of the answers, and
+/// nothing else answered.
+fn split(s: &Summary, want: &[(&str, usize)]) -> Check {
+    let total: usize = s.by_ident.values().sum();
+    if total != s.requests || s.failed != 0 || s.by_ident.len() != want.len() {
+        return Err(format!("want only {want:?}: {}", s.render()));
+    }
+    let mut got = Vec::new();
+    for (ident, pct) in want {
+        let n = s.by_ident.get(*ident).copied().unwrap_or(0);
+        let share = n * 100 / total.max(1);
+        if share.abs_diff(*pct) > 5 {
+            return Err(format!(
+                "{ident}: {share} % of {total}, want {pct} % ± 5: {}",
+                s.render()
+            ));
+        }
+        got.push(format!("{ident} {share} %"));
+    }
+    Ok(got.join(", "))
+}
+
+async fn weights(env: &Env) -> Check {
+    env.overlay(Some("weights")).await?;
+    let many = Many {
+        count: WEIGHTED_COUNT,
+        concurrency: WEIGHTED_IN_FLIGHT,
+        keep_alive: true,
+    };
+    let mut out = Vec::new();
+    for version in [HttpVersion::Http11, HttpVersion::H2c] {
+        let req = HttpRequest {
+            version,
+            ..HttpRequest::get("/")
+        };
+        let p = probe(name(&env.mesh("mp-multi"), 8080), Send::Http(req));
+        let s = env
+            .probe_many(CLIENT, &p, many, |o| {
+                if o.status == Some(200) {
+                    Ok(String::new())
+                } else {
+                    Err(o.summary())
+                }
+            })
+            .await?;
+        let most = match version {
+            HttpVersion::H2c => 1,
+            HttpVersion::Http10 | HttpVersion::Http11 => WEIGHTED_IN_FLIGHT,
+        };
+        if s.connections > most {
+            return Err(format!(
+                "{version:?}: {} connections, want at most {most}",
+                s.connections
+            ));
+        }
+        let got = split(&s, &[("mp-multi:8080", 25), ("mp-multi:9090", 75)])?;
+        out.push(format!(
+            "{version:?} on {} connections: {got}",
+            s.connections
+        ));
+    }
+    Ok(out.join("; "))
+}
+
+/// A gRPC call of `method` with `metadata`; `authority` for the proxy port.
+fn grpc(method: &str, authority: Option<&str>, metadata: &[(&str, &str)]) -> Send {
+    Send::Grpc(GrpcRequest {
+        authority: authority.map(str::to_owned),
+        headers: metadata
+            .iter()
+            .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
+            .collect(),
+        ..GrpcRequest::new(method)
+    })
+}
+
+/// The echo's reply to a call that succeeded, from `ident`.
+fn grpc_reply<'o>(o: &'o Outcome, ident: &str) -> Result<&'o EchoReply, String> {
+    let reply = o
+        .grpc
+        .as_ref()
+        .filter(|g| g.code == 0)
+        .and_then(|g| g.reply.as_ref())
+        .ok_or_else(|| format!("want a gRPC reply from {ident}, got {}", o.summary()))?;
+    if reply.ident != ident {
+        return Err(format!("want {ident}, got {}", reply.ident));
+    }
+    Ok(reply)
+}
+
+/// A mesh answer to a gRPC call (docs/decisions.md): the HTTP status, reason and body of
+/// addressing.md §11, plus `grpc-status` (the code gRPC derives from that status) and
+/// `grpc-message` (the reason).
+fn grpc_refused(o: &Outcome, status: u16, reason: &str, ports: Option<&str>) -> Check {
+    answer(o, status, reason, ports)?;
+    let want = i32::from(grpc_code(status));
+    match &o.grpc {
+        Some(g) if g.status_sent && g.code == want && g.message == reason => {
+            Ok(format!("{status} {reason}, grpc-status {}", g.code_name))
+        }
+        other => Err(format!(
+            "{status} {reason}: want grpc-status {want} and grpc-message {reason}, got {other:?}"
+        )),
+    }
+}
+
+/// The two ways into mp-grpc:50051: a captured dial by mesh name (mp-client) and the proxy
+/// port (mp-client-nocapture).
+fn grpc_paths(env: &Env) -> [(&'static str, super::Dial, Option<String>); 2] {
+    let mesh = env.mesh("mp-grpc");
+    [
+        (CLIENT, name(&mesh, 50051), None),
+        (NOCAP, loopback(), Some(format!("{mesh}:50051"))),
+    ]
+}
+
+async fn grpc_route(env: &Env) -> Check {
+    env.overlay(Some("grpc")).await?;
+    for (client, dial, authority) in grpc_paths(env) {
+        let a = authority.as_deref();
+        let label = format!("{client} → {}", dial.authority());
+        let call = |method: &str, md: &[(&str, &str)]| probe(dial.clone(), grpc(method, a, md));
+        // By method and header, with the rule's header modifier seen by the backend.
+        let o = env
+            .probe(
+                client,
+                &call("aether.echo.v1.Echo/Echo", &[("x-tier", "gold")]),
+            )
+            .await?;
+        let r = grpc_reply(&o, "mp-grpc:50052").map_err(|e| format!("{label} gold: {e}"))?;
+        if r.metadata_all("x-grpc-route") != ["gold"] {
+            return Err(format!(
+                "{label} gold: x-grpc-route {:?}",
+                r.metadata_all("x-grpc-route")
+            ));
+        }
+        // By method alone.
+        let o = env
+            .probe(client, &call("aether.echo.v1.Echo/Other", &[]))
+            .await?;
+        let r = grpc_reply(&o, "mp-grpc:50052").map_err(|e| format!("{label} Other: {e}"))?;
+        if !r.metadata_all("x-grpc-route").is_empty() {
+            return Err(format!("{label} Other: a modifier of another rule ran"));
+        }
+        // A method no rule matches: the mesh's 404, as a gRPC client reads it.
+        let o = env
+            .probe(client, &call("aether.echo.v1.Echo/Missing", &[]))
+            .await?;
+        grpc_refused(&o, 404, "route-not-matched", Some(""))
+            .map_err(|e| format!("{label} Missing: {e}"))?;
+    }
+    Ok("both paths: gold → 50052 + x-grpc-route; Other → 50052; Missing → 404 route-not-matched, UNIMPLEMENTED".into())
+}
+
+async fn grpc_weight(env: &Env) -> Check {
+    env.overlay(Some("grpc")).await?;
+    let many = Many {
+        count: WEIGHTED_COUNT,
+        concurrency: WEIGHTED_IN_FLIGHT,
+        keep_alive: true,
+    };
+    let p = probe(
+        name(&env.mesh("mp-grpc"), 50051),
+        grpc("aether.echo.v1.Echo/Echo", None, &[]),
+    );
+    let s = env
+        .probe_many(CLIENT, &p, many, |o| {
+            let modified = o
+                .grpc
+                .as_ref()
+                .and_then(|g| g.reply.as_ref())
+                .is_some_and(|r| r.metadata_all("x-grpc-route") == ["weighted"]);
+            if modified {
+                Ok(String::new())
+            } else {
+                Err(format!("no x-grpc-route: weighted: {}", o.summary()))
+            }
+        })
+        .await?;
+    if s.connections != 1 {
+        return Err(format!(
+            "{} connections, want one kept HTTP/2 connection",
+            s.connections
+        ));
+    }
+    let got = split(&s, &[("mp-grpc:50051", 25), ("mp-grpc:50052", 75)])?;
+    Ok(format!("{WEIGHTED_COUNT} calls on 1 connection: {got}"))
+}
+
+async fn grpc_tcp(env: &Env) -> Check {
+    // (i) A captured dial to a raw-TCP port: the call's bytes reach mp-mixed:9000 as bytes (the
+    // raw echo names itself and echoes the HTTP/2 preface); the mesh answers nothing itself.
+    let ip = env.cluster_ip("mp", "mp-mixed")?;
+    let mut p = probe(
+        addr(ip, 9000),
+        Send::Raw(crate::proxy::sniff::H2_PREFACE.to_vec()),
+    );
+    p.until = ReadUntil::Text("SM".into());
+    let o = env.probe(CLIENT, &p).await?;
+    if !o.body_text().starts_with("mp-mixed:9000\n") || !o.body_text().contains("PRI * HTTP/2.0") {
+        return Err(format!(
+            "(i) bytes: want the raw echo of the preface, got {}",
+            o.summary()
+        ));
+    }
+    let o = env
+        .probe(
+            CLIENT,
+            &probe(addr(ip, 9000), grpc("aether.echo.v1.Echo/Echo", None, &[])),
+        )
+        .await?;
+    if o.status.is_some() || o.reason().is_some() {
+        return Err(format!(
+            "(i) a gRPC call: the mesh answered as HTTP: {}",
+            o.summary()
+        ));
+    }
+    // (ii) The proxy port names the raw-TCP port: 421 port-not-http, with grpc-status.
+    let host = format!("{}:9000", env.mesh("mp-mixed"));
+    let o = env
+        .probe(
+            NOCAP,
+            &probe(
+                loopback(),
+                grpc("aether.echo.v1.Echo/Echo", Some(&host), &[]),
+            ),
+        )
+        .await?;
+    grpc_refused(&o, 421, "port-not-http", Some("8080/http 9000/tcp"))
+        .map_err(|e| format!("(ii) {e}"))?;
+    // The same refusal to a request that is not gRPC carries no gRPC status.
+    http(env, NOCAP, loopback(), get_host("/", &host), |o| {
+        answer(o, 421, "port-not-http", Some("8080/http 9000/tcp"))?;
+        headers(o, &[("grpc-status", None), ("grpc-message", None)])
+    })
+    .await?;
+    Ok("(i) bytes to mp-mixed:9000; (ii) 421 port-not-http, grpc-status UNKNOWN; HTTP: no grpc-status".into())
 }

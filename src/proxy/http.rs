@@ -188,8 +188,24 @@ impl Facts {
 }
 
 /// One request on any entry path. A request that asks to switch protocols takes the
-/// client's side of the switch with it, so that a `101` from upstream splices the two.
+/// client's side of the switch with it, so that a `101` from upstream splices the two. A mesh
+/// answer to a gRPC request also carries `grpc-status` and `grpc-message`
+/// ([`respond::for_grpc`]).
 pub async fn handle(
+    inputs: &Arc<Inputs>,
+    pod: &Arc<PodCtx>,
+    entry: HttpEntry,
+    req: Request<Body>,
+) -> Response<Body> {
+    let grpc = respond::is_grpc(req.headers());
+    let mut resp = answer_request(inputs, pod, entry, req).await;
+    if grpc {
+        respond::for_grpc(&mut resp);
+    }
+    resp
+}
+
+async fn answer_request(
     inputs: &Arc<Inputs>,
     pod: &Arc<PodCtx>,
     entry: HttpEntry,
@@ -989,7 +1005,11 @@ mod tests {
         let started = tokio::time::Instant::now();
         let (body, copy) = buffer_body(body, 1024, Duration::from_millis(50)).await;
         assert!(copy.is_none(), "the copy is given up");
-        assert_eq!(started.elapsed(), Duration::from_millis(50), "given up at the bound");
+        assert_eq!(
+            started.elapsed(),
+            Duration::from_millis(50),
+            "given up at the bound"
+        );
         tx.send(b"second").await.unwrap();
         drop(tx);
         assert_eq!(all(body).await, "first second");

@@ -5,7 +5,7 @@ use http::{HeaderName, HeaderValue, Response, StatusCode};
 use http_body_util::BodyExt;
 
 use super::Body;
-use crate::resolve::answer::{MeshAnswer, Reason};
+use crate::resolve::answer::{HEADER_ERROR, MeshAnswer, Reason, grpc_code};
 
 /// The response for a mesh answer.
 pub fn answer(answer: &MeshAnswer) -> Response<Body> {
@@ -39,6 +39,32 @@ pub fn authz_denied(server_status: StatusCode, body: Bytes) -> Response<Body> {
         *resp.body_mut() = full(body);
     }
     resp
+}
+
+/// Whether a request is a gRPC call (`content-type: application/grpc`, `+proto` and the
+/// like included).
+pub fn is_grpc(headers: &http::HeaderMap) -> bool {
+    headers
+        .get(http::header::CONTENT_TYPE)
+        .and_then(|v| v.to_str().ok())
+        .is_some_and(|v| {
+            v.get(..16)
+                .is_some_and(|p| p.eq_ignore_ascii_case("application/grpc"))
+        })
+}
+
+/// A mesh answer (it carries `x-aether-error`) to a gRPC request: add `grpc-status`, the code
+/// a gRPC client derives from the HTTP status anyway ([`grpc_code`]), and `grpc-message`, the
+/// reason, so that a gRPC client's error names it. The HTTP status, the reason header and the
+/// body stay what addressing.md §11 says (docs/decisions.md). Any other answer is left alone.
+pub fn for_grpc(resp: &mut Response<Body>) {
+    let Some(reason) = resp.headers().get(HEADER_ERROR).cloned() else {
+        return;
+    };
+    let code = grpc_code(resp.status().as_u16());
+    let h = resp.headers_mut();
+    h.insert("grpc-status", HeaderValue::from(u16::from(code)));
+    h.insert("grpc-message", reason);
 }
 
 /// A redirect a route rule configured: no reason header (addressing.md §11.1).

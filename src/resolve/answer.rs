@@ -195,6 +195,22 @@ impl MeshAnswer {
 
 /// The reason header.
 pub const HEADER_ERROR: &str = "x-aether-error";
+
+/// The gRPC status a gRPC client derives from the HTTP status of an answer that carries none
+/// (gRPC's mapping of HTTP status to gRPC status): 400 INTERNAL, 401 UNAUTHENTICATED, 403
+/// PERMISSION_DENIED, 404 UNIMPLEMENTED, 429/502/503/504 UNAVAILABLE, anything else UNKNOWN.
+/// The mesh sends this code with its own answers to gRPC requests, so a client that reads
+/// `grpc-status` and one that derives it see the same code (docs/decisions.md).
+pub fn grpc_code(http_status: u16) -> u8 {
+    match http_status {
+        400 => 13,
+        401 => 16,
+        403 => 7,
+        404 => 12,
+        429 | 502 | 503 | 504 => 14,
+        _ => 2,
+    }
+}
 /// The prefix of the mesh's own headers (I12).
 pub const MESH_HEADER_PREFIX: &str = "x-aether-";
 const CONTENT_TYPE: &str = "text/plain; charset=utf-8";

@@ -51,7 +51,7 @@ fn the_fixture_has_two_nodes_each_with_its_own_pod_subnet_and_routes_to_the_othe
 #[test]
 fn every_fixture_pod_gets_its_annotated_netns_a_short_unique_veth_and_its_gateway() {
     let plan = mp().plan;
-    assert_eq!(plan.pods.len(), 24);
+    assert_eq!(plan.pods.len(), 26);
     assert!(plan.left_out.is_empty());
     let client = plan.pod("mp", "mp-client").unwrap();
     assert_eq!(client.netns, "mp-client");
