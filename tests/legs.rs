@@ -1352,3 +1352,28 @@ fn grpc_a_grpcroute_matches_by_method_on_its_parent_port_only() {
         .path("/aether.echo.v1.Echo/Missing");
     w.check("GRPC-ROUTE other port", plain, to(50052));
 }
+
+#[test]
+fn every_variant_loads_without_a_problem() {
+    // An overlay the daemons skip a document of would leave a leg testing the base registry.
+    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("config/examples/variants");
+    let mut n = 0;
+    for e in std::fs::read_dir(&dir).unwrap() {
+        let e = e.unwrap();
+        if e.path().is_dir() {
+            let name = e.file_name().to_string_lossy().into_owned();
+            let s = load(&format!("config/examples/variants/{name}"));
+            let objects = s.http_routes.len()
+                + s.tcp_routes.len()
+                + s.tls_routes.len()
+                + s.udp_routes.len()
+                + s.mesh_filters.len();
+            assert!(
+                objects > 0,
+                "variant {name} holds nothing the registry reads"
+            );
+            n += 1;
+        }
+    }
+    assert!(n >= 15, "{n} variants");
+}

@@ -17,7 +17,7 @@ use crate::workload::probe::{Connector, HttpRequest, Send};
 pub static EXTRA: &[Leg] = &[
     leg!(
         "SWAP",
-        "model swaps under load drop no established connection",
+        "model swaps of kept connections' own services drop none; new requests follow",
         None,
         swap
     ),
@@ -29,7 +29,7 @@ pub static EXTRA: &[Leg] = &[
     ),
     leg!(
         "RESTART",
-        "a restarted daemon serves its pods again; no request to them fails",
+        "a restarted daemon serves its pods again; meanwhile 503 upstream-unreachable, never a hang",
         None,
         restart
     ),
@@ -47,7 +47,7 @@ pub static EXTRA: &[Leg] = &[
     ),
     leg!(
         "BADPEER",
-        "18008: a peer of another trust domain or CA gets nothing",
+        "18008: another CA is refused in the handshake; another trust domain closed after it",
         None,
         bad_peer
     ),
@@ -99,11 +99,24 @@ async fn read_until(s: &mut TcpStream, want: &str) -> Result<String, String> {
     Ok(String::from_utf8_lossy(&got).into_owned())
 }
 
+/// One request on SWAP's kept HTTP/1.1 connection: whether its answer carried `x-swap: 1`.
+async fn kept_request(http: &mut TcpStream, request: &str) -> Result<bool, String> {
+    http.write_all(request.as_bytes())
+        .await
+        .map_err(|e| e.to_string())?;
+    let answer = read_until(http, "mp-multi:8080\n").await?;
+    if !answer.starts_with("HTTP/1.1 200") {
+        return Err(format!("want 200 mp-multi:8080, got {answer:?}"));
+    }
+    Ok(answer.lines().any(|l| l.eq_ignore_ascii_case("x-swap: 1")))
+}
+
 async fn swap(env: &Env) -> Check {
     if env.registry.is_none() {
         return Err(env.not_here(Need::RegistryControl));
     }
-    // Two established connections: raw TCP over the hop, and HTTP/1.1 keep-alive.
+    // Two established connections: raw TCP over the hop to mp-mixed:9000, and HTTP/1.1
+    // keep-alive to mp-multi:8080. The overlay `swap` changes both services' tables.
     let mixed = env.cluster_ip("mp", "mp-mixed")?;
     let mut raw = connect(env, CLIENT, SocketAddr::new(mixed, 9000)).await?;
     raw.write_all(b"one\n").await.map_err(|e| e.to_string())?;
@@ -114,11 +127,10 @@ async fn swap(env: &Env) -> Check {
         "GET / HTTP/1.1\r\nHost: {}:8080\r\n\r\n",
         env.mesh("mp-multi")
     );
-    http.write_all(request.as_bytes())
-        .await
-        .map_err(|e| e.to_string())?;
-    read_until(&mut http, "mp-multi:8080").await?;
-    // Load while the daemons publish four new models.
+    if kept_request(&mut http, &request).await? {
+        return Err("x-swap before any swap".into());
+    }
+    // Load on new connections while the daemons publish four new models.
     let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
     let load = async {
         let (mut ok, mut failed) = (0u32, Vec::new());
@@ -135,13 +147,38 @@ async fn swap(env: &Env) -> Check {
         }
         (ok, failed)
     };
+    // After each swap, the kept HTTP connection's next request is answered from the new
+    // model (model.md §13 item 4), and the raw stream still reaches its endpoint.
     let swaps = async {
-        let mut r = Ok(());
-        for variant in [Some("n12"), None, Some("n12"), None] {
-            r = r.and(env.overlay(variant).await);
+        let result = async {
+            for (i, variant) in [Some("swap"), None, Some("swap"), None]
+                .into_iter()
+                .enumerate()
+            {
+                env.overlay(variant).await?;
+                let routed = kept_request(&mut http, &request)
+                    .await
+                    .map_err(|e| format!("keep-alive after swap {}: {e}", i + 1))?;
+                if routed != variant.is_some() {
+                    return Err(format!(
+                        "swap {}: the kept connection's request {} x-swap",
+                        i + 1,
+                        if routed { "has" } else { "lacks" }
+                    ));
+                }
+                let line = format!("after-{i}\n");
+                raw.write_all(line.as_bytes())
+                    .await
+                    .map_err(|e| e.to_string())?;
+                read_until(&mut raw, line.trim())
+                    .await
+                    .map_err(|e| format!("raw tcp after swap {}: {e}", i + 1))?;
+            }
+            Ok::<_, String>(())
         }
+        .await;
         stop.store(true, std::sync::atomic::Ordering::Relaxed);
-        r
+        result
     };
     let ((ok, failed), swapped) = tokio::join!(load, swaps);
     swapped?;
@@ -153,21 +190,8 @@ async fn swap(env: &Env) -> Check {
             failed[0]
         ));
     }
-    // The established connections still work after four swaps.
-    raw.write_all(b"two\n").await.map_err(|e| e.to_string())?;
-    read_until(&mut raw, "two")
-        .await
-        .map_err(|e| format!("raw tcp after the swaps: {e}"))?;
-    http.write_all(request.as_bytes())
-        .await
-        .map_err(|e| e.to_string())?;
-    let second = read_until(&mut http, "mp-multi:8080\n").await;
-    let second = second.map_err(|e| format!("keep-alive after the swaps: {e}"))?;
-    if second.matches("HTTP/1.1 200").count() < 1 {
-        return Err(format!("keep-alive answer after the swaps: {second:?}"));
-    }
     Ok(format!(
-        "4 swaps, {ok} requests under load, 0 failed; both connections kept"
+        "4 swaps of the kept connections' own services, {ok} requests under load, 0 failed; the kept HTTP connection follows each model, the raw stream runs on"
     ))
 }
 
@@ -301,37 +325,138 @@ fn identities(env: &Env, trust_domain: &str, ca: Option<Ca>) -> Result<Arc<Ident
     .map_err(|e| e.to_string())
 }
 
-/// Handshake from the unmanaged pod with mp-multi-1's hop; then one HTTP/2 request. `Ok` is the
-/// status, `Err` says where it stopped.
-async fn hop_request(env: &Env, ids: &Arc<Identities>, sni: &str) -> Result<u16, String> {
+/// How one attempt on a pod's hop ended, as its client sees it.
+#[derive(Debug)]
+enum HopAttempt {
+    /// The handshake and an HTTP/2 request completed: the status.
+    Answered(u16),
+    /// The TLS handshake failed.
+    HandshakeRefused(String),
+    /// The handshake completed, then the request got no answer.
+    ClosedAfterHandshake(String),
+}
+
+/// From the unmanaged pod, a TCP connection to mp-multi-1's hop and a TLS handshake under
+/// `config` and `sni`. `Err` only when the attempt could not be made (the connect failed or
+/// timed out, or the handshake hung): that is a leg's failure, never a refusal.
+async fn hop_tls(
+    env: &Env,
+    config: Arc<rustls::ClientConfig>,
+    sni: &str,
+) -> Result<Result<tokio_rustls::client::TlsStream<TcpStream>, String>, String> {
     let ip = env.pod_ip("mp", "mp-multi-1")?;
     let tcp = connect(env, OUTSIDE, SocketAddr::new(ip, 18008)).await?;
-    let config = client_config(ids, "mp", "mp-client", &[crate::proxy::ALPN_HTTP])
-        .map_err(|e| e.to_string())?;
     let name =
         rustls::pki_types::ServerName::try_from(sni.to_owned()).map_err(|e| e.to_string())?;
-    let tls = tokio::time::timeout(
+    match tokio::time::timeout(
         Duration::from_secs(3),
         tokio_rustls::TlsConnector::from(config).connect(name, tcp),
     )
     .await
-    .map_err(|_| "handshake timed out".to_owned())?
-    .map_err(|e| format!("handshake: {e}"))?;
-    let (mut sender, conn) =
-        hyper::client::conn::http2::Builder::new(hyper_util::rt::TokioExecutor::new())
-            .handshake(hyper_util::rt::TokioIo::new(tls))
-            .await
-            .map_err(|e| format!("http/2: {e}"))?;
-    tokio::spawn(conn);
-    let req = http::Request::builder()
-        .uri(format!("http://{}:8080/", env.mesh("mp-multi")))
-        .body(crate::proxy::respond::empty())
+    {
+        Err(_) => Err("the TLS handshake timed out".into()),
+        Ok(r) => Ok(r.map_err(|e| e.to_string())),
+    }
+}
+
+/// A TLS handshake with mp-multi-1's hop, then one HTTP/2 request.
+async fn hop_attempt(
+    env: &Env,
+    config: Arc<rustls::ClientConfig>,
+    sni: &str,
+) -> Result<HopAttempt, String> {
+    let tls = match hop_tls(env, config, sni).await? {
+        Ok(tls) => tls,
+        Err(e) => return Ok(HopAttempt::HandshakeRefused(e)),
+    };
+    let request = async {
+        let (mut sender, conn) =
+            hyper::client::conn::http2::Builder::new(hyper_util::rt::TokioExecutor::new())
+                .handshake(hyper_util::rt::TokioIo::new(tls))
+                .await?;
+        tokio::spawn(conn);
+        let req = http::Request::builder()
+            .uri(format!("http://{}:8080/", env.mesh("mp-multi")))
+            .body(crate::proxy::respond::empty())
+            .map_err(|e| std::io::Error::other(e.to_string()))?;
+        sender.send_request(req).await.map_err(Into::into)
+    };
+    let answered: Result<_, Box<dyn std::error::Error + std::marker::Send + Sync>> =
+        match tokio::time::timeout(Duration::from_secs(3), request).await {
+            Ok(r) => r,
+            Err(_) => return Err("the request after the handshake timed out".into()),
+        };
+    Ok(match answered {
+        Ok(resp) => HopAttempt::Answered(resp.status().as_u16()),
+        Err(e) => HopAttempt::ClosedAfterHandshake(crate::DisplayChain(&*e).to_string()),
+    })
+}
+
+/// What the hop does with a peer once the client's side of the handshake is done, read
+/// before the client writes anything (TLS 1.3: the server judges the client's certificate
+/// after the client's last handshake message, and a write could meet a reset before the
+/// server's alert is read).
+#[derive(Debug)]
+enum AfterHandshake {
+    /// The TLS layer refused it: the handshake failed, or a TLS alert arrived (tokio-rustls
+    /// reports an alert as an IO error of kind `InvalidData`).
+    Refused(String),
+    /// The connection closed with no alert: the peer was judged after the handshake.
+    Closed(String),
+    /// The hop kept the connection: it spoke or waited.
+    Open,
+}
+
+async fn after_handshake(
+    env: &Env,
+    config: Arc<rustls::ClientConfig>,
+    sni: &str,
+) -> Result<AfterHandshake, String> {
+    let mut tls = match hop_tls(env, config, sni).await? {
+        Ok(tls) => tls,
+        Err(e) => return Ok(AfterHandshake::Refused(e)),
+    };
+    let mut buf = [0u8; 256];
+    Ok(
+        match tokio::time::timeout(Duration::from_secs(2), tls.read(&mut buf)).await {
+            Err(_) | Ok(Ok(1..)) => AfterHandshake::Open,
+            Ok(Ok(0)) => AfterHandshake::Closed("end of stream".into()),
+            Ok(Err(e)) if e.kind() == std::io::ErrorKind::InvalidData => {
+                AfterHandshake::Refused(e.to_string())
+            }
+            Ok(Err(e)) => AfterHandshake::Closed(e.to_string()),
+        },
+    )
+}
+
+/// Handshake from the unmanaged pod with mp-multi-1's hop; then one HTTP/2 request. `Ok` is the
+/// status, `Err` says where it stopped.
+async fn hop_request(env: &Env, ids: &Arc<Identities>, sni: &str) -> Result<u16, String> {
+    let config = client_config(ids, "mp", "mp-client", &[crate::proxy::ALPN_HTTP])
         .map_err(|e| e.to_string())?;
-    let resp = tokio::time::timeout(Duration::from_secs(3), sender.send_request(req))
-        .await
-        .map_err(|_| "request timed out".to_owned())?
-        .map_err(|e| format!("request: {e}"))?;
-    Ok(resp.status().as_u16())
+    match hop_attempt(env, config, sni).await? {
+        HopAttempt::Answered(status) => Ok(status),
+        HopAttempt::HandshakeRefused(e) => Err(format!("handshake: {e}")),
+        HopAttempt::ClosedAfterHandshake(e) => Err(format!("closed: {e}")),
+    }
+}
+
+/// A client certificate of `ids` (mp/mp-client), whoever's CA signed it.
+#[derive(Debug)]
+struct FixedCert(Arc<rustls::sign::CertifiedKey>);
+
+impl rustls::client::ResolvesClientCert for FixedCert {
+    fn resolve(
+        &self,
+        _hints: &[&[u8]],
+        _schemes: &[rustls::SignatureScheme],
+    ) -> Option<Arc<rustls::sign::CertifiedKey>> {
+        Some(self.0.clone())
+    }
+
+    fn has_certs(&self) -> bool {
+        true
+    }
 }
 
 async fn bad_sni(env: &Env) -> Check {
@@ -363,16 +488,59 @@ async fn bad_sni(env: &Env) -> Check {
 
 async fn bad_peer(env: &Env) -> Check {
     let good = format!("8080.mp-multi.mp.{}", env.mesh_domain);
+    let mesh = identities(env, "cluster.local", None)?;
+    let hop = [crate::proxy::ALPN_HTTP];
+    // Control, on connections of its own: the mesh's own identity is kept open and answered,
+    // so what follows is the peer's doing.
+    let own = client_config(&mesh, "mp", "mp-client", &hop).map_err(|e| e.to_string())?;
+    match after_handshake(env, own.clone(), &good).await? {
+        AfterHandshake::Open => {}
+        other => return Err(format!("control: want the connection kept, got {other:?}")),
+    }
+    match hop_attempt(env, own, &good).await? {
+        HopAttempt::Answered(200) => {}
+        other => return Err(format!("control: want 200, got {other:?}")),
+    }
+    // Another trust domain, the same CA: the chain verifies, so the handshake completes; the
+    // hop then refuses the SPIFFE ID and closes, with no alert and nothing answered.
     let foreign_td = identities(env, "evil.example", None)?;
-    if let Ok(status) = hop_request(env, &foreign_td, &good).await {
-        return Err(format!("a peer of trust domain evil.example got {status}"));
-    }
+    let config = client_config(&foreign_td, "mp", "mp-client", &hop).map_err(|e| e.to_string())?;
+    let td = match after_handshake(env, config, &good).await? {
+        AfterHandshake::Closed(e) => e,
+        other => {
+            return Err(format!(
+                "another trust domain: want closed after the handshake, got {other:?}"
+            ));
+        }
+    };
+    // Another CA: the client trusts the mesh's CA (so it accepts the hop's certificate) and
+    // shows a certificate another CA signed; the hop refuses it in the handshake.
     let other_ca = Ca::generate(crate::time::wall()).map_err(|e| e.to_string())?;
-    let foreign_ca = identities(env, "cluster.local", Some(other_ca))?;
-    match hop_request(env, &foreign_ca, &good).await {
-        Ok(status) => Err(format!("a peer of another CA got {status}")),
-        Err(e) => Ok(format!("other trust domain: refused; other CA: {e}")),
+    let foreign = identities(env, "cluster.local", Some(other_ca))?;
+    let cert = foreign
+        .certificate("mp", "mp-client", crate::time::wall())
+        .map_err(|e| e.to_string())?;
+    let mut roots = rustls::RootCertStore::empty();
+    for c in mesh.bundle() {
+        roots.add(c).map_err(|e| e.to_string())?;
     }
+    let mut config = rustls::ClientConfig::builder_with_provider(mesh.provider().clone())
+        .with_protocol_versions(&[&rustls::version::TLS13])
+        .map_err(|e| e.to_string())?
+        .with_root_certificates(roots)
+        .with_client_cert_resolver(Arc::new(FixedCert(cert.key.clone())));
+    config.alpn_protocols = vec![crate::proxy::ALPN_HTTP.to_vec()];
+    let ca = match after_handshake(env, Arc::new(config), &good).await? {
+        AfterHandshake::Refused(e) => e,
+        other => {
+            return Err(format!(
+                "another CA: want the handshake refused, got {other:?}"
+            ));
+        }
+    };
+    Ok(format!(
+        "control kept and 200; other trust domain: closed after the handshake ({td}); other CA: handshake refused ({ca})"
+    ))
 }
 
 async fn bad_http(env: &Env) -> Check {
@@ -457,9 +625,48 @@ async fn restart(env: &Env) -> Check {
         .probe(CLIENT, &probe(super::addr(ip, 8080), send()))
         .await?;
     echo(&o, "mp-httponly", 8080).map_err(|e| format!("before: {e}"))?;
+    // While node-b's daemon is down and starting, requests keep coming. addressing.md §5.1 and
+    // §8 promise each an answer: a delivery, or, while the pod's hop does not answer, the
+    // source's own 503 upstream-unreachable at once (a pod-IP dial is never held). Never a
+    // hang, never another answer.
     let started = crate::time::now();
-    (hook.0)("node-b".to_owned()).await?;
+    let restarted = std::sync::atomic::AtomicBool::new(false);
+    let during = async {
+        let (mut delivered, mut refused, mut wrong) = (0u32, 0u32, Vec::new());
+        while !restarted.load(std::sync::atomic::Ordering::Relaxed) {
+            match env
+                .probe(CLIENT, &probe(super::addr(ip, 8080), send()))
+                .await
+            {
+                Ok(o) if echo(&o, "mp-httponly", 8080).is_ok() => delivered += 1,
+                Ok(o) if answer(&o, 503, "upstream-unreachable", Some("")).is_ok() => {
+                    refused += 1;
+                }
+                Ok(o) => wrong.push(o.summary()),
+                Err(e) => wrong.push(e),
+            }
+        }
+        (delivered, refused, wrong)
+    };
+    let restart = async {
+        let r = (hook.0)("node-b".to_owned()).await;
+        restarted.store(true, std::sync::atomic::Ordering::Relaxed);
+        r
+    };
+    let ((delivered, refused, wrong), restarted_ok) = tokio::join!(during, restart);
+    restarted_ok?;
     let took = started.elapsed();
+    if let Some(w) = wrong.first() {
+        return Err(format!(
+            "{} of the requests sent during the restart got neither a delivery nor 503 upstream-unreachable: {w}",
+            wrong.len()
+        ));
+    }
+    if refused == 0 {
+        return Err(format!(
+            "no request met the daemon down ({delivered} delivered): the restart was not seen"
+        ));
+    }
     // Every request after /ready is answered: the source replaces its dead hop connection.
     for i in 0..20 {
         let o = env
@@ -480,7 +687,7 @@ async fn restart(env: &Env) -> Check {
         }
     }
     Ok(format!(
-        "node-b restarted and ready in {} ms; 20 requests to its pod after, 0 failed",
+        "node-b restarted and ready in {} ms; during it {refused} × 503 upstream-unreachable and {delivered} delivered; 20 requests to its pod after, 0 failed",
         took.as_millis()
     ))
 }
