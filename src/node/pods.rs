@@ -300,7 +300,7 @@ async fn serve_pod(
     }
     for l in hop {
         tasks.push(
-            tokio::spawn(crate::proxy::hop::serve_inbound(
+            tokio::spawn(crate::proxy::inbound::serve_inbound(
                 inputs.clone(),
                 pod.clone(),
                 l,

@@ -1,11 +1,18 @@
 //! The data plane: the capture listener, the proxy port, the mesh hop and UDP
 //! (ARCHITECTURE.md "proxy"). It reads the published model and the workload identities; it never
 //! reads the registry and never programs capture.
+//!
+//! Imports inside the data plane run one way (issue #7 §7): `outbound` → `http` (`serve` →
+//! `deliver` → `mirror`, `upstream`) → `filters` → `mesh_call` → `hop` → `socket`; `inbound`
+//! (the hop's destination side) → `filters`, `http::upstream`. `respond`, `sniff`, `upgrade`
+//! and `app_pool` import none of them. Sockets of a pod come from its [`socket`] factory.
 
 pub mod app_pool;
 pub mod filters;
 pub mod hop;
 pub mod http;
+pub mod inbound;
+pub mod mesh_call;
 pub mod outbound;
 pub mod respond;
 pub mod sniff;
