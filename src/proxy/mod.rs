@@ -28,7 +28,7 @@ use rustls::pki_types::CertificateDer;
 
 use crate::resolve::decision::{Caller, CaptureMode};
 use crate::state::ModelHandle;
-use socket::PodNet;
+use socket::SocketFactory;
 
 /// The body type every proxied request and response is converted to.
 pub type Body = http_body_util::combinators::BoxBody<Bytes, BoxError>;
@@ -274,8 +274,8 @@ pub struct PodCtx {
     pub name: String,
     /// ServiceAccount (its mesh service and identity).
     pub service_account: String,
-    /// Its network.
-    pub net: PodNet,
+    /// Where its sockets come from (its network namespace in the daemon).
+    pub net: SocketFactory,
     /// Its capture mode.
     pub capture: CaptureMode,
     /// The pod as a caller.
@@ -290,7 +290,7 @@ impl PodCtx {
         namespace: String,
         name: String,
         service_account: String,
-        net: PodNet,
+        net: SocketFactory,
         capture: CaptureMode,
     ) -> Self {
         let caller = Caller {

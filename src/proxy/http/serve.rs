@@ -74,9 +74,10 @@ pub async fn serve(inputs: Arc<Inputs>, pod: Arc<PodCtx>, mut stream: TcpStream,
 async fn precheck(inputs: &Inputs, stream: &TcpStream, entry: HttpEntry) -> Option<Reason> {
     let limit = inputs.settings.max_header_bytes;
     let mut buf = vec![0u8; limit + 1];
-    let deadline = crate::time::now() + inputs.settings.sniff_bound;
+    // tokio's clock (std's in the daemon), so that a test with a paused clock sees the bound.
+    let deadline = tokio::time::Instant::now() + inputs.settings.sniff_bound;
     loop {
-        let n = match tokio::time::timeout_at(deadline.into(), stream.peek(&mut buf)).await {
+        let n = match tokio::time::timeout_at(deadline, stream.peek(&mut buf)).await {
             Ok(Ok(0)) | Ok(Err(_)) => return None,
             Ok(Ok(n)) => n,
             // Silence: hyper applies its own header timeout.
