@@ -13,7 +13,7 @@ use crate::capture::nft;
 use crate::capture::plan::{Mode, PodCapture, plan};
 use crate::model::Model;
 use crate::netns::Netns;
-use crate::proxy::socket::PodNet;
+use crate::proxy::socket::{PodNet, SocketFactory};
 use crate::proxy::{CAPTURE_PORT, HOP_PORT, Inputs, LEGACY_PORT, PROXY_PORT, PodCtx};
 use crate::resolve::decision::CaptureMode;
 
@@ -270,7 +270,7 @@ async fn serve_pod(
         d.capture.namespace.clone(),
         d.capture.name.clone(),
         d.service_account.clone(),
-        net,
+        SocketFactory::Netns(net),
         match d.capture.mode {
             Mode::RedirectAll => CaptureMode::RedirectAll,
             Mode::Scoped => CaptureMode::Scoped,
@@ -300,7 +300,7 @@ async fn serve_pod(
     }
     for l in hop {
         tasks.push(
-            tokio::spawn(crate::proxy::hop::serve_inbound(
+            tokio::spawn(crate::proxy::inbound::serve_inbound(
                 inputs.clone(),
                 pod.clone(),
                 l,

@@ -1,5 +1,9 @@
 //! Running filters on live requests and responses: the data-plane side of the filter plans the
 //! model compiles (routes.md §4, §5).
+//!
+//! May import: `mesh_call` (the `ext_authz` check), `respond`; never `http` or `hop`.
+//! Invariant: authorization fails closed (no answer, a server error or a mesh answer on the
+//! check's path is `authz-unavailable`).
 
 use std::time::Duration;
 
@@ -164,10 +168,13 @@ async fn ext_authz<B>(
         return Some(respond::reason(Reason::AuthzUnavailable));
     };
     let timeout = Duration::from_millis(ext.timeout_ms.max(1));
-    let answer = tokio::time::timeout(timeout, super::http::mesh_call(inputs, pod, server, check))
-        .await
-        .ok()
-        .flatten();
+    let answer = tokio::time::timeout(
+        timeout,
+        super::mesh_call::mesh_call(inputs, pod, server, check),
+    )
+    .await
+    .ok()
+    .flatten();
     let Some(resp) = answer else {
         return Some(respond::reason(Reason::AuthzUnavailable));
     };

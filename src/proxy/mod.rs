@@ -1,11 +1,18 @@
 //! The data plane: the capture listener, the proxy port, the mesh hop and UDP
 //! (ARCHITECTURE.md "proxy"). It reads the published model and the workload identities; it never
 //! reads the registry and never programs capture.
+//!
+//! Imports inside the data plane run one way (issue #7 §7): `outbound` → `http` (`serve` →
+//! `deliver` → `mirror`, `upstream`) → `filters` → `mesh_call` → `hop` → `socket`; `inbound`
+//! (the hop's destination side) → `filters`, `http::upstream`. `respond`, `sniff`, `upgrade`
+//! and `app_pool` import none of them. Sockets of a pod come from its [`socket`] factory.
 
 pub mod app_pool;
 pub mod filters;
 pub mod hop;
 pub mod http;
+pub mod inbound;
+pub mod mesh_call;
 pub mod outbound;
 pub mod respond;
 pub mod sniff;
@@ -21,7 +28,7 @@ use rustls::pki_types::CertificateDer;
 
 use crate::resolve::decision::{Caller, CaptureMode};
 use crate::state::ModelHandle;
-use socket::PodNet;
+use socket::SocketFactory;
 
 /// The body type every proxied request and response is converted to.
 pub type Body = http_body_util::combinators::BoxBody<Bytes, BoxError>;
@@ -267,8 +274,8 @@ pub struct PodCtx {
     pub name: String,
     /// ServiceAccount (its mesh service and identity).
     pub service_account: String,
-    /// Its network.
-    pub net: PodNet,
+    /// Where its sockets come from (its network namespace in the daemon).
+    pub net: SocketFactory,
     /// Its capture mode.
     pub capture: CaptureMode,
     /// The pod as a caller.
@@ -283,7 +290,7 @@ impl PodCtx {
         namespace: String,
         name: String,
         service_account: String,
-        net: PodNet,
+        net: SocketFactory,
         capture: CaptureMode,
     ) -> Self {
         let caller = Caller {

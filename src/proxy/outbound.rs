@@ -69,7 +69,7 @@ async fn captured(inputs: Arc<Inputs>, pod: Arc<PodCtx>, stream: TcpStream) {
     let _active = super::Active::new(&inputs.stats);
     let _ = stream.set_nodelay(true);
     // TPROXY keeps the original destination as the accepted socket's local address.
-    let Ok(dialled) = stream.local_addr() else {
+    let Ok(dialled) = pod.net.original_dst(&stream) else {
         return;
     };
     let model = inputs.model.load();
@@ -94,10 +94,12 @@ async fn captured(inputs: Arc<Inputs>, pod: Arc<PodCtx>, stream: TcpStream) {
 /// Peek at the first bytes, at most the sniff bound (addressing.md §3.1).
 async fn sniff_stream(inputs: &Inputs, stream: &TcpStream) -> Sniffed {
     let mut buf = vec![0u8; 16 * 1024 + 5];
-    let deadline = crate::time::now() + inputs.settings.sniff_bound;
+    // tokio's clock (std's in the daemon), so that a test with a paused clock sees the bound
+    // exactly.
+    let deadline = tokio::time::Instant::now() + inputs.settings.sniff_bound;
     let mut last = 0;
     loop {
-        let peeked = tokio::time::timeout_at(deadline.into(), stream.peek(&mut buf)).await;
+        let peeked = tokio::time::timeout_at(deadline, stream.peek(&mut buf)).await;
         let n = match peeked {
             Err(_) => return Sniffed::Timeout,
             Ok(Err(_)) | Ok(Ok(0)) => return Sniffed::Other,
@@ -109,7 +111,7 @@ async fn sniff_stream(inputs: &Inputs, stream: &TcpStream) -> Sniffed {
             sniff::Verdict::NeedMore => {
                 if n == last {
                     // peek returns at once while the bytes are unchanged: wait a little.
-                    if tokio::time::timeout_at(deadline.into(), stream.readable())
+                    if tokio::time::timeout_at(deadline, stream.readable())
                         .await
                         .is_err()
                     {

@@ -1,5 +1,17 @@
-//! Sockets of one pod: opened inside its network namespace, carrying the daemon's mark
-//! (spec/model.md §12.4).
+//! Sockets of one pod: the [`SocketFactory`] seam (STYLE.md §6.2) every proxy task opens its
+//! pod's sockets through, and asks for a captured connection's original destination.
+//!
+//! - [`SocketFactory::Netns`] ([`PodNet`]) is the daemon's: sockets opened inside the pod's
+//!   network namespace, carrying the daemon's mark, transparent where asked (spec/model.md
+//!   §12.4); the original destination is the accepted socket's local address, as TPROXY keeps
+//!   it.
+//! - `SocketFactory::Loopback` (`LoopbackNet`, only under `cfg(test)` or the `testing`
+//!   feature) is the in-process test world's: plain sockets on 127/8 addresses, no namespace,
+//!   no mark, no transparent bind, so that the data plane runs without root (STYLE.md §9
+//!   lesson 2). A harness says which dialled address each capture listener stands for.
+//!
+//! May import: `netns`, `marks`; nothing of the proxy. Invariant: the production variant is
+//! the only one compiled into the daemon.
 
 use std::io;
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
@@ -165,5 +177,180 @@ impl PodNet {
         })?;
         let socket = socket.map_err(io_err("bind", local))?;
         socket.connect(dst).await.map_err(io_err("connect to", dst))
+    }
+}
+
+/// Where a pod's sockets come from, and what a captured connection dialled. Enum dispatch
+/// (no trait object): the daemon has one variant, tests one more.
+#[derive(Debug, Clone)]
+pub enum SocketFactory {
+    /// The pod's network namespace ([`PodNet`]): the daemon's only factory.
+    Netns(PodNet),
+    /// Plain loopback sockets for the in-process test world.
+    #[cfg(any(test, feature = "testing"))]
+    Loopback(LoopbackNet),
+}
+
+impl From<PodNet> for SocketFactory {
+    fn from(net: PodNet) -> Self {
+        Self::Netns(net)
+    }
+}
+
+impl SocketFactory {
+    /// The pod's IP of `dst`'s family.
+    pub fn ip_for(&self, dst: SocketAddr) -> Result<IpAddr, SocketError> {
+        match self {
+            Self::Netns(n) => n.ip_for(dst),
+            #[cfg(any(test, feature = "testing"))]
+            Self::Loopback(l) => l.ip_for(dst),
+        }
+    }
+
+    /// A TCP listener on `addr` for the pod (transparent for the capture port).
+    pub fn tcp_listener(
+        &self,
+        addr: SocketAddr,
+        transparent: bool,
+    ) -> Result<TcpListener, SocketError> {
+        match self {
+            Self::Netns(n) => n.tcp_listener(addr, transparent),
+            #[cfg(any(test, feature = "testing"))]
+            Self::Loopback(l) => l.tcp_listener(addr),
+        }
+    }
+
+    /// A UDP socket bound to `addr` for the pod ([`PodNet::udp_socket`]).
+    pub fn udp_socket(
+        &self,
+        addr: SocketAddr,
+        transparent: bool,
+    ) -> Result<UdpSocket, SocketError> {
+        match self {
+            Self::Netns(n) => n.udp_socket(addr, transparent),
+            #[cfg(any(test, feature = "testing"))]
+            Self::Loopback(l) => l.udp_socket(addr),
+        }
+    }
+
+    /// Connect to `dst` for the pod, from `source`.
+    pub async fn connect(&self, dst: SocketAddr, source: Source) -> Result<TcpStream, SocketError> {
+        match self {
+            Self::Netns(n) => n.connect(dst, source).await,
+            #[cfg(any(test, feature = "testing"))]
+            Self::Loopback(l) => l.connect(dst, source).await,
+        }
+    }
+
+    /// The address and port a captured connection dialled (addressing.md §3): with TPROXY,
+    /// the accepted socket's own local address.
+    pub fn original_dst(&self, accepted: &TcpStream) -> io::Result<SocketAddr> {
+        let local = accepted.local_addr()?;
+        match self {
+            Self::Netns(_) => Ok(local),
+            #[cfg(any(test, feature = "testing"))]
+            Self::Loopback(l) => Ok(l.dialled(local)),
+        }
+    }
+}
+
+/// The test world's pod network: plain sockets on 127/8 (Linux routes the whole block to
+/// loopback, so any 127.x.y.z can be bound without root). The pod's "IP" is a loopback
+/// address the model also gives it, so that the mesh hop and the application are reached
+/// where the model says.
+///
+/// 1. Bind each capture listener on a loopback address of its own and say which dialled
+///    address it stands for ([`LoopbackNet::stand_for`]); an accepted connection's original
+///    destination is then that address (or the listener's own address when none was said).
+/// 2. Where a dialled address must be reachable (a passthrough's destination), say where a
+///    connection to it really goes ([`LoopbackNet::reach`]); other addresses are dialled as
+///    they are.
+#[cfg(any(test, feature = "testing"))]
+#[derive(Debug, Clone)]
+pub struct LoopbackNet {
+    ip: Ipv4Addr,
+    stands_for: Arc<dashmap::DashMap<SocketAddr, SocketAddr>>,
+    reaches: Arc<dashmap::DashMap<SocketAddr, SocketAddr>>,
+}
+
+#[cfg(any(test, feature = "testing"))]
+impl LoopbackNet {
+    /// A pod whose IP is `ip` (a 127/8 address).
+    pub fn new(ip: Ipv4Addr) -> Self {
+        Self {
+            ip,
+            stands_for: Arc::default(),
+            reaches: Arc::default(),
+        }
+    }
+
+    /// The pod's IP.
+    pub fn ip(&self) -> Ipv4Addr {
+        self.ip
+    }
+
+    /// A connection accepted on `listener` dialled `dialled`.
+    pub fn stand_for(&self, listener: SocketAddr, dialled: SocketAddr) {
+        self.stands_for.insert(listener, dialled);
+    }
+
+    /// A connection to `dialled` really goes to `to`.
+    pub fn reach(&self, dialled: SocketAddr, to: SocketAddr) {
+        self.reaches.insert(dialled, to);
+    }
+
+    fn dialled(&self, local: SocketAddr) -> SocketAddr {
+        self.stands_for.get(&local).map_or(local, |d| *d)
+    }
+
+    fn ip_for(&self, dst: SocketAddr) -> Result<IpAddr, SocketError> {
+        match dst {
+            SocketAddr::V4(_) => Ok(IpAddr::V4(self.ip)),
+            SocketAddr::V6(_) => Err(SocketError::NoAddress {
+                family: "IPv6",
+                dst,
+            }),
+        }
+    }
+
+    fn tcp_listener(&self, addr: SocketAddr) -> Result<TcpListener, SocketError> {
+        let s = Socket::new(Domain::for_address(addr), Type::STREAM, Some(Protocol::TCP))
+            .and_then(|s| {
+                s.set_reuse_address(true)?;
+                s.set_nonblocking(true)?;
+                s.bind(&addr.into())?;
+                s.listen(1024)?;
+                Ok(s)
+            })
+            .map_err(io_err("listen on", addr))?;
+        TcpListener::from_std(s.into()).map_err(io_err("register listener", addr))
+    }
+
+    fn udp_socket(&self, addr: SocketAddr) -> Result<UdpSocket, SocketError> {
+        let s = std::net::UdpSocket::bind(addr)
+            .and_then(|s| {
+                s.set_nonblocking(true)?;
+                Ok(s)
+            })
+            .map_err(io_err("bind UDP", addr))?;
+        UdpSocket::from_std(s).map_err(io_err("register UDP socket", addr))
+    }
+
+    /// A transparent source is bound plainly: every 127/8 address is local, so the
+    /// application still sees the client pod's IP.
+    async fn connect(&self, dst: SocketAddr, source: Source) -> Result<TcpStream, SocketError> {
+        let local = match source {
+            Source::PodIp => SocketAddr::new(self.ip_for(dst)?, 0),
+            Source::Transparent(ip) => SocketAddr::new(ip, 0),
+        };
+        let to = self.reaches.get(&dst).map_or(dst, |r| *r);
+        let socket = match to {
+            SocketAddr::V4(_) => TcpSocket::new_v4(),
+            SocketAddr::V6(_) => TcpSocket::new_v6(),
+        }
+        .map_err(io_err("bind", local))?;
+        let _ = socket.set_nodelay(true);
+        socket.bind(local).map_err(io_err("bind", local))?;
+        socket.connect(to).await.map_err(io_err("connect to", dst))
     }
 }

@@ -1,0 +1,241 @@
+//! The source side of a delivery (routes.md §4, §5): the rule's filters (header modifiers,
+//! redirects, rewrites, route-level `ExtensionRef` filters), the mirrors that fire, the
+//! service-level header mutation, then the request over the mesh hop to one endpoint, and the
+//! response-side modifiers on the way back. A request that switches protocols crosses a
+//! dedicated HTTP/1.1 hop ([`ALPN_H1`]) and is spliced on `101`.
+//!
+//! May import: `super::mirror`, `super::upstream` (forms and the `101` count), `filters`, `hop`,
+//! `respond`, `upgrade`; never `super::serve`. Invariants: a delivered request carries the
+//! authority it was routed on as its `Host` (addressing.md §2); every filter that applies runs
+//! before the hop (I1); response modifiers apply backend, then rule, then service level.
+
+use std::sync::Arc;
+
+use http::header::HOST;
+use http::{HeaderValue, Request, Response, Version};
+use http_body_util::BodyExt;
+use hyper::upgrade::OnUpgrade;
+use tracing::warn;
+
+use super::mirror::{fired_mirrors, send_mirrors};
+use super::upstream::{count_switch, origin_form_any};
+use crate::model::filters::{FilterStep, RedirectInput, RuleAnswer, redirect, rewrite};
+use crate::model::snapshot::{FilterConfig, HeaderModifier};
+use crate::proxy::filters::{authorize, modify_headers, mutate_request, set_path};
+use crate::proxy::hop::hop_form;
+use crate::proxy::{ALPN_H1, Body, BoxError, Inputs, Peer, PodCtx, count, respond, upgrade};
+use crate::resolve::answer::Reason;
+use crate::resolve::decision::Delivery;
+
+/// The response header modifiers collected while the request filters run.
+#[derive(Default)]
+struct ResponseSteps(Vec<HeaderModifier>);
+
+impl ResponseSteps {
+    fn apply(&self, resp: &mut Response<Body>) {
+        for m in &self.0 {
+            modify_headers(resp.headers_mut(), m);
+        }
+    }
+}
+
+/// The caller as an identity, for route-level authorization on the source node.
+fn self_peer(inputs: &Inputs, pod: &PodCtx) -> Peer {
+    Peer {
+        namespace: pod.namespace.clone(),
+        service_account: pod.service_account.clone(),
+        id: format!(
+            "spiffe://{}/ns/{}/sa/{}",
+            inputs.settings.trust_domain, pod.namespace, pod.service_account
+        ),
+    }
+}
+
+/// The answer of a rule's `RequestRedirect` for this request (routes.md §4).
+fn rule_redirect(
+    r: &crate::model::snapshot::Redirect,
+    authority: Option<&str>,
+    req: &Request<Body>,
+    front_port: u16,
+    run: &crate::resolve::decision::RouteRun,
+) -> Response<Body> {
+    let answer = redirect(
+        r,
+        RedirectInput {
+            scheme: "http",
+            authority: authority.unwrap_or(""),
+            listener_port: front_port,
+            path: req.uri().path(),
+            query: req.uri().query(),
+            matched_prefix: run.matched_prefix.as_deref(),
+        },
+    );
+    respond::redirect(answer.status, &answer.location)
+}
+
+/// Deliver a request over the mesh hop with every filter that applies (routes.md §4, §5),
+/// sending the mirrors that fire. An upgrade request crosses a dedicated HTTP/1.1 hop and is
+/// spliced on `101`. `authority` is the request's as received (the absolute-form target's, or
+/// its `:authority` or `Host`).
+pub async fn deliver(
+    inputs: &Arc<Inputs>,
+    pod: &Arc<PodCtx>,
+    authority: Option<&str>,
+    d: Delivery,
+    mut req: Request<Body>,
+    client_upgrade: Option<OnUpgrade>,
+) -> Response<Body> {
+    // addressing.md §2: a delivered request carries the authority it was routed on as its
+    // `Host` (an absolute-form target's, not a `Host` field that says otherwise), so routing,
+    // filters and the application see the same authority.
+    if let Some(a) = authority.and_then(|a| HeaderValue::from_str(a).ok()) {
+        req.headers_mut().insert(HOST, a);
+    }
+    let mut rule_response = ResponseSteps::default();
+    let mut backend_response = ResponseSteps::default();
+    if let Some(run) = &d.route {
+        let plan = &run.plan;
+        if matches!(plan.answer, RuleAnswer::Invalid(_) | RuleAnswer::NoBackends) {
+            return respond::reason(Reason::InvalidBackend);
+        }
+        let backend = plan.backends.get(run.backend_index);
+        let steps = plan
+            .request
+            .iter()
+            .chain(backend.into_iter().flat_map(|b| b.request.iter()));
+        for step in steps {
+            match step {
+                FilterStep::RequestHeaders(m) => modify_headers(req.headers_mut(), m),
+                FilterStep::ResponseHeaders(m) => rule_response.0.push(m.clone()),
+                FilterStep::Redirect(r) => {
+                    let mut resp = rule_redirect(r, authority, &req, d.front_port, run);
+                    rule_response.apply(&mut resp);
+                    return resp;
+                }
+                FilterStep::Rewrite(rw) => {
+                    let (authority, path) =
+                        rewrite(rw, req.uri().path(), run.matched_prefix.as_deref());
+                    let target = match req.uri().query() {
+                        Some(q) => format!("{path}?{q}"),
+                        None => path,
+                    };
+                    set_path(&mut req, &target);
+                    if let Some(a) = authority
+                        && let Ok(v) = HeaderValue::from_str(&a)
+                    {
+                        req.headers_mut().insert(HOST, v);
+                    }
+                }
+                FilterStep::Extension(obj) => {
+                    let Some((_, config)) = run
+                        .route_level
+                        .iter()
+                        .find(|(n, _)| n.rsplit('/').next() == Some(obj.name.as_str()))
+                    else {
+                        return respond::reason(Reason::InvalidBackend);
+                    };
+                    match config {
+                        FilterConfig::HeaderMutation(m) => {
+                            mutate_request(&mut req, m);
+                            rule_response.0.push(m.response.clone());
+                        }
+                        other => {
+                            let peer = self_peer(inputs, pod);
+                            let key = d.backend.service.clone();
+                            if let Some(denied) =
+                                authorize(inputs, pod, other, &key, &peer, &req).await
+                            {
+                                return denied;
+                            }
+                        }
+                    }
+                }
+            }
+        }
+        if let Some(b) = backend {
+            for step in &b.response {
+                if let FilterStep::ResponseHeaders(m) = step {
+                    backend_response.0.push(m.clone());
+                }
+            }
+        }
+        for step in &plan.response {
+            if let FilterStep::ResponseHeaders(m) = step {
+                rule_response.0.push(m.clone());
+            }
+        }
+        if let RuleAnswer::Redirect(r) = &plan.answer {
+            let mut resp = rule_redirect(r, authority, &req, d.front_port, run);
+            backend_response.apply(&mut resp);
+            rule_response.apply(&mut resp);
+            return resp;
+        }
+    }
+    // The copies see the request as the rule's filters left it (routes.md §4 item 4).
+    let mirrors = fired_mirrors(&d);
+    if !mirrors.is_empty() {
+        req = send_mirrors(inputs, pod, &d, mirrors, req, client_upgrade.is_some()).await;
+    }
+    // routes.md §5.5: service-level header mutation runs on the source node.
+    let mut service_response = ResponseSteps::default();
+    for (_, filters) in &d.service_filters {
+        for f in filters.iter() {
+            if let FilterConfig::HeaderMutation(m) = &f.config {
+                mutate_request(&mut req, m);
+                service_response.0.push(m.response.clone());
+            }
+        }
+    }
+    let endpoints = &d.backend.endpoints;
+    if endpoints.is_empty() {
+        return respond::reason(Reason::NoEndpoints);
+    }
+    let endpoint = &endpoints[fastrand::usize(..endpoints.len())];
+    let version = req.version();
+    count(&inputs.stats.deliveries);
+    let send = async {
+        match client_upgrade {
+            None => {
+                crate::proxy::hop::annotate(&mut req, &d.filter_services, version, d.backend.h2c);
+                let req = hop_form(req);
+                inputs
+                    .pool
+                    .send(inputs, pod, endpoint, d.backend.pod_port, req)
+                    .await
+                    .map(|r| r.map(|b| b.map_err(BoxError::from).boxed()))
+                    .map_err(BoxError::from)
+            }
+            // HTTP/2 cannot switch protocols: the request gets an HTTP/1.1 hop of its own,
+            // and the application is reached as HTTP/1.1 whatever `appProtocol` says.
+            Some(up) => {
+                crate::proxy::hop::annotate(&mut req, &d.filter_services, Version::HTTP_11, false);
+                let req = origin_form_any(req);
+                let tls =
+                    crate::proxy::hop::connect(inputs, pod, endpoint, d.backend.pod_port, ALPN_H1)
+                        .await?;
+                let resp = upgrade::forward(tls, req, up).await?;
+                count_switch(inputs, &resp);
+                Ok(resp)
+            }
+        }
+    };
+    let result: Result<Response<Body>, BoxError> = match d.timeout_ms {
+        Some(ms) => match tokio::time::timeout(std::time::Duration::from_millis(ms), send).await {
+            Ok(r) => r,
+            Err(_) => return respond::reason(Reason::UpstreamUnreachable),
+        },
+        None => send.await,
+    };
+    let mut resp = match result {
+        Ok(r) => r,
+        Err(e) => {
+            warn!(error = %crate::DisplayChain(&*e), endpoint = %endpoint.address,
+                "mesh hop failed");
+            return respond::reason(Reason::UpstreamUnreachable);
+        }
+    };
+    backend_response.apply(&mut resp);
+    rule_response.apply(&mut resp);
+    service_response.apply(&mut resp);
+    resp
+}

@@ -1,0 +1,242 @@
+//! The mesh hop's destination side (spec/model.md §14): `<pod IP>:18008` terminates mTLS,
+//! checks the SNI against the pod's row (the port, with the hop's class from its ALPN) and the
+//! peer against the trust bundle, runs the destination's filters ([`destination_filters`]:
+//! service-level `rbac` and `ext_authz`, routes.md §5.5) and hands the request to the
+//! application ([`super::http::to_app`]) or, for raw TCP, the bytes.
+//!
+//! One request that switches protocols (`Upgrade`, addressing.md I11) arrives on a connection
+//! of its own with ALPN [`ALPN_H1`], is checked as the HTTP class, served as HTTP/1.1 with
+//! upgrades through the same destination filters, and spliced with the application's
+//! connection on `101` ([`super::upgrade`]).
+//!
+//! May import: `hop` (names and headers), `filters`, `http::upstream`; nothing imports it but
+//! the wiring. Invariants: an SNI the pod does not serve with the hop's class is refused by
+//! closing the handshake; the hop's own `x-aether-` headers never reach the application.
+
+use std::net::{IpAddr, SocketAddr};
+use std::sync::Arc;
+
+use http::{Request, Response, Version};
+use http_body_util::BodyExt;
+use hyper_util::rt::{TokioExecutor, TokioIo};
+use tokio::net::{TcpListener, TcpStream};
+use tokio_rustls::LazyConfigAcceptor;
+use tracing::{debug, warn};
+
+use super::hop::{HOP_SERVICES, HOP_VERSION, parse_server_name};
+use super::{ALPN_H1, ALPN_HTTP, ALPN_TCP, Body, BoxError, Inputs, Peer, PodCtx, count};
+use crate::model::port::PortProtocol;
+use crate::resolve::decision::ServiceKey;
+
+/// The class a hop's ALPN asks for.
+fn hop_class(alpn: Option<&[u8]>) -> Option<PortProtocol> {
+    match alpn {
+        Some(a) if a == ALPN_HTTP || a == ALPN_H1 => Some(PortProtocol::Http),
+        Some(a) if a == ALPN_TCP => Some(PortProtocol::Tcp),
+        _ => None,
+    }
+}
+
+/// Serve the inbound mesh hop of one pod on `<pod IP>:18008`.
+pub async fn serve_inbound(inputs: Arc<Inputs>, pod: Arc<PodCtx>, listener: TcpListener) {
+    loop {
+        let (tcp, peer_addr) = match listener.accept().await {
+            Ok(c) => c,
+            Err(e) => {
+                warn!(error = %e, pod = %pod.name, "inbound accept failed");
+                tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+                continue;
+            }
+        };
+        // Small TLS records must not wait for the peer's delayed ACK (Nagle).
+        let _ = tcp.set_nodelay(true);
+        let local = tcp.local_addr().ok();
+        let inputs = inputs.clone();
+        let pod = pod.clone();
+        tokio::spawn(async move {
+            if let Some(local) = local {
+                let connection = inbound_connection(inputs, pod.clone(), tcp, peer_addr, local);
+                pod.until_retired(connection).await;
+            }
+        });
+    }
+}
+
+async fn inbound_connection(
+    inputs: Arc<Inputs>,
+    pod: Arc<PodCtx>,
+    tcp: TcpStream,
+    peer_addr: SocketAddr,
+    local: SocketAddr,
+) {
+    let _active = super::Active::new(&inputs.stats);
+    let acceptor = LazyConfigAcceptor::new(rustls::server::Acceptor::default(), tcp);
+    let Ok(start) = acceptor.await else {
+        count(&inputs.stats.hop_refused);
+        return;
+    };
+    let hello = start.client_hello();
+    let sni = hello.server_name().map(str::to_owned);
+    let alpn: Option<Vec<u8>> = hello.alpn().and_then(|mut a| a.next().map(<[u8]>::to_vec));
+    let model = inputs.model.load();
+    let class = hop_class(alpn.as_deref());
+    let checked = sni.as_deref().and_then(|sni| {
+        let (port, svc, ns) = parse_server_name(sni, &inputs.settings.mesh_domain)?;
+        let (own, declared) = model.pod_ports(local.ip())?;
+        let ok = &*own.name == svc
+            && &*own.namespace == ns
+            && class.is_some()
+            && declared.get(&port).copied() == class;
+        ok.then_some(port)
+    });
+    let (Some(port), Some(class)) = (checked, class) else {
+        // model.md §14: an SNI whose port the pod does not declare with the hop's class is
+        // refused by closing the handshake.
+        debug!(?sni, pod = %pod.name, "inbound hop refused: SNI not served here");
+        count(&inputs.stats.hop_refused);
+        return;
+    };
+    let Some(config) = inputs.tls.server(&pod.namespace, &pod.service_account) else {
+        count(&inputs.stats.hop_refused);
+        return;
+    };
+    let Ok(tls) = start.into_stream(config).await else {
+        count(&inputs.stats.hop_refused);
+        return;
+    };
+    let Some(peer) = tls
+        .get_ref()
+        .1
+        .peer_certificates()
+        .and_then(|chain| inputs.tls.peer(chain))
+    else {
+        count(&inputs.stats.hop_refused);
+        return;
+    };
+    let client_ip = peer_addr.ip();
+    let app = SocketAddr::new(local.ip(), port);
+    let pod_name = pod.name.clone();
+    match class {
+        PortProtocol::Tcp => {
+            let Some(mut upstream) = super::http::connect_app(&inputs, &pod, app, client_ip).await
+            else {
+                return;
+            };
+            let mut tls = tls;
+            let _ = tokio::io::copy_bidirectional(&mut tls, &mut upstream).await;
+        }
+        _ => {
+            let h1 = alpn.as_deref() == Some(ALPN_H1);
+            let peer = Arc::new(peer);
+            let drain = inputs.drain.clone();
+            let service = hyper::service::service_fn(move |req| {
+                let inputs = inputs.clone();
+                let pod = pod.clone();
+                let peer = peer.clone();
+                async move {
+                    Ok::<_, std::convert::Infallible>(
+                        inbound_request(&inputs, &pod, &peer, app, client_ip, req).await,
+                    )
+                }
+            });
+            let served = if h1 {
+                hyper::server::conn::http1::Builder::new()
+                    .timer(hyper_util::rt::TokioTimer::new())
+                    .serve_connection(TokioIo::new(tls), service)
+                    .with_upgrades()
+                    .await
+            } else {
+                let conn = hyper::server::conn::http2::Builder::new(TokioExecutor::new())
+                    .timer(hyper_util::rt::TokioTimer::new())
+                    .serve_connection(TokioIo::new(tls), service);
+                let mut conn = std::pin::pin!(conn);
+                let mut draining = drain.subscribe();
+                // On drain: GOAWAY, the streams in flight finish, then the connection closes.
+                tokio::select! {
+                    out = conn.as_mut() => out,
+                    () = async { drop(draining.wait_for(|d| *d).await) } => {
+                        conn.as_mut().graceful_shutdown();
+                        conn.await
+                    }
+                }
+            };
+            if let Err(e) = served {
+                debug!(error = %e, pod = %pod_name, "inbound hop connection ended");
+            }
+        }
+    }
+}
+
+/// One request arriving over the hop: the destination's filters, then the application. A
+/// request that switches protocols (only on an [`ALPN_H1`] hop) takes the hop's side of the
+/// switch with it, and is spliced with the application's on `101`.
+async fn inbound_request(
+    inputs: &Inputs,
+    pod: &PodCtx,
+    peer: &Peer,
+    app: SocketAddr,
+    client_ip: IpAddr,
+    mut req: Request<hyper::body::Incoming>,
+) -> Response<Body> {
+    let version = match destination_filters(inputs, pod, peer, &mut req).await {
+        Ok(v) => v,
+        Err(denied) => return denied,
+    };
+    let client_upgrade = super::upgrade::is_upgrade(&req).then(|| hyper::upgrade::on(&mut req));
+    let req = req.map(|body| body.map_err(BoxError::from).boxed());
+    super::http::to_app(inputs, pod, app, client_ip, version, req, client_upgrade).await
+}
+
+/// What the destination runs on every request that arrives over the hop, whatever the hop's
+/// HTTP version (model.md §14, routes.md §5.5): reads and removes the hop's headers, then runs
+/// the service-level `rbac` and `ext_authz` of the Services the source named plus the pod's
+/// own mesh service, on the identity the hop proved. The HTTP version toward the application,
+/// or the denial to answer.
+pub async fn destination_filters<B>(
+    inputs: &Inputs,
+    pod: &PodCtx,
+    peer: &Peer,
+    req: &mut Request<B>,
+) -> Result<Version, Response<Body>> {
+    let model = inputs.model.load();
+    let named: Vec<ServiceKey> = req
+        .headers()
+        .get(HOP_SERVICES)
+        .and_then(|v| v.to_str().ok())
+        .map(|v| {
+            v.split(',')
+                .filter_map(|s| s.split_once('/'))
+                .map(|(ns, name)| ServiceKey {
+                    namespace: ns.into(),
+                    name: name.into(),
+                })
+                .collect()
+        })
+        .unwrap_or_default();
+    let version = match req.headers().get(HOP_VERSION).and_then(|v| v.to_str().ok()) {
+        Some("2") => Version::HTTP_2,
+        Some("1.0") => Version::HTTP_10,
+        _ => Version::HTTP_11,
+    };
+    super::filters::strip_mesh_headers(req.headers_mut());
+    // routes.md §5.5: the named Services plus the pod's own mesh service; rbac and ext_authz
+    // run here, on the identity the hop proved.
+    let own = ServiceKey {
+        namespace: pod.namespace.as_str().into(),
+        name: pod.service_account.as_str().into(),
+    };
+    let mut services = named;
+    if !services.contains(&own) {
+        services.push(own);
+    }
+    for key in &services {
+        for filter in model.filters_of(key) {
+            if let Some(denied) =
+                super::filters::authorize(inputs, pod, &filter.config, key, peer, req).await
+            {
+                return Err(denied);
+            }
+        }
+    }
+    Ok(version)
+}

@@ -1,0 +1,97 @@
+//! A request the mesh makes itself from a pod (an `ext_authz` check, a `RequestMirror` copy):
+//! resolved as if the pod had sent it to its loopback proxy port, and delivered over the mesh
+//! hop to one endpoint. No route filter, mirror or service-level header mutation runs on it on
+//! the source side; the destination runs its own filters as on any hop request.
+//!
+//! May import: `hop` (the client side), `resolve`; never `filters` or `http`, which import this
+//! module (issue #7 §7: the filters → http → filters circle is gone).
+
+use http::header::HOST;
+use http::{HeaderValue, Request, Response, Version};
+use http_body_util::BodyExt;
+use hyper::body::Incoming;
+
+use super::hop::{HopError, hop_form};
+use super::{Body, BoxError, Inputs, PodCtx};
+use crate::model::names::{AuthorityInput, HttpVersion};
+use crate::resolve::decision::{HttpEntry, RequestDecision, RequestFacts};
+use crate::resolve::resolve_request;
+
+/// Why a request the mesh makes itself ([`mesh_call`], a mirror copy) was not answered.
+#[derive(Debug, thiserror::Error)]
+pub enum MeshCallError {
+    /// The name does not resolve to a delivery from this pod.
+    #[error("{0} is not delivered from this pod")]
+    NotDelivered(String),
+    /// The Service has no endpoint.
+    #[error("{0} has no endpoints")]
+    NoEndpoints(String),
+    /// The hop failed.
+    #[error(transparent)]
+    Hop(#[from] HopError),
+}
+
+/// A request the mesh itself makes from a pod (an `ext_authz` check): resolved as if the pod
+/// had sent it to its loopback proxy port, delivered over the hop. `None` when it cannot be
+/// delivered.
+pub async fn mesh_call(
+    inputs: &Inputs,
+    pod: &PodCtx,
+    authority: &str,
+    req: Request<Body>,
+) -> Option<Response<Body>> {
+    mesh_send(inputs, pod, authority, req)
+        .await
+        .ok()
+        .map(|r| r.map(|b| b.map_err(BoxError::from).boxed()))
+}
+
+/// [`mesh_call`], saying why it failed.
+pub async fn mesh_send(
+    inputs: &Inputs,
+    pod: &PodCtx,
+    authority: &str,
+    mut req: Request<Body>,
+) -> Result<Response<Incoming>, MeshCallError> {
+    let model = inputs.model.load();
+    let hosts = [authority];
+    let facts = RequestFacts {
+        entry: HttpEntry::Loopback,
+        authority: AuthorityInput {
+            version: HttpVersion::Http11,
+            absolute: None,
+            h2_authority: None,
+            hosts: &hosts,
+        },
+        method: req.method().as_str(),
+        path_and_query: req
+            .uri()
+            .path_and_query()
+            .map(http::uri::PathAndQuery::as_str),
+        headers: &[],
+        hold_expired: true,
+        entropy: fastrand::u64(..),
+    };
+    let RequestDecision::Deliver(d) = resolve_request(&model, pod.caller(), &facts) else {
+        return Err(MeshCallError::NotDelivered(authority.to_owned()));
+    };
+    let endpoints = &d.backend.endpoints;
+    if endpoints.is_empty() {
+        return Err(MeshCallError::NoEndpoints(authority.to_owned()));
+    }
+    let endpoint = &endpoints[fastrand::usize(..endpoints.len())];
+    super::hop::annotate(
+        &mut req,
+        &d.filter_services,
+        Version::HTTP_11,
+        d.backend.h2c,
+    );
+    if let Ok(v) = HeaderValue::from_str(authority) {
+        req.headers_mut().insert(HOST, v);
+    }
+    let req = hop_form(req);
+    Ok(inputs
+        .pool
+        .send(inputs, pod, endpoint, d.backend.pod_port, req)
+        .await?)
+}
