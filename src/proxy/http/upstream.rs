@@ -102,21 +102,14 @@ pub(super) fn count_switch(inputs: &Inputs, resp: &Response<Body>) {
 
 /// HTTP/1 sends origin form (absolute form is kept when the client used it); HTTP/2 needs a
 /// scheme and authority, which stay as received.
-fn origin_form(mut req: Request<Body>) -> Request<Body> {
+fn origin_form(req: Request<Body>) -> Request<Body> {
     if req.version() == Version::HTTP_2 {
         return req;
     }
     if req.uri().scheme().is_some() {
         return req;
     }
-    let pq = req
-        .uri()
-        .path_and_query()
-        .map_or_else(|| "/".to_owned(), |p| p.as_str().to_owned());
-    if let Ok(uri) = Uri::try_from(pq) {
-        *req.uri_mut() = uri;
-    }
-    req
+    origin_form_any(req)
 }
 
 /// Connect to the application in the destination pod from a transparent socket bound to the
