@@ -88,8 +88,14 @@ pub async fn deliver(
     // addressing.md §2: a delivered request carries the authority it was routed on as its
     // `Host` (an absolute-form target's, not a `Host` field that says otherwise), so routing,
     // filters and the application see the same authority.
-    if let Some(a) = authority.and_then(|a| HeaderValue::from_str(a).ok()) {
-        req.headers_mut().insert(HOST, a);
+    // The common case, one `Host` that is the authority already, allocates nothing.
+    if let Some(a) = authority {
+        let mut hosts = req.headers().get_all(HOST).iter();
+        let kept =
+            matches!((hosts.next(), hosts.next()), (Some(h), None) if h.as_bytes() == a.as_bytes());
+        if !kept && let Ok(v) = HeaderValue::from_str(a) {
+            req.headers_mut().insert(HOST, v);
+        }
     }
     let mut rule_response = ResponseSteps::default();
     let mut backend_response = ResponseSteps::default();
