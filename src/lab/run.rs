@@ -407,6 +407,13 @@ impl Lab {
                 "-n {nns} link add {hif} type veth peer name {POD_IF} netns {pns}"
             ))?;
             ip_line(&format!("-n {nns} link set {hif} master {NODE_BRIDGE} up"))?;
+            // Hairpin mode, as the CNI bridge plugin's `hairpinMode` and kubelet's hairpin-veth
+            // set it: where br_netfilter hands the bridge's traffic to the node's nftables
+            // (`net.bridge.bridge-nf-call-iptables=1`), a frame DNATed back to the pod that
+            // sent it is bridged, not routed, and must leave by the port it came in on.
+            ip_line(&format!(
+                "-n {nns} link set dev {hif} type bridge_slave hairpin on"
+            ))?;
             // The /24 mask without its on-link route: every packet goes through the node.
             let (addr, len, gw) = (pod.ip, node.pod_subnet.prefix_len(), pod.gateway);
             ip_line(&format!(
