@@ -1,10 +1,21 @@
 //! `aether demo` and the local e2e suite: a whole mesh on one machine. Every Pod of a manifest
 //! directory becomes a network namespace on its node's bridge, every node a daemon process,
 //! every pod runs its manifest's command; then the legs of spec/legs.md run through it.
+//!
+//! Stopping is one path whatever the phase: SIGINT, SIGTERM and SIGHUP are caught by [`Stop`]
+//! (never left to their default, which would kill the demo and leave its namespaces and
+//! processes behind); [`up_until`] checks it between its steps and while it waits, and takes
+//! down what it made before returning [`DemoError::Interrupted`]; the caller takes a
+//! [`Running`] mesh down with [`Running::down`]. A signal after the first is logged and
+//! ignored, so that the cleanup it would interrupt always completes.
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
+
+use tokio::signal::unix::{SignalKind, signal};
+use tokio::sync::watch;
 
 use crate::lab::run::{Lab, UpOptions};
 use crate::lab::{LabError, plan::LabOptions, plan_dir};
@@ -65,6 +76,9 @@ pub enum DemoError {
         /// Its log file.
         log: PathBuf,
     },
+    /// A signal stopped the demo before the mesh was up; what was made has been removed.
+    #[error("stopped by {0} while bringing the mesh up")]
+    Interrupted(StopSignal),
     /// A pod's workload did not start listening.
     #[error("pod {pod} not listening on {port}: {detail}")]
     PodNotListening {
@@ -75,6 +89,133 @@ pub enum DemoError {
         /// What happened.
         detail: String,
     },
+}
+
+/// A signal that stops the demo.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum StopSignal {
+    /// SIGINT (Ctrl-C).
+    Interrupt,
+    /// SIGTERM (`kill`, a supervisor, `timeout`).
+    Terminate,
+    /// SIGHUP (the terminal went away).
+    Hangup,
+}
+
+impl StopSignal {
+    /// The signal's number (the demo exits with 128 plus this when it interrupted the run).
+    pub fn number(self) -> i32 {
+        match self {
+            Self::Interrupt => nix::sys::signal::Signal::SIGINT as i32,
+            Self::Terminate => nix::sys::signal::Signal::SIGTERM as i32,
+            Self::Hangup => nix::sys::signal::Signal::SIGHUP as i32,
+        }
+    }
+}
+
+impl std::fmt::Display for StopSignal {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            Self::Interrupt => "SIGINT",
+            Self::Terminate => "SIGTERM",
+            Self::Hangup => "SIGHUP",
+        })
+    }
+}
+
+/// Whether, and by which signal, the demo was told to stop.
+///
+/// 1. [`Stop::on_signals`] installs the handlers (inside the runtime, before anything is made)
+///    and spawns the task that records the first signal.
+/// 2. The demo passes it to [`up_until`], and races its other phases against [`Stop::wait`].
+/// 3. [`Stop::signal`] afterwards says whether a signal ended the run.
+///
+/// Once installed, the handlers stay for the life of the process (tokio never restores the
+/// default action), so a second SIGINT, SIGTERM or SIGHUP cannot kill the demo halfway through
+/// its cleanup: it is logged and ignored. Only SIGKILL can; then the next run's
+/// [`Lab::cleanup_stale`] removes what the state file recorded.
+#[derive(Clone, Debug)]
+pub struct Stop {
+    signal: watch::Receiver<Option<StopSignal>>,
+    /// Set with the first signal; [`Lab::up`] polls it between its commands.
+    flag: Arc<AtomicBool>,
+}
+
+impl Stop {
+    /// Catches SIGINT, SIGTERM and SIGHUP from now on. Must be called inside a tokio runtime.
+    pub fn on_signals() -> std::io::Result<Self> {
+        let mut int = signal(SignalKind::interrupt())?;
+        let mut term = signal(SignalKind::terminate())?;
+        let mut hup = signal(SignalKind::hangup())?;
+        let (tx, rx) = watch::channel(None);
+        let flag = Arc::new(AtomicBool::new(false));
+        let set = flag.clone();
+        tokio::spawn(async move {
+            loop {
+                let got = tokio::select! {
+                    Some(()) = int.recv() => StopSignal::Interrupt,
+                    Some(()) = term.recv() => StopSignal::Terminate,
+                    Some(()) = hup.recv() => StopSignal::Hangup,
+                    else => return,
+                };
+                if let Some(first) = *tx.borrow() {
+                    tracing::warn!(
+                        signal = %got,
+                        first = %first,
+                        "demo: already stopping; the signal is ignored so that the cleanup completes"
+                    );
+                    continue;
+                }
+                // The signal first, then the flag: whoever sees the flag finds the signal.
+                tx.send_replace(Some(got));
+                set.store(true, Ordering::SeqCst);
+            }
+        });
+        Ok(Self { signal: rx, flag })
+    }
+
+    /// A stop no signal sets: for callers that leave signals at their default (the bench).
+    pub fn never() -> Self {
+        // The sender is dropped at once: `wait` then waits forever, `signal` stays `None`.
+        let (_, rx) = watch::channel(None);
+        Self {
+            signal: rx,
+            flag: Arc::new(AtomicBool::new(false)),
+        }
+    }
+
+    /// The first signal, if one came.
+    pub fn signal(&self) -> Option<StopSignal> {
+        *self.signal.borrow()
+    }
+
+    /// Waits for the first signal (returns at once if it came already).
+    pub async fn wait(&self) -> StopSignal {
+        let mut rx = self.signal.clone();
+        loop {
+            if let Some(s) = *rx.borrow_and_update() {
+                return s;
+            }
+            if rx.changed().await.is_err() {
+                // The sender is gone and never sent: no signal will come.
+                std::future::pending::<()>().await;
+            }
+        }
+    }
+
+    /// `Err(Interrupted)` once a signal came.
+    fn check(&self) -> Result<(), DemoError> {
+        self.signal()
+            .map_or(Ok(()), |s| Err(DemoError::Interrupted(s)))
+    }
+
+    /// Runs `fut` unless a signal comes first.
+    async fn guard<T>(&self, fut: impl Future<Output = T>) -> Result<T, DemoError> {
+        tokio::select! {
+            s = self.wait() => Err(DemoError::Interrupted(s)),
+            r = fut => Ok(r),
+        }
+    }
 }
 
 fn io(what: &'static str, path: &Path) -> impl FnOnce(std::io::Error) -> DemoError {
@@ -136,14 +277,27 @@ fn listening_ports(argv: &[String]) -> Vec<u16> {
         .collect()
 }
 
-/// Build the topology, start the daemons and the pods, and wait until all answer.
+/// Build the topology, start the daemons and the pods, and wait until all answer; signals are
+/// not watched (see [`up_until`]).
 pub async fn up(opts: &DemoOptions) -> Result<Running, DemoError> {
+    up_until(opts, &Stop::never()).await
+}
+
+/// Build the topology, start the daemons and the pods, and wait until all answer, unless `stop`
+/// fires first.
+///
+/// When `stop` fires first (checked between the steps, and while waiting for the daemons and
+/// the pods), or a step fails, everything made so far is taken down before the error
+/// ([`DemoError::Interrupted`] for a signal) is returned. Should the take-down itself fail, its
+/// error is returned instead (the original one is logged): what is left behind matters more.
+pub async fn up_until(opts: &DemoOptions, stop: &Stop) -> Result<Running, DemoError> {
     let run_dir = opts.run_dir.clone();
     let grace = Duration::from_secs(3);
     let stale = run_dir.clone();
     tokio::task::spawn_blocking(move || Lab::cleanup_stale(&stale, grace))
         .await
         .map_err(|e| io("clean up", &run_dir)(std::io::Error::other(e)))??;
+    stop.check()?;
     let registry = run_dir.join("registry");
     let _ = std::fs::remove_dir_all(&registry);
     copy_dir(&opts.registry, &registry)?;
@@ -160,58 +314,39 @@ pub async fn up(opts: &DemoOptions) -> Result<Running, DemoError> {
     let summary = planned.plan.render_summary();
     let ca_dir = run_dir.join("ca");
     crate::identity::Ca::load_or_create(&ca_dir)?;
+    stop.check()?;
     let plan = planned.plan.clone();
-    let up_opts = UpOptions::new(run_dir.clone());
-    let mut lab = tokio::task::spawn_blocking(move || Lab::up(plan, up_opts))
+    let mut up_opts = UpOptions::new(run_dir.clone());
+    up_opts.interrupt = stop.flag.clone();
+    // Not raced against `stop`: Lab::up polls the flag itself and removes what it made.
+    let built = tokio::task::spawn_blocking(move || Lab::up(plan, up_opts))
         .await
-        .map_err(|e| io("bring up", &run_dir)(std::io::Error::other(e)))??;
-    let mut sockets = Vec::new();
-    let mut argvs = std::collections::BTreeMap::new();
-    let nodes: Vec<String> = planned.plan.nodes.iter().map(|n| n.name.clone()).collect();
-    for node in &nodes {
-        let state = run_dir.join(format!("node-{node}"));
-        let mut argv: Vec<String> = ["aether", "node", "--node-name", node, "--registry"]
-            .iter()
-            .map(|s| (*s).to_owned())
-            .collect();
-        argv.push(registry.display().to_string());
-        argv.extend([
-            "--state-dir".to_owned(),
-            state.display().to_string(),
-            "--ca-dir".to_owned(),
-            ca_dir.display().to_string(),
-            "--mesh-domain".to_owned(),
-            opts.mesh_domain.clone(),
-            "--netns-prefix".to_owned(),
-            opts.netns_prefix.clone(),
-        ]);
-        argv.extend(opts.daemon_args.iter().cloned());
-        lab.start_daemon(node, &argv)?;
-        sockets.push((node.clone(), state.join("admin.sock")));
-        argvs.insert(node.clone(), (argv, state.join("admin.sock")));
-    }
-    for (node, sock) in &sockets {
-        wait_ready(sock, Duration::from_secs(30))
-            .await
-            .map_err(|detail| DemoError::NotReady {
-                node: node.clone(),
-                secs: 30,
-                detail,
-                log: run_dir.join("logs").join(format!("node-{node}.log")),
-            })?;
-    }
-    lab.start_pods()?;
-    for pod in &planned.plan.pods {
-        for port in listening_ports(&pod.argv) {
-            lab.wait_tcp(&pod.namespace, &pod.name, port, Duration::from_secs(10))
-                .await
-                .map_err(|e| DemoError::PodNotListening {
-                    pod: pod.name.clone(),
-                    port,
-                    detail: crate::DisplayChain(&e).to_string(),
-                })?;
+        .map_err(|e| io("bring up", &run_dir)(std::io::Error::other(e)))?;
+    let mut lab = match built {
+        Ok(lab) => lab,
+        Err(LabError::Interrupted) => {
+            stop.check()?;
+            return Err(LabError::Interrupted.into());
         }
-    }
+        Err(e) => return Err(e.into()),
+    };
+    let started = start(&mut lab, opts, &planned, stop).await;
+    let (sockets, argvs) = match started {
+        Ok(s) => s,
+        Err(e) => {
+            let run_dir = run_dir.clone();
+            let down = tokio::task::spawn_blocking(move || lab.down())
+                .await
+                .map_err(|j| io("take down", &run_dir)(std::io::Error::other(j)))
+                .and_then(|r| r.map_err(DemoError::from));
+            if let Err(down) = down {
+                let cause = crate::DisplayChain(&e);
+                tracing::error!(error = %cause, "demo: bringing the mesh up failed; then so did the cleanup");
+                return Err(down);
+            }
+            return Err(e);
+        }
+    };
     let mut clients = std::collections::BTreeMap::new();
     for pod in &planned.plan.pods {
         if (pod.name.starts_with("mp-client")
@@ -245,6 +380,74 @@ pub async fn up(opts: &DemoOptions) -> Result<Running, DemoError> {
         summary,
         netns_prefix: opts.netns_prefix.clone(),
     })
+}
+
+/// A node's admin socket, per node.
+type Sockets = Vec<(String, PathBuf)>;
+/// A node's daemon command line and admin socket, per node (for restarts).
+type Argvs = std::collections::BTreeMap<String, (Vec<String>, PathBuf)>;
+
+/// Starts the daemons, waits for their `/ready`, starts the pods and waits until they listen;
+/// each wait gives way to `stop`.
+async fn start(
+    lab: &mut Lab,
+    opts: &DemoOptions,
+    planned: &crate::lab::PlannedDir,
+    stop: &Stop,
+) -> Result<(Sockets, Argvs), DemoError> {
+    let run_dir = &opts.run_dir;
+    let registry = run_dir.join("registry");
+    let ca_dir = run_dir.join("ca");
+    let mut sockets = Vec::new();
+    let mut argvs = std::collections::BTreeMap::new();
+    let nodes: Vec<String> = planned.plan.nodes.iter().map(|n| n.name.clone()).collect();
+    for node in &nodes {
+        stop.check()?;
+        let state = run_dir.join(format!("node-{node}"));
+        let mut argv: Vec<String> = ["aether", "node", "--node-name", node, "--registry"]
+            .iter()
+            .map(|s| (*s).to_owned())
+            .collect();
+        argv.push(registry.display().to_string());
+        argv.extend([
+            "--state-dir".to_owned(),
+            state.display().to_string(),
+            "--ca-dir".to_owned(),
+            ca_dir.display().to_string(),
+            "--mesh-domain".to_owned(),
+            opts.mesh_domain.clone(),
+            "--netns-prefix".to_owned(),
+            opts.netns_prefix.clone(),
+        ]);
+        argv.extend(opts.daemon_args.iter().cloned());
+        lab.start_daemon(node, &argv)?;
+        sockets.push((node.clone(), state.join("admin.sock")));
+        argvs.insert(node.clone(), (argv, state.join("admin.sock")));
+    }
+    for (node, sock) in &sockets {
+        stop.guard(wait_ready(sock, Duration::from_secs(30)))
+            .await?
+            .map_err(|detail| DemoError::NotReady {
+                node: node.clone(),
+                secs: 30,
+                detail,
+                log: run_dir.join("logs").join(format!("node-{node}.log")),
+            })?;
+    }
+    stop.check()?;
+    lab.start_pods()?;
+    for pod in &planned.plan.pods {
+        for port in listening_ports(&pod.argv) {
+            stop.guard(lab.wait_tcp(&pod.namespace, &pod.name, port, Duration::from_secs(10)))
+                .await?
+                .map_err(|e| DemoError::PodNotListening {
+                    pod: pod.name.clone(),
+                    port,
+                    detail: crate::DisplayChain(&e).to_string(),
+                })?;
+        }
+    }
+    Ok((sockets, argvs))
 }
 
 /// Poll a daemon's `/ready` until it answers 200, at most `bound`; the last answer otherwise.

@@ -29,7 +29,8 @@ enum Command {
     /// The node daemon: capture, the data plane and the mesh hop for this node's pods.
     Node(Box<NodeArgs>),
     /// A whole mesh on this machine (root): pods as network namespaces, two daemons, the
-    /// legs of spec/legs.md run through it; then it stays up until Ctrl-C and cleans up.
+    /// legs of spec/legs.md run through it; then it stays up until Ctrl-C,
+    /// SIGTERM or SIGHUP, and cleans up (on those signals in every phase).
     Demo(DemoArgs),
 }
 
@@ -700,53 +701,88 @@ fn run_demo(args: &DemoArgs) -> anyhow::Result<ExitCode> {
         .build()
         .context("start the runtime")?;
     runtime.block_on(async {
+        // Before anything is made: from here on SIGINT, SIGTERM and SIGHUP end in the cleanup.
+        let stop = aether::demo::Stop::on_signals().context("install the signal handlers")?;
         println!(
             "aether demo: building the topology from {}",
             opts.registry.display()
         );
-        let running = aether::demo::up(&opts).await?;
+        let running = match aether::demo::up_until(&opts, &stop).await {
+            Ok(running) => running,
+            Err(aether::demo::DemoError::Interrupted(signal)) => {
+                say(format_args!(
+                    "Stopped by {signal} while building; removed everything the demo made under {}.",
+                    opts.run_dir.display()
+                ));
+                return anyhow::Ok(signal_exit(signal));
+            }
+            Err(e) => return Err(e.into()),
+        };
         println!("{}", running.summary);
         let results = if args.no_legs {
             println!(
-                "\nThe mesh is up (no legs run).\n{}",
+                "\nThe mesh is up (no legs run). It stays up until Ctrl-C or SIGTERM.\n{}",
                 aether::demo::try_these(&running)
             );
-            let _ = tokio::signal::ctrl_c().await;
+            stop.wait().await;
             None
         } else {
             println!("Running the legs of spec/legs.md through real sockets...");
             tokio::select! {
                 r = aether::demo::run_legs(&running, &opts.legs) => Some(r),
-                _ = tokio::signal::ctrl_c() => None,
+                _ = stop.wait() => None,
             }
         };
         let mut code = ExitCode::SUCCESS;
-        if let Some(results) = &results {
-            print!("{}", aether::legs::table(results));
-            if let Some(path) = &args.json {
-                std::fs::write(path, serde_json::to_string_pretty(results)?)
-                    .with_context(|| format!("write {}", path.display()))?;
+        match &results {
+            Some(results) => {
+                print!("{}", aether::legs::table(results));
+                if let Some(path) = &args.json {
+                    std::fs::write(path, serde_json::to_string_pretty(results)?)
+                        .with_context(|| format!("write {}", path.display()))?;
+                }
+                if results.iter().any(|r| !r.ok) {
+                    code = ExitCode::from(1);
+                }
+                if !args.check {
+                    println!(
+                        "\nThe mesh stays up until Ctrl-C or SIGTERM.\n{}",
+                        aether::demo::try_these(&running)
+                    );
+                    stop.wait().await;
+                }
             }
-            if results.iter().any(|r| !r.ok) {
-                code = ExitCode::from(1);
-            }
-            if !args.check {
-                println!(
-                    "\nThe mesh stays up until Ctrl-C.\n{}",
-                    aether::demo::try_these(&running)
-                );
-                let _ = tokio::signal::ctrl_c().await;
+            // Staying up is what --no-legs asked for: a signal is its normal end.
+            None if args.no_legs => {}
+            // The legs were cut short: the run did not finish.
+            None => {
+                if let Some(signal) = stop.signal() {
+                    say(format_args!("Stopped by {signal} while running the legs."));
+                    code = signal_exit(signal);
+                }
             }
         }
-        println!("Cleaning up...");
+        say(format_args!("Cleaning up..."));
         let run_dir = opts.run_dir.clone();
         running.down().await?;
-        println!(
+        say(format_args!(
             "Removed everything the demo made under {}.",
             run_dir.display()
-        );
+        ));
         anyhow::Ok(code)
     })
+}
+
+/// The shell's convention for a run a signal ended: 128 plus the signal's number.
+fn signal_exit(signal: aether::demo::StopSignal) -> ExitCode {
+    ExitCode::from(u8::try_from(128 + signal.number()).unwrap_or(u8::MAX))
+}
+
+/// A line on stdout that cannot fail: after SIGHUP the terminal may be gone, and `println!`
+/// would panic halfway through the cleanup.
+fn say(line: std::fmt::Arguments<'_>) {
+    use std::io::Write as _;
+    let _ = writeln!(std::io::stdout(), "{line}");
 }
 
 fn main() -> ExitCode {

@@ -14,7 +14,10 @@
 //!   `eth0` (the pod IP with a /24 mask but no on-link subnet route, so every packet, to a pod of
 //!   the same node too, is routed by the node and passes its kube-proxy rules and conntrack);
 //! - the same kube-proxy stand-in ruleset in every node namespace: a user Service's ClusterIP
-//!   ports are DNATed to the Ready pods its EndpointSlices list; a generated Service gets no rule.
+//!   ports are DNATed to the Ready pods its EndpointSlices list; a generated Service gets no rule;
+//!   a pod that reaches its own Service and is chosen as the endpoint (hairpin) is masqueraded to
+//!   the node's bridge address, and every pod's bridge port is in hairpin mode (see
+//!   [`LabPlan::render_kube_proxy`] and [`crate::lab::run`]).
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::net::{IpAddr, Ipv4Addr, SocketAddrV4};
@@ -44,6 +47,10 @@ pub const UNDERLAY_SUBNET: &str = "192.168.244.0/24";
 pub const MESH_DNS: Ipv4Addr = Ipv4Addr::new(127, 0, 0, 53);
 /// The argv\[0\] that [`LabOptions::binary`] replaces.
 pub const AETHER_ARGV0: &str = "aether";
+/// The packet-mark bit with which the kube-proxy stand-in marks hairpin traffic for masquerade
+/// (kube-proxy's default, `--masquerade-bit=14`). It is set and cleared in the node namespaces
+/// only, and shares no bit with the daemon's [`crate::marks`].
+pub const MASQUERADE_MARK: u32 = 0x4000;
 /// Linux's limit on an interface name, in bytes.
 pub const IFNAME_MAX: usize = 15;
 

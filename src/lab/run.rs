@@ -19,6 +19,7 @@ use std::os::unix::process::CommandExt as _;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, ExitStatus, Stdio};
 use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use nix::sys::signal::{Signal, kill};
@@ -50,15 +51,21 @@ pub struct UpOptions {
     pub stop_grace: Duration,
     /// Variables added to every pod command's environment (after the manifest's), e.g. `RUST_LOG`.
     pub extra_pod_env: Vec<(String, String)>,
+    /// Set from elsewhere (a signal handler) to make [`Lab::up`] stop building: it removes what
+    /// it made and returns [`LabError::Interrupted`]. Checked before every namespace, every pod
+    /// and the ruleset.
+    pub interrupt: Arc<AtomicBool>,
 }
 
 impl UpOptions {
-    /// Options with the run directory `run_dir`, a 3 s stop grace and no extra environment.
+    /// Options with the run directory `run_dir`, a 3 s stop grace, no extra environment and an
+    /// interrupt flag nobody else holds.
     pub fn new(run_dir: impl Into<PathBuf>) -> Self {
         Self {
             run_dir: run_dir.into(),
             stop_grace: Duration::from_secs(3),
             extra_pod_env: Vec::new(),
+            interrupt: Arc::new(AtomicBool::new(false)),
         }
     }
 }
@@ -140,6 +147,9 @@ pub enum LabError {
     /// Entering a namespace failed.
     #[error(transparent)]
     Netns(#[from] NetnsError),
+    /// [`UpOptions::interrupt`] was set while the lab was being built; what was made is removed.
+    #[error("interrupted while building the lab")]
+    Interrupted,
     /// A port did not accept in time.
     #[error("{addr} in pod {namespace}/{pod} did not accept a connection within {timeout:?}")]
     Timeout {
@@ -276,8 +286,9 @@ impl Lab {
     /// Creates everything `plan` says, records it under `opts.run_dir`, and returns the lab.
     ///
     /// Refuses to start when a namespace or `/etc/netns` entry it would create exists already,
-    /// or when the run directory records a run that was not taken down. On an error halfway, what
-    /// was made is removed before the error is returned.
+    /// or when the run directory records a run that was not taken down. On an error halfway, or
+    /// when [`UpOptions::interrupt`] is set, what was made is removed before the error is
+    /// returned.
     pub fn up(plan: LabPlan, opts: UpOptions) -> Result<Self, LabError> {
         let logs = opts.run_dir.join("logs");
         fs::create_dir_all(&logs).map_err(io_err(&logs))?;
@@ -346,7 +357,16 @@ impl Lab {
         fs::rename(&tmp, &path).map_err(io_err(&path))
     }
 
+    fn check_interrupt(&self) -> Result<(), LabError> {
+        if self.opts.interrupt.load(Ordering::SeqCst) {
+            Err(LabError::Interrupted)
+        } else {
+            Ok(())
+        }
+    }
+
     fn add_netns(&mut self, name: &str) -> Result<(), LabError> {
+        self.check_interrupt()?;
         ip(&["netns", "add", name])?;
         self.state.namespaces.push(name.to_owned());
         self.save()?;
@@ -398,6 +418,7 @@ impl Lab {
         }
 
         for pod in &plan.pods {
+            self.check_interrupt()?;
             let node = plan
                 .node(&pod.node)
                 .ok_or_else(|| LabError::UnknownNode(pod.node.clone()))?;
@@ -407,6 +428,13 @@ impl Lab {
                 "-n {nns} link add {hif} type veth peer name {POD_IF} netns {pns}"
             ))?;
             ip_line(&format!("-n {nns} link set {hif} master {NODE_BRIDGE} up"))?;
+            // Hairpin mode, as the CNI bridge plugin's `hairpinMode` and kubelet's hairpin-veth
+            // set it: where br_netfilter hands the bridge's traffic to the node's nftables
+            // (`net.bridge.bridge-nf-call-iptables=1`), a frame DNATed back to the pod that
+            // sent it is bridged, not routed, and must leave by the port it came in on.
+            ip_line(&format!(
+                "-n {nns} link set dev {hif} type bridge_slave hairpin on"
+            ))?;
             // The /24 mask without its on-link route: every packet goes through the node.
             let (addr, len, gw) = (pod.ip, node.pod_subnet.prefix_len(), pod.gateway);
             ip_line(&format!(
@@ -425,6 +453,7 @@ impl Lab {
                 .insert((pod.namespace.clone(), pod.name.clone()), handle);
         }
 
+        self.check_interrupt()?;
         let rules = self.opts.run_dir.join("kubeproxy.nft");
         fs::write(&rules, plan.render_kube_proxy()).map_err(io_err(&rules))?;
         for node in &plan.nodes {

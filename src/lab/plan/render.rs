@@ -4,7 +4,7 @@ use std::collections::BTreeSet;
 use std::fmt::Write as _;
 use std::net::SocketAddrV4;
 
-use crate::lab::plan::{LabPlan, key};
+use crate::lab::plan::{LabPlan, MASQUERADE_MARK, key};
 use crate::model::port::Transport;
 
 impl LabPlan {
@@ -18,6 +18,13 @@ impl LabPlan {
     /// Per front port a chain picks one endpoint at random (`numgen random mod N vmap`) and
     /// jumps to that endpoint's chain, which DNATs; a Service without Ready endpoints gets no
     /// rule. The file first declares and deletes the table, so applying it twice replaces it.
+    ///
+    /// Hairpin traffic (a pod reaching its own Service and being chosen as the endpoint) is
+    /// masqueraded as kube-proxy does it: the endpoint chain marks a packet whose source is that
+    /// endpoint with [`MASQUERADE_MARK`], and the postrouting chain `masquerading` clears the
+    /// bit and SNATs the packet to the node's bridge address. Without it the pod would get a
+    /// packet from its own address (dropped as a martian) and could not answer through the node,
+    /// where the DNAT is undone. Other clients keep their source address.
     pub fn render_kube_proxy(&self) -> String {
         let table = self.kube_proxy_table();
         let mut out = String::new();
@@ -68,9 +75,23 @@ impl LabPlan {
         }
         for (ep, proto) in &endpoint_chains {
             let _ = writeln!(out, "\tchain {} {{", endpoint_chain(*ep, proto));
+            let _ = writeln!(out, "\t\tip saddr {} jump mark-for-masquerade", ep.ip());
             let _ = writeln!(out, "\t\tmeta l4proto {proto} dnat to {ep}");
             let _ = writeln!(out, "\t}}");
         }
+        let mark = format!("{MASQUERADE_MARK:#010x}");
+        let _ = writeln!(out, "\tchain mark-for-masquerade {{");
+        let _ = writeln!(out, "\t\tmeta mark set meta mark | {mark}");
+        let _ = writeln!(out, "\t}}");
+        let _ = writeln!(out, "\tchain masquerading {{");
+        let _ = writeln!(
+            out,
+            "\t\ttype nat hook postrouting priority 100; policy accept;"
+        );
+        let _ = writeln!(out, "\t\tmeta mark & {mark} == 0 return");
+        let _ = writeln!(out, "\t\tmeta mark set meta mark ^ {mark}");
+        let _ = writeln!(out, "\t\tmasquerade");
+        let _ = writeln!(out, "\t}}");
         let _ = writeln!(out, "\tchain services {{");
         for line in &dispatch {
             let _ = writeln!(out, "{line}");

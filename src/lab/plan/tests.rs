@@ -388,3 +388,59 @@ fn named_target_ports_resolve_per_pod_udp_ports_get_rules_and_unready_pods_are_l
     assert!(text.contains("meta l4proto udp dnat to 10.244.2.5:5353"));
     assert!(!text.contains("10.244.1.6"));
 }
+
+#[test]
+fn a_pod_reaching_its_own_service_is_marked_before_the_dnat_and_masqueraded_after_it() {
+    // tests/fixtures/lab-hairpin: hp-echo's only endpoint is hp-echo-0, which also dials it.
+    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/lab-hairpin");
+    let opts = LabOptions {
+        prefix: "hp".to_owned(),
+        ..opts()
+    };
+    let plan = plan_dir(&dir, DEFAULT_SERVICE_CIDR.parse().unwrap(), &opts)
+        .unwrap()
+        .plan;
+    let want = "\
+# kube-proxy stand-in of the aether lab (user Services only).
+table ip hp-kubeproxy
+delete table ip hp-kubeproxy
+table ip hp-kubeproxy {
+\tchain svc-hp-hp-echo-tcp-80 {
+\t\tgoto ep-10-244-9-10-8080-tcp
+\t}
+\tchain ep-10-244-9-10-8080-tcp {
+\t\tip saddr 10.244.9.10 jump mark-for-masquerade
+\t\tmeta l4proto tcp dnat to 10.244.9.10:8080
+\t}
+\tchain mark-for-masquerade {
+\t\tmeta mark set meta mark | 0x00004000
+\t}
+\tchain masquerading {
+\t\ttype nat hook postrouting priority 100; policy accept;
+\t\tmeta mark & 0x00004000 == 0 return
+\t\tmeta mark set meta mark ^ 0x00004000
+\t\tmasquerade
+\t}
+\tchain services {
+\t\tip daddr 10.96.90.10 tcp dport 80 goto svc-hp-hp-echo-tcp-80
+\t}
+\tchain prerouting {
+\t\ttype nat hook prerouting priority -100; policy accept;
+\t\tjump services
+\t}
+\tchain output {
+\t\ttype nat hook output priority -100; policy accept;
+\t\tjump services
+\t}
+}
+";
+    assert_eq!(plan.render_kube_proxy(), want);
+}
+
+#[test]
+fn the_masquerade_bit_is_none_of_the_daemons_marks() {
+    for mark in [crate::marks::SOCKET_MARK, crate::marks::TPROXY_MARK] {
+        assert_eq!(mark & MASQUERADE_MARK, 0, "{mark:#010x}");
+    }
+    assert_eq!(MASQUERADE_MARK.count_ones(), 1);
+}

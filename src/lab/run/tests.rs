@@ -302,3 +302,40 @@ fn started_processes_see_their_env_and_resolv_conf_and_are_stopped_by_down_or_st
     assert!(gone(&names));
     fs::remove_dir_all(&base).unwrap();
 }
+
+#[test]
+fn an_interrupted_build_returns_interrupted_and_leaves_nothing_not_even_its_state_file() {
+    if skip(
+        "lab::run::tests::an_interrupted_build_returns_interrupted_and_leaves_nothing_not_even_its_state_file",
+    ) {
+        return;
+    }
+    let base = std::env::temp_dir().join("aether-lab-test-wt-lab-interrupt");
+    let manifests = base.join("manifests");
+    let run_dir = base.join("run");
+    Lab::cleanup_stale(&run_dir, Duration::from_secs(1)).unwrap();
+    fs::create_dir_all(&manifests).unwrap();
+    fs::write(manifests.join("pods.yaml"), TWO_PODS).unwrap();
+    let opts = LabOptions {
+        prefix: "aeli".to_owned(),
+        pod_netns_prefix: "aeli-".to_owned(),
+        ..LabOptions::default()
+    };
+    let plan = plan_dir(&manifests, DEFAULT_SERVICE_CIDR.parse().unwrap(), &opts)
+        .unwrap()
+        .plan;
+    let up = UpOptions::new(&run_dir);
+    up.interrupt.store(true, Ordering::SeqCst);
+    let err = Lab::up(plan.clone(), up).unwrap_err();
+    assert!(matches!(err, LabError::Interrupted), "{err}");
+    for name in ["aeli-underlay", "aeli-n1", "aeli-one"] {
+        assert!(!Path::new(NETNS_DIR).join(name).exists(), "{name}");
+    }
+    // Nothing is left to clean, so the next run starts.
+    assert!(!run_dir.join(STATE_FILE).exists());
+    Lab::up(plan, UpOptions::new(&run_dir))
+        .unwrap()
+        .down()
+        .unwrap();
+    fs::remove_dir_all(&base).unwrap();
+}
