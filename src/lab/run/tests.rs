@@ -5,7 +5,7 @@
 use std::collections::BTreeSet;
 use std::io::{Read as _, Write as _};
 use std::net::{IpAddr, Ipv4Addr, SocketAddr, TcpListener, TcpStream};
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::thread::JoinHandle;
@@ -216,6 +216,23 @@ spec: {nodeName: n2, containers: [{name: app, image: x}]}
 status: {podIP: 10.244.8.5}
 "#;
 
+/// A scratch directory holding [`TWO_PODS`], its run directory (anything a killed earlier run
+/// left there cleaned up), and lab options with node and pod namespaces under `prefix`.
+fn two_pod_lab(tag: &str, prefix: &str) -> (PathBuf, PathBuf, PathBuf, LabOptions) {
+    let base = std::env::temp_dir().join(format!("aether-lab-test-{tag}"));
+    let manifests = base.join("manifests");
+    let run_dir = base.join("run");
+    Lab::cleanup_stale(&run_dir, Duration::from_secs(1)).unwrap();
+    fs::create_dir_all(&manifests).unwrap();
+    fs::write(manifests.join("pods.yaml"), TWO_PODS).unwrap();
+    let opts = LabOptions {
+        prefix: prefix.to_owned(),
+        pod_netns_prefix: format!("{prefix}-"),
+        ..LabOptions::default()
+    };
+    (base, manifests, run_dir, opts)
+}
+
 #[test]
 fn started_processes_see_their_env_and_resolv_conf_and_are_stopped_by_down_or_stale_cleanup() {
     if skip(
@@ -223,17 +240,7 @@ fn started_processes_see_their_env_and_resolv_conf_and_are_stopped_by_down_or_st
     ) {
         return;
     }
-    let base = std::env::temp_dir().join("aether-lab-test-wt-lab-procs");
-    let manifests = base.join("manifests");
-    let run_dir = base.join("run");
-    Lab::cleanup_stale(&run_dir, Duration::from_secs(1)).unwrap();
-    fs::create_dir_all(&manifests).unwrap();
-    fs::write(manifests.join("pods.yaml"), TWO_PODS).unwrap();
-    let opts = LabOptions {
-        prefix: "aelu".to_owned(),
-        pod_netns_prefix: "aelu-".to_owned(),
-        ..LabOptions::default()
-    };
+    let (base, manifests, run_dir, opts) = two_pod_lab("procs", "aelu");
     let plan = || {
         plan_dir(&manifests, DEFAULT_SERVICE_CIDR.parse().unwrap(), &opts)
             .unwrap()
@@ -310,17 +317,7 @@ fn an_interrupted_build_returns_interrupted_and_leaves_nothing_not_even_its_stat
     ) {
         return;
     }
-    let base = std::env::temp_dir().join("aether-lab-test-wt-lab-interrupt");
-    let manifests = base.join("manifests");
-    let run_dir = base.join("run");
-    Lab::cleanup_stale(&run_dir, Duration::from_secs(1)).unwrap();
-    fs::create_dir_all(&manifests).unwrap();
-    fs::write(manifests.join("pods.yaml"), TWO_PODS).unwrap();
-    let opts = LabOptions {
-        prefix: "aeli".to_owned(),
-        pod_netns_prefix: "aeli-".to_owned(),
-        ..LabOptions::default()
-    };
+    let (base, manifests, run_dir, opts) = two_pod_lab("interrupt", "aeli");
     let plan = plan_dir(&manifests, DEFAULT_SERVICE_CIDR.parse().unwrap(), &opts)
         .unwrap()
         .plan;
