@@ -104,6 +104,15 @@ struct NodeArgs {
     /// Quiet time after a registry change before recompiling, in milliseconds.
     #[arg(long, env = "AETHER_WATCH_DEBOUNCE_MS")]
     watch_debounce_ms: Option<u64>,
+    /// Connections open at once through the daemon.
+    #[arg(long, env = "AETHER_MAX_CONNECTIONS")]
+    max_connections: Option<usize>,
+    /// Connections open at once for one pod.
+    #[arg(long, env = "AETHER_MAX_CONNECTIONS_PER_POD")]
+    max_connections_per_pod: Option<usize>,
+    /// The mesh hop's TLS handshake bound, in milliseconds.
+    #[arg(long, env = "AETHER_HANDSHAKE_TIMEOUT_MS")]
+    handshake_timeout_ms: Option<u64>,
 }
 
 #[derive(Debug, clap::Args)]
@@ -641,7 +650,10 @@ fn node_config(args: &NodeArgs) -> anyhow::Result<aether::node::NodeConfig> {
         dns_upstreams,
         dns_kubernetes_names,
         cert_lifetime_hours,
-        watch_debounce_ms
+        watch_debounce_ms,
+        max_connections,
+        max_connections_per_pod,
+        handshake_timeout_ms
     );
     macro_rules! set_opt {
         ($($field:ident),*) => {$(

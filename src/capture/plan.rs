@@ -338,6 +338,12 @@ impl CapturePlan {
                 ),
             ],
         )];
+        out.push((
+            format!(
+                "unmarked TCP to {CAPTURE_PORT} was not sent by these rules: refused (§12.5 item 4)"
+            ),
+            vec![format!("tcp dport {CAPTURE_PORT} reject with tcp reset")],
+        ));
         if self.pod.udp {
             out.push((
                 format!("marked UDP goes to the transparent UDP listener on {LEGACY_PORT}"),

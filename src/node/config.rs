@@ -71,6 +71,14 @@ pub struct NodeConfig {
     pub log_format: LogFormat,
     /// Log filter (tracing-subscriber `EnvFilter` syntax).
     pub log_level: String,
+    /// Connections open at once through the daemon (captured, loopback, inbound hop); above
+    /// it a new connection is closed at accept and counted.
+    pub max_connections: usize,
+    /// Connections open at once for one pod; above it a new connection of that pod is closed
+    /// at accept and counted.
+    pub max_connections_per_pod: usize,
+    /// The mesh hop's TLS handshake bound, either side, in milliseconds.
+    pub handshake_timeout_ms: u64,
 }
 
 impl Default for NodeConfig {
@@ -97,6 +105,9 @@ impl Default for NodeConfig {
             watch_debounce_ms: 200,
             log_format: LogFormat::Text,
             log_level: "info".into(),
+            max_connections: 100_000,
+            max_connections_per_pod: 20_000,
+            handshake_timeout_ms: 10_000,
         }
     }
 }
@@ -167,6 +178,21 @@ impl NodeConfig {
                 return Err(ConfigError::Invalid {
                     setting,
                     message: format!("{value:?} is not a domain"),
+                });
+            }
+        }
+        for (setting, value) in [
+            ("max_connections", self.max_connections),
+            ("max_connections_per_pod", self.max_connections_per_pod),
+            (
+                "handshake_timeout_ms",
+                usize::try_from(self.handshake_timeout_ms).unwrap_or(usize::MAX),
+            ),
+        ] {
+            if value == 0 {
+                return Err(ConfigError::Invalid {
+                    setting,
+                    message: "must be at least 1".into(),
                 });
             }
         }

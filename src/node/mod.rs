@@ -177,6 +177,9 @@ pub async fn run(config: NodeConfig) -> Result<(), NodeError> {
         settings: ProxySettings {
             mesh_domain: config.mesh_domain.clone(),
             trust_domain: config.trust_domain.clone(),
+            max_connections: config.max_connections,
+            max_connections_per_pod: config.max_connections_per_pod,
+            handshake_timeout: Duration::from_millis(config.handshake_timeout_ms),
             ..ProxySettings::default()
         },
         pool: crate::proxy::hop::Pool::default(),

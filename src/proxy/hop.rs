@@ -60,6 +60,12 @@ pub enum HopError {
         #[source]
         source: std::io::Error,
     },
+    /// The TLS handshake took too long.
+    #[error("tls handshake with {dst} timed out")]
+    HandshakeTimeout {
+        /// The hop address.
+        dst: SocketAddr,
+    },
     /// HTTP/2 over the hop failed.
     #[error("http/2 to {dst}")]
     Http {
@@ -115,10 +121,13 @@ pub async fn connect(
     let config = inputs
         .tls
         .client(&pod.namespace, &pod.service_account, alpn);
-    TlsConnector::from(config)
-        .connect(name, tcp)
-        .await
-        .map_err(|source| HopError::Handshake { dst, source })
+    tokio::time::timeout(
+        inputs.settings.handshake_timeout,
+        TlsConnector::from(config).connect(name, tcp),
+    )
+    .await
+    .map_err(|_| HopError::HandshakeTimeout { dst })?
+    .map_err(|source| HopError::Handshake { dst, source })
 }
 
 /// The request as sent over the HTTP/2 hop: an absolute URI (`http://<authority><path>`) so

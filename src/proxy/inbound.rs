@@ -48,6 +48,9 @@ pub async fn serve_inbound(inputs: Arc<Inputs>, pod: Arc<PodCtx>, listener: TcpL
                 continue;
             }
         };
+        let Some(active) = super::Active::admit(&inputs, &pod) else {
+            continue;
+        };
         // Small TLS records must not wait for the peer's delayed ACK (Nagle).
         let _ = tcp.set_nodelay(true);
         let local = tcp.local_addr().ok();
@@ -58,6 +61,7 @@ pub async fn serve_inbound(inputs: Arc<Inputs>, pod: Arc<PodCtx>, listener: TcpL
                 let connection = inbound_connection(inputs, pod.clone(), tcp, peer_addr, local);
                 pod.until_retired(connection).await;
             }
+            drop(active);
         });
     }
 }
@@ -69,11 +73,21 @@ async fn inbound_connection(
     peer_addr: SocketAddr,
     local: SocketAddr,
 ) {
-    let _active = super::Active::new(&inputs.stats);
+    // One deadline for the whole handshake: a peer that sends nothing, or drips its
+    // ClientHello, is closed when it passes (model.md §12.5 item 4: the hop accepts only TLS).
+    let deadline = tokio::time::Instant::now() + inputs.settings.handshake_timeout;
     let acceptor = LazyConfigAcceptor::new(rustls::server::Acceptor::default(), tcp);
-    let Ok(start) = acceptor.await else {
-        count(&inputs.stats.hop_refused);
-        return;
+    let start = match tokio::time::timeout_at(deadline, acceptor).await {
+        Ok(Ok(start)) => start,
+        Ok(Err(_)) => {
+            count(&inputs.stats.hop_refused);
+            return;
+        }
+        Err(_) => {
+            count(&inputs.stats.handshake_timeouts);
+            count(&inputs.stats.hop_refused);
+            return;
+        }
     };
     let hello = start.client_hello();
     let sni = hello.server_name().map(str::to_owned);
@@ -100,9 +114,17 @@ async fn inbound_connection(
         count(&inputs.stats.hop_refused);
         return;
     };
-    let Ok(tls) = start.into_stream(config).await else {
-        count(&inputs.stats.hop_refused);
-        return;
+    let tls = match tokio::time::timeout_at(deadline, start.into_stream(config)).await {
+        Ok(Ok(tls)) => tls,
+        Ok(Err(_)) => {
+            count(&inputs.stats.hop_refused);
+            return;
+        }
+        Err(_) => {
+            count(&inputs.stats.handshake_timeouts);
+            count(&inputs.stats.hop_refused);
+            return;
+        }
     };
     let Some(peer) = tls
         .get_ref()

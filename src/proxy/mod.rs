@@ -14,6 +14,7 @@ pub mod http;
 pub mod inbound;
 pub mod mesh_call;
 pub mod outbound;
+pub mod peek;
 pub mod respond;
 pub mod sniff;
 pub mod socket;
@@ -21,6 +22,7 @@ pub mod udp;
 pub mod upgrade;
 
 use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
 use bytes::Bytes;
@@ -105,6 +107,15 @@ pub struct ProxySettings {
     pub max_header_bytes: usize,
     /// Idle UDP flows are forgotten after this long.
     pub udp_idle: Duration,
+    /// Connections open at once through this daemon (captured, loopback and inbound hop
+    /// together); a connection above it is closed at accept and counted.
+    pub max_connections: usize,
+    /// Connections open at once for one pod (its captured and loopback connections, and the
+    /// inbound hops to it); a connection above it is closed at accept and counted.
+    pub max_connections_per_pod: usize,
+    /// The TLS handshake of the mesh hop, either side: a peer that does not finish it in this
+    /// long is closed (and counted).
+    pub handshake_timeout: Duration,
 }
 
 impl Default for ProxySettings {
@@ -117,6 +128,9 @@ impl Default for ProxySettings {
             connect_timeout: Duration::from_secs(5),
             max_header_bytes: 64 * 1024,
             udp_idle: Duration::from_secs(60),
+            max_connections: 100_000,
+            max_connections_per_pod: 20_000,
+            handshake_timeout: Duration::from_secs(10),
         }
     }
 }
@@ -168,6 +182,14 @@ pub struct Stats {
     pub upgrades: Counter,
     /// Connections open now (capture, loopback, inbound hop).
     pub active: Gauge,
+    /// Connections closed at accept because a connection limit was reached
+    /// ([`ProxySettings::max_connections`], [`ProxySettings::max_connections_per_pod`]).
+    pub over_limit: Counter,
+    /// Mesh hop TLS handshakes that did not finish within [`ProxySettings::handshake_timeout`].
+    pub handshake_timeouts: Counter,
+    /// Captured connections closed because they dialled a reserved port of the daemon
+    /// (a direct connection to the capture listener, model.md §12.5 item 4).
+    pub reserved_dials: Counter,
 }
 
 impl Stats {
@@ -221,6 +243,21 @@ impl Stats {
                 &self.mirror_skipped,
             ),
             (
+                "aether_connections_over_limit",
+                "Connections closed at accept: a connection limit was reached",
+                &self.over_limit,
+            ),
+            (
+                "aether_hop_handshake_timeouts",
+                "Mesh hop TLS handshakes that did not finish in time",
+                &self.handshake_timeouts,
+            ),
+            (
+                "aether_reserved_port_dials",
+                "Captured connections closed: they dialled a reserved port of the daemon",
+                &self.reserved_dials,
+            ),
+            (
                 "aether_upgrades",
                 "Upgraded connections spliced after 101 Switching Protocols",
                 &self.upgrades,
@@ -247,21 +284,42 @@ pub fn count(c: &Counter) {
     c.inc();
 }
 
-/// Counts one open connection for as long as it lives.
+/// One admitted connection, counted against the daemon's and its pod's limits for as long as
+/// it lives ([`ProxySettings::max_connections`], [`ProxySettings::max_connections_per_pod`]).
 #[derive(Debug)]
-pub struct Active(Gauge);
+pub struct Active {
+    daemon: Gauge,
+    pod: Arc<PodCtx>,
+}
 
 impl Active {
-    /// Start counting.
-    pub fn new(stats: &Stats) -> Self {
-        stats.active.inc();
-        Self(stats.active.clone())
+    /// Admit one more connection of `pod`, or `None` (counted) when a limit is reached: the
+    /// caller closes the connection and keeps serving the ones already open.
+    pub fn admit(inputs: &Inputs, pod: &Arc<PodCtx>) -> Option<Self> {
+        let settings = &inputs.settings;
+        let mine = pod.open.fetch_add(1, Ordering::AcqRel);
+        let all = inputs.stats.active.inc();
+        let over_pod = mine >= settings.max_connections_per_pod;
+        let over_daemon = usize::try_from(all).unwrap_or(usize::MAX) >= settings.max_connections;
+        let active = Self {
+            daemon: inputs.stats.active.clone(),
+            pod: pod.clone(),
+        };
+        if over_pod || over_daemon {
+            drop(active);
+            count(&inputs.stats.over_limit);
+            // Counted, not logged per connection: a flood must not become a log flood.
+            tracing::debug!(pod = %pod.name, over_pod, over_daemon, "connection limit reached: closed at accept");
+            return None;
+        }
+        Some(active)
     }
 }
 
 impl Drop for Active {
     fn drop(&mut self) {
-        self.0.dec();
+        self.daemon.dec();
+        self.pod.open.fetch_sub(1, Ordering::AcqRel);
     }
 }
 
@@ -282,6 +340,8 @@ pub struct PodCtx {
     caller: Caller,
     /// Set once the pod is no longer served ([`PodCtx::retire`]).
     retired: tokio::sync::watch::Sender<bool>,
+    /// Its connections open now ([`Active`]).
+    open: AtomicUsize,
 }
 
 impl PodCtx {
@@ -307,6 +367,7 @@ impl PodCtx {
             capture,
             caller,
             retired: tokio::sync::watch::Sender::new(false),
+            open: AtomicUsize::new(0),
         }
     }
 
@@ -324,6 +385,11 @@ impl PodCtx {
     /// The pod is no longer served: end every connection run by [`PodCtx::until_retired`].
     pub fn retire(&self) {
         self.retired.send_replace(true);
+    }
+
+    /// Its connections open now (captured, loopback, and inbound hops to it).
+    pub fn open_connections(&self) -> usize {
+        self.open.load(Ordering::Acquire)
     }
 
     /// The pod as a caller (connection facts only, I4).

@@ -9,7 +9,7 @@ use tokio::net::{TcpListener, TcpStream};
 use tracing::{debug, info, warn};
 
 use super::socket::Source;
-use super::{ALPN_TCP, Inputs, PodCtx, count, hop, sniff};
+use super::{ALPN_TCP, Inputs, PodCtx, count, hop, peek, sniff};
 use crate::model::filters::pick_weighted;
 use crate::resolve::decision::{
     AfterSniff, ConnDecision, HttpEntry, Sniffed, TcpBackend, TcpChoice,
@@ -22,12 +22,16 @@ pub async fn serve_capture(inputs: Arc<Inputs>, pod: Arc<PodCtx>, listener: TcpL
         match listener.accept().await {
             Ok((stream, _)) => {
                 count(&inputs.stats.captured);
+                let Some(active) = super::Active::admit(&inputs, &pod) else {
+                    continue;
+                };
                 let inputs = inputs.clone();
                 let pod = pod.clone();
                 tokio::spawn(async move {
                     pod.clone()
                         .until_retired(captured(inputs, pod, stream))
-                        .await
+                        .await;
+                    drop(active);
                 });
             }
             Err(e) => {
@@ -43,11 +47,14 @@ pub async fn serve_loopback(inputs: Arc<Inputs>, pod: Arc<PodCtx>, listener: Tcp
     loop {
         match listener.accept().await {
             Ok((stream, _)) => {
+                let Some(active) = super::Active::admit(&inputs, &pod) else {
+                    continue;
+                };
                 let _ = stream.set_nodelay(true);
                 let inputs = inputs.clone();
                 let pod = pod.clone();
                 tokio::spawn(async move {
-                    let _active = super::Active::new(&inputs.stats);
+                    let _active = active;
                     let serve = super::http::serve(
                         inputs.clone(),
                         pod.clone(),
@@ -66,7 +73,6 @@ pub async fn serve_loopback(inputs: Arc<Inputs>, pod: Arc<PodCtx>, listener: Tcp
 }
 
 async fn captured(inputs: Arc<Inputs>, pod: Arc<PodCtx>, stream: TcpStream) {
-    let _active = super::Active::new(&inputs.stats);
     let _ = stream.set_nodelay(true);
     // TPROXY keeps the original destination as the accepted socket's local address.
     let Ok(dialled) = pod.net.original_dst(&stream) else {
@@ -78,7 +84,14 @@ async fn captured(inputs: Arc<Inputs>, pod: Arc<PodCtx>, stream: TcpStream) {
     match decision {
         ConnDecision::Tcp(choice) => tcp(&inputs, &pod, stream, &choice).await,
         ConnDecision::Passthrough(_) => passthrough(&inputs, &pod, stream, dialled).await,
-        ConnDecision::Close(why) => debug!(rule = why.rule, %dialled, "closed at accept"),
+        ConnDecision::Close(why) => {
+            if dialled.port() == crate::model::port::CAPTURE_PORT
+                || dialled.port() == crate::model::port::MESH_HOP_PORT
+            {
+                count(&inputs.stats.reserved_dials);
+            }
+            debug!(rule = why.rule, %dialled, "closed at accept");
+        }
         ConnDecision::Sniff(plan) => {
             let sniffed = sniff_stream(&inputs, &stream).await;
             match resolve_sniffed(&plan, &sniffed) {
@@ -91,36 +104,25 @@ async fn captured(inputs: Arc<Inputs>, pod: Arc<PodCtx>, stream: TcpStream) {
     }
 }
 
-/// Peek at the first bytes, at most the sniff bound (addressing.md §3.1).
+/// Peek at the first bytes, at most the sniff bound (addressing.md §3.1). The bound is one
+/// deadline from the accept: a client dripping bytes does not extend it. A client that closes
+/// before the bytes decide anything ends the wait at once: its bytes are relayed as they are.
 async fn sniff_stream(inputs: &Inputs, stream: &TcpStream) -> Sniffed {
     let mut buf = vec![0u8; 16 * 1024 + 5];
     // tokio's clock (std's in the daemon), so that a test with a paused clock sees the bound
     // exactly.
     let deadline = tokio::time::Instant::now() + inputs.settings.sniff_bound;
-    let mut last = 0;
+    let mut seen = 0;
     loop {
-        let peeked = tokio::time::timeout_at(deadline, stream.peek(&mut buf)).await;
-        let n = match peeked {
-            Err(_) => return Sniffed::Timeout,
-            Ok(Err(_)) | Ok(Ok(0)) => return Sniffed::Other,
-            Ok(Ok(n)) => n,
+        let n = match peek::peek_more(stream, &mut buf, seen, deadline).await {
+            peek::Peeked::Bytes(n) => n,
+            peek::Peeked::Timeout => return Sniffed::Timeout,
+            peek::Peeked::Closed | peek::Peeked::Failed => return Sniffed::Other,
         };
         match sniff::sniff(&buf[..n]) {
             sniff::Verdict::Known(s) => return s,
             sniff::Verdict::NeedMore if n == buf.len() => return Sniffed::Other,
-            sniff::Verdict::NeedMore => {
-                if n == last {
-                    // peek returns at once while the bytes are unchanged: wait a little.
-                    if tokio::time::timeout_at(deadline, stream.readable())
-                        .await
-                        .is_err()
-                    {
-                        return Sniffed::Timeout;
-                    }
-                    tokio::time::sleep(std::time::Duration::from_millis(1)).await;
-                }
-                last = n;
-            }
+            sniff::Verdict::NeedMore => seen = n,
         }
     }
 }

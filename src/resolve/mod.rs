@@ -19,7 +19,10 @@ use std::sync::Arc;
 use crate::model::attach::TlsRule;
 use crate::model::filters;
 use crate::model::names::{HostPort, NameForm, effective_authority, read_name, split_authority};
-use crate::model::port::{LEGACY_PORT, PORTLESS_PROXY_PORT, PROXY_PORT, PortClass, PortProtocol};
+use crate::model::port::{
+    CAPTURE_PORT, LEGACY_PORT, MESH_HOP_PORT, PORTLESS_PROXY_PORT, PROXY_PORT, PortClass,
+    PortProtocol,
+};
 use crate::model::route_match::RequestView;
 use crate::model::snapshot::FilterConfig;
 use crate::model::{FrontPort, Model, NameEntry, NameKind, NamedFilter};
@@ -33,6 +36,15 @@ use decision::{
 /// Classifies a captured TCP connection when it is accepted (addressing.md §3, steps 0–5).
 pub fn classify_connection(model: &Model, caller: &Caller, dialled: SocketAddr) -> ConnDecision {
     let (a, d) = (dialled.ip(), dialled.port());
+    if d == CAPTURE_PORT || d == MESH_HOP_PORT {
+        // A connection the capture rules sent never dialled the daemon's own listeners: one
+        // that did is a direct connection to the capture listener (or a pod dialling a
+        // reserved port), and passing it through would dial the daemon itself.
+        return ConnDecision::Close(Why::new(
+            "model.md §12.5 item 4",
+            format!("{d} is a reserved port of the daemon: never dialled for a pod"),
+        ));
+    }
     let cluster = model.cluster_ips.get(&a);
     if d == PROXY_PORT {
         // §9: the proxy port; TLS to a service without HTTP ports may take a TLSRoute.
