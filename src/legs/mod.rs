@@ -39,6 +39,7 @@ macro_rules! leg {
 
 mod catalogue;
 mod extra;
+mod hostile;
 mod rules;
 
 use std::collections::BTreeMap;
@@ -56,6 +57,7 @@ use crate::workload::probe::{
 
 pub use catalogue::LEGS;
 pub use extra::EXTRA;
+pub use hostile::HOSTILE;
 pub use rules::RULES;
 
 /// Where the legs run.
@@ -390,7 +392,7 @@ pub async fn admin_get(socket: &std::path::Path, path: &str) -> Result<String, S
 /// Run the legs whose id matches `filter` (all for `None`), in catalogue order.
 pub async fn run(env: &Env, filter: Option<&[String]>) -> Vec<LegResult> {
     let mut out = Vec::new();
-    for leg in LEGS.iter().chain(EXTRA).chain(RULES) {
+    for leg in LEGS.iter().chain(EXTRA).chain(RULES).chain(HOSTILE) {
         if let Some(f) = filter
             && !f.iter().any(|id| id.eq_ignore_ascii_case(leg.id))
         {
