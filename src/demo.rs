@@ -356,6 +356,13 @@ pub async fn up_until(opts: &DemoOptions, stop: &Stop) -> Result<Running, DemoEr
             clients.insert(pod.name.clone(), ns);
         }
     }
+    // The nodes' own namespaces, as `node:<name>`: where kubelet's probes come from.
+    for node in &planned.plan.nodes {
+        let path = Path::new(crate::netns::NETNS_DIR).join(&node.netns);
+        if let Ok(ns) = crate::netns::Netns::open(&path) {
+            clients.insert(format!("node:{}", node.name), Arc::new(ns));
+        }
+    }
     let home = lab.home();
     let lab = Arc::new(tokio::sync::Mutex::new(Some(lab)));
     let restart = restart_hook(lab.clone(), argvs);

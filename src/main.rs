@@ -113,6 +113,12 @@ struct NodeArgs {
     /// The mesh hop's TLS handshake bound, in milliseconds.
     #[arg(long, env = "AETHER_HANDSHAKE_TIMEOUT_MS")]
     handshake_timeout_ms: Option<u64>,
+    /// The inbound mode of pods without `inbound.aether.io/mode`.
+    #[arg(long, env = "AETHER_INBOUND_MODE_DEFAULT")]
+    inbound_mode_default: Option<aether::node::config::InboundMode>,
+    /// Sources let through to pods' declared ports in both inbound modes (comma-separated CIDRs).
+    #[arg(long, env = "AETHER_INBOUND_TRUSTED_SOURCES", value_delimiter = ',')]
+    inbound_trusted_sources: Option<Vec<ipnet::IpNet>>,
 }
 
 #[derive(Debug, clap::Args)]
@@ -653,7 +659,9 @@ fn node_config(args: &NodeArgs) -> anyhow::Result<aether::node::NodeConfig> {
         watch_debounce_ms,
         max_connections,
         max_connections_per_pod,
-        handshake_timeout_ms
+        handshake_timeout_ms,
+        inbound_mode_default,
+        inbound_trusted_sources
     );
     macro_rules! set_opt {
         ($($field:ident),*) => {$(

@@ -4,6 +4,7 @@
 //! and that the daemon let go of the connection (its open-connection gauge).
 #![allow(clippy::unwrap_used)] // Tests unwrap: a panic is the failure report (STYLE.md §6.4).
 
+#[allow(dead_code)] // Each test binary uses part of the client.
 #[path = "direct/client.rs"]
 mod client;
 #[path = "direct/world.rs"]

@@ -917,6 +917,8 @@ fn pods_of_an_ignored_namespace_are_neither_managed_nor_registered() {
             netns: None,
             netns_from_cni: false,
             command: Vec::new(),
+            inbound_strict: None,
+            host_ips: Vec::new(),
         }],
         ..Snapshot::default()
     };

@@ -18,6 +18,10 @@ use crate::marks::{ROUTE_TABLE, RULE_PRIORITY, SOCKET_MARK, TPROXY_MARK};
 /// The name of the nftables table (family `inet`) that holds a pod's capture rules.
 pub const TABLE: &str = "aether";
 
+/// The named counter of plaintext connections refused by the input hook (§12.5 item 3):
+/// `nft list counter inet aether plaintext_refused` in the pod's namespace.
+pub const PLAINTEXT_COUNTER: &str = "plaintext_refused";
+
 /// The transparent TCP capture port (spec/model.md §12.3).
 pub const CAPTURE_PORT: u16 = 18001;
 
@@ -73,6 +77,15 @@ pub struct PodCapture {
     /// Whether marked UDP goes to the transparent UDP listener on 18082 (only while a UDPRoute
     /// applies to the pod's traffic); without it, marked UDP is dropped.
     pub udp: bool,
+    /// The TCP ports on which a connection from outside the pod is refused (spec/model.md
+    /// §12.5 item 3): the pod's declared ports when it is `strict` or guarded by a
+    /// service-level authorization; empty lets plaintext through.
+    #[serde(default)]
+    pub inbound_refused_ports: Vec<u16>,
+    /// Sources let through to those ports anyway: the node's addresses (kubelet probes), the
+    /// pod's gateway, the node's `inbound_trusted_sources`.
+    #[serde(default)]
+    pub inbound_trusted: Vec<IpNet>,
 }
 
 /// An address family of the policy routing.
@@ -365,6 +378,53 @@ impl CapturePlan {
         out
     }
 
+    /// The rules of the input hook (spec/model.md §12.5 item 3): connections from outside the
+    /// pod to the refused ports are reset, except from loopback (the daemon's own deliveries
+    /// and the pod itself) and the trusted sources. Empty when nothing is refused.
+    pub fn input_rules(&self) -> Vec<(String, Vec<String>)> {
+        let pod = &self.pod;
+        if pod.inbound_refused_ports.is_empty() {
+            return Vec::new();
+        }
+        let mut ports = pod.inbound_refused_ports.clone();
+        ports.sort_unstable();
+        ports.dedup();
+        let (mut v4, mut v6) = (Vec::new(), Vec::new());
+        for net in &pod.inbound_trusted {
+            match net.trunc() {
+                IpNet::V4(n) => v4.push(n),
+                IpNet::V6(n) => v6.push(n),
+            }
+        }
+        let (v4, v6) = (Ipv4Net::aggregate(&v4), Ipv6Net::aggregate(&v6));
+        let mut out = vec![(
+            "loopback: the pod itself, and the daemon's deliveries from the mesh hop".to_owned(),
+            vec!["iifname \"lo\" accept".to_owned()],
+        )];
+        let mut trusted = Vec::new();
+        if !v4.is_empty() {
+            trusted.push(format!("ip saddr {} accept", set(&v4)));
+        }
+        if !v6.is_empty() {
+            trusted.push(format!("ip6 saddr {} accept", set(&v6)));
+        }
+        if !trusted.is_empty() {
+            out.push((
+                "the node (kubelet probes), the pod's gateway, trusted sources".to_owned(),
+                trusted,
+            ));
+        }
+        out.push((
+            "plaintext from outside the mesh to a declared port is refused (§12.5 item 3)"
+                .to_owned(),
+            vec![format!(
+                "tcp dport {} ct state new counter name {PLAINTEXT_COUNTER} reject with tcp reset",
+                set(&ports)
+            )],
+        ));
+        out
+    }
+
     /// The nftables ruleset, for `nft -f`. It replaces any earlier version of the table in one
     /// transaction.
     pub fn ruleset(&self) -> String {
@@ -396,6 +456,17 @@ impl CapturePlan {
         );
         write_rules(&mut s, &self.prerouting_rules());
         let _ = writeln!(s, "\t}}");
+        let input = self.input_rules();
+        if !input.is_empty() {
+            let _ = writeln!(s, "\n\tcounter {PLAINTEXT_COUNTER} {{}}\n");
+            let _ = writeln!(s, "\tchain input {{");
+            let _ = writeln!(
+                s,
+                "\t\ttype filter hook input priority filter; policy accept;"
+            );
+            write_rules(&mut s, &input);
+            let _ = writeln!(s, "\t}}");
+        }
         let _ = writeln!(s, "}}");
         s
     }

@@ -18,6 +18,8 @@ fn redirect_all_v4() -> PodCapture {
         exclude_ports: vec![],
         exclude_ranges: vec![],
         udp: false,
+        inbound_refused_ports: vec![],
+        inbound_trusted: vec![],
     }
 }
 
@@ -38,6 +40,21 @@ fn scoped_dual_stack() -> PodCapture {
             "fd00:abcd::/32".parse().unwrap(),
         ],
         udp: true,
+        inbound_refused_ports: vec![],
+        inbound_trusted: vec![],
+    }
+}
+
+/// A strict pod: plaintext from outside to its declared ports is refused, except from the node.
+fn strict_inbound() -> PodCapture {
+    PodCapture {
+        inbound_refused_ports: vec![9000, 8080, 8080],
+        inbound_trusted: vec![
+            "10.244.1.1/32".parse().unwrap(),
+            "192.168.0.10/32".parse().unwrap(),
+            "fd00::1/128".parse().unwrap(),
+        ],
+        ..redirect_all_v4()
     }
 }
 
@@ -87,6 +104,28 @@ fn golden_scoped_dual_stack_with_exclusions_and_udp() {
     let p = plan::plan(&scoped_dual_stack());
     golden("scoped_dual_stack.nft", &p.ruleset());
     golden("scoped_dual_stack.routes", &routes_text(&p));
+}
+
+#[test]
+fn golden_strict_inbound_refuses_plaintext_to_declared_ports_except_from_the_node() {
+    let p = plan::plan(&strict_inbound());
+    let ruleset = p.ruleset();
+    golden("strict_inbound.nft", &ruleset);
+    // Loopback first, then the trusted sources, then the refusal, which names each port once.
+    let input = chain_rules(&ruleset, "input");
+    assert_eq!(input[0], "iifname \"lo\" accept");
+    assert!(input[1].starts_with("ip saddr { 10.244.1.1/32, 192.168.0.10/32 }"));
+    assert!(input[2].starts_with("ip6 saddr fd00::1/128"));
+    assert_eq!(
+        input[3],
+        "tcp dport { 8080, 9000 } ct state new counter name plaintext_refused reject with tcp reset"
+    );
+    // A permissive pod with nothing to refuse has no input chain at all.
+    assert!(
+        !plan::plan(&redirect_all_v4())
+            .ruleset()
+            .contains("chain input")
+    );
 }
 
 /// The rule lines of one chain of a rendered ruleset, comments and the `type` line left out.
@@ -446,6 +485,8 @@ mod functional {
             exclude_ports: vec![],
             exclude_ranges: vec![],
             udp: false,
+            inbound_refused_ports: vec![],
+            inbound_trusted: vec![],
         };
         let p = plan::plan(&spec);
         nft::apply(&netns_path, &p).await.unwrap();

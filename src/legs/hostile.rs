@@ -12,12 +12,26 @@ use super::{Check, Env, Leg, Need, admin_get, echo, name, probe};
 use crate::workload::probe::{Connector, HttpRequest, Send};
 
 /// The hostile-traffic legs, run after the rule legs.
-pub static HOSTILE: &[Leg] = &[leg!(
-    "SELFDIAL",
-    "a connection to a pod's 18001 or 18008 is refused or closed; the daemon never dials itself",
-    None,
-    self_dial
-)];
+pub static HOSTILE: &[Leg] = &[
+    leg!(
+        "SELFDIAL",
+        "a connection to a pod's 18001 or 18008 is refused or closed; the daemon never dials itself",
+        None,
+        self_dial
+    ),
+    leg!(
+        "ZT-PLAIN",
+        "plaintext around the mesh is refused where service-level rbac applies, served where none does",
+        Some("deny-rbac"),
+        zt_plain
+    ),
+    leg!(
+        "ZT-STRICT",
+        "a strict pod refuses plaintext from outside the mesh; the mesh and its node still reach it",
+        None,
+        zt_strict
+    ),
+];
 
 const CLIENT: &str = "mp-client";
 const OUTSIDE: &str = "ext-http-0";
@@ -118,4 +132,143 @@ async fn self_dial(env: &Env) -> Check {
         "{}; {whole}; mp-multi:8080 still 200",
         seen.join(", ")
     ))
+}
+
+/// One plaintext HTTP/1.1 GET from `pod` straight to `dst` (no mesh on the way unless the
+/// client's capture takes it): `Ok(Some(first line and body))`, or `Ok(None)` when the
+/// connection was refused or reset before an answer.
+async fn plaintext_get(env: &Env, pod: &str, dst: SocketAddr) -> Result<Option<String>, String> {
+    let netns = env.client_netns(pod)?;
+    let socket = Connector::in_netns(netns.clone(), env.home.clone())
+        .tcp_socket(dst)
+        .map_err(|e| e.to_string())?;
+    let mut s = match tokio::time::timeout(Duration::from_secs(3), socket.connect(dst)).await {
+        Err(_) => return Err(format!("{pod} → {dst}: connect hung")),
+        Ok(Err(_)) => return Ok(None),
+        Ok(Ok(s)) => s,
+    };
+    let req = format!("GET / HTTP/1.1\r\nHost: {dst}\r\nConnection: close\r\n\r\n");
+    if s.write_all(req.as_bytes()).await.is_err() {
+        return Ok(None);
+    }
+    let mut got = Vec::new();
+    match tokio::time::timeout(Duration::from_secs(3), s.read_to_end(&mut got)).await {
+        Err(_) => Err(format!("{pod} → {dst}: no answer within 3 s")),
+        Ok(Err(_)) => Ok(None),
+        Ok(Ok(_)) if got.is_empty() => Ok(None),
+        Ok(Ok(_)) => {
+            let text = String::from_utf8_lossy(&got);
+            let first = text.lines().next().unwrap_or("").to_owned();
+            let body = text.split_once("\r\n\r\n").map_or("", |(_, b)| b).trim();
+            Ok(Some(format!("{first} {body}")))
+        }
+    }
+}
+
+/// `pod` reaches `dst` in plaintext and the echo `identity` answers.
+async fn plaintext_served(env: &Env, pod: &str, dst: SocketAddr, identity: &str) -> Check {
+    match plaintext_get(env, pod, dst).await? {
+        Some(a) if a.starts_with("HTTP/1.1 200") && a.contains(identity) => {
+            Ok(format!("{pod}→{dst} served"))
+        }
+        Some(a) => Err(format!("{pod} → {dst}: want 200 {identity}, got {a:?}")),
+        None => Err(format!("{pod} → {dst}: refused, want it served")),
+    }
+}
+
+/// `pod`'s plaintext to `dst` is refused before any answer.
+async fn plaintext_refused(env: &Env, pod: &str, dst: SocketAddr) -> Check {
+    match plaintext_get(env, pod, dst).await? {
+        None => Ok(format!("{pod}→{dst} refused")),
+        Some(a) => Err(format!("{pod} → {dst}: want refused, got {a:?}")),
+    }
+}
+
+async fn zt_plain(env: &Env) -> Check {
+    let httponly = SocketAddr::new(env.pod_ip("mp", "mp-httponly-0")?, 8080);
+    let eighty = SocketAddr::new(env.pod_ip("mp", "mp-eighty-0")?, 8080);
+    let mut seen = Vec::new();
+    // Permissive and unguarded: plaintext from outside the mesh is the application's business.
+    env.overlay(None).await?;
+    seen.push(plaintext_served(env, OUTSIDE, httponly, "mp-httponly:8080").await?);
+    // A service-level rbac guards mp-httponly: plaintext from an unmanaged pod and from a
+    // scoped pod (its dial is not captured) would skip it, so both are refused.
+    env.overlay(Some("deny-rbac")).await?;
+    seen.push(plaintext_refused(env, OUTSIDE, httponly).await?);
+    seen.push(plaintext_refused(env, "mp-client-nocapture", httponly).await?);
+    // An unguarded pod next to it is still served, and the node (kubelet) still reaches the
+    // guarded one.
+    seen.push(plaintext_served(env, OUTSIDE, eighty, "mp-eighty:8080").await?);
+    seen.push(plaintext_served(env, "node:node-a", httponly, "mp-httponly:8080").await?);
+    // Through the mesh the rbac decides: the allowed identity is delivered.
+    let o = env
+        .probe(
+            "mp-client-other",
+            &probe(
+                name(&env.mesh("mp-httponly"), 8080),
+                Send::Http(HttpRequest::get("/")),
+            ),
+        )
+        .await?;
+    echo(&o, "mp-httponly", 8080)?;
+    // The filter gone, plaintext is served again.
+    env.overlay(None).await?;
+    seen.push(plaintext_served(env, OUTSIDE, httponly, "mp-httponly:8080").await?);
+    Ok(format!(
+        "{}; mp-client-other through the mesh 200",
+        seen.join(", ")
+    ))
+}
+
+/// The annotation that makes mp-nine-0 strict, added in its own manifest.
+const STRICT_NINE: (&str, &str) = (
+    "    aether.io/netns: \"mp-nine-0\"\n",
+    "    aether.io/netns: \"mp-nine-0\"\n    inbound.aether.io/mode: \"strict\"\n",
+);
+
+/// Rewrite the watched registry's `file` (by an atomic rename, as docs/node.md asks of
+/// generators) with `from` replaced by `to`, and wait until every daemon published it.
+async fn rewrite_registry(env: &Env, file: &str, from: &str, to: &str) -> Result<(), String> {
+    let Some(reg) = &env.registry else {
+        return Err(env.not_here(Need::RegistryControl));
+    };
+    let path = reg.dir.join(file);
+    let text = std::fs::read_to_string(&path).map_err(|e| format!("{}: {e}", path.display()))?;
+    if !text.contains(from) {
+        return Err(format!("{}: {from:?} not found", path.display()));
+    }
+    let tmp = reg.dir.join(format!(".{file}.tmp"));
+    std::fs::write(&tmp, text.replacen(from, to, 1)).map_err(|e| e.to_string())?;
+    std::fs::rename(&tmp, &path).map_err(|e| e.to_string())?;
+    env.settle().await
+}
+
+async fn zt_strict(env: &Env) -> Check {
+    let (plain, strict) = STRICT_NINE;
+    rewrite_registry(env, "10-mp-nine.yaml", plain, strict).await?;
+    let out = zt_strict_checks(env).await;
+    rewrite_registry(env, "10-mp-nine.yaml", strict, plain).await?;
+    out
+}
+
+async fn zt_strict_checks(env: &Env) -> Check {
+    let nine = SocketAddr::new(env.pod_ip("mp", "mp-nine-0")?, 9000);
+    let mut seen = vec![
+        plaintext_refused(env, OUTSIDE, nine).await?,
+        plaintext_refused(env, "mp-client-nocapture", nine).await?,
+        plaintext_served(env, "node:node-a", nine, "mp-nine:9000").await?,
+    ];
+    // A mesh pod's dial of the same address is captured and crosses the hop: served.
+    let o = env
+        .probe(
+            CLIENT,
+            &probe(
+                super::addr(nine.ip(), 9000),
+                Send::Http(HttpRequest::get("/")),
+            ),
+        )
+        .await?;
+    echo(&o, "mp-nine", 9000)?;
+    seen.push("mp-client pod-IP dial over the hop served".into());
+    Ok(seen.join(", "))
 }

@@ -38,8 +38,8 @@ use crate::model::target::{
 };
 use crate::model::vote::{Tally, legacy_target, vote};
 use crate::model::{
-    ClusterIpEntry, FrontPort, Model, NameEntry, NameKind, NamedFilter, NodeContext, PodFacts,
-    PodIpEntry,
+    ClusterIpEntry, FrontPort, InboundFacts, Model, NameEntry, NameKind, NamedFilter, NodeContext,
+    PodFacts, PodIpEntry,
 };
 
 mod routes;
@@ -64,6 +64,47 @@ struct MeshService<'s> {
     classes: BTreeMap<u16, PortProtocol>,
     endpoints: BTreeMap<u16, Arc<[Endpoint]>>,
     legacy: Option<u16>,
+}
+
+/// What plaintext from outside the mesh gets at a pod (model.md §12.5 item 3): refused on every
+/// TCP port it declares when it is `strict`, or when a Service that guards it has a
+/// service-level `rbac` or `ext_authz`.
+fn inbound_facts(
+    pod: &crate::model::snapshot::Pod,
+    ctx: &NodeContext,
+    pod_ips: &HashMap<IpAddr, Arc<PodIpEntry>>,
+    filters: &BTreeMap<ServiceKey, Arc<[NamedFilter]>>,
+) -> InboundFacts {
+    let strict = pod.inbound_strict.unwrap_or(ctx.inbound_strict_default);
+    let entry = pod.ips.iter().find_map(|ip| pod_ips.get(ip));
+    let mut authorized_by = Vec::new();
+    let mut ports = Vec::new();
+    if let Some(e) = entry {
+        for k in e.guarded_by.iter() {
+            let authz = filters.get(k).is_some_and(|fs| {
+                fs.iter()
+                    .any(|f| matches!(f.config, FilterConfig::Rbac(_) | FilterConfig::ExtAuthz(_)))
+            });
+            if authz {
+                authorized_by.push(format!("{}/{}", k.namespace, k.name));
+            }
+        }
+        ports = e
+            .declared
+            .iter()
+            .filter(|(_, p)| matches!(p, PortProtocol::Http | PortProtocol::Tcp))
+            .map(|(&p, _)| p)
+            .collect();
+    }
+    if !strict && authorized_by.is_empty() {
+        ports.clear();
+    }
+    InboundFacts {
+        strict,
+        authorized_by,
+        refused_ports: ports,
+        host_ips: pod.host_ips.clone(),
+    }
 }
 
 fn key(ns: &str, name: &str) -> ServiceKey {
@@ -518,7 +559,14 @@ impl<'s> Compiler<'s> {
             }
         }
 
-        // Pod IPs.
+        // Pod IPs. The user Services each address backs (its EndpointSlices), for the filters
+        // of deliveries that name no Service (model.md §12.5 item 2).
+        let mut backs: HashMap<IpAddr, BTreeSet<ServiceKey>> = HashMap::new();
+        for (&(ns, svc), ips) in &behind {
+            for ip in ips {
+                backs.entry(*ip).or_default().insert(key(ns, svc));
+            }
+        }
         let mut pod_ips = HashMap::new();
         for (&ip, &(ns, svc, row)) in &self.by_address {
             let Some(m) = self.services.get(&(ns, svc)) else {
@@ -539,12 +587,22 @@ impl<'s> Compiler<'s> {
                 .filter(|(_, proto)| **proto == PortProtocol::Tcp)
                 .map(|(&p, _)| (p, pod_tcp(&ep, p)))
                 .collect();
+            let own = ep.mesh_service.clone();
+            let guarded_by: Vec<ServiceKey> = std::iter::once(own.clone())
+                .chain(backs.get(&ip).into_iter().flatten().cloned())
+                .fold(Vec::new(), |mut v, k| {
+                    if !v.contains(&k) {
+                        v.push(k);
+                    }
+                    v
+                });
             pod_ips.insert(
                 ip,
                 Arc::new(PodIpEntry {
                     endpoint: ep,
                     declared,
                     tcp,
+                    guarded_by: guarded_by.into(),
                 }),
             );
         }
@@ -572,6 +630,7 @@ impl<'s> Compiler<'s> {
                         netns_from_cni: p.netns_from_cni,
                         exclude_outbound_ports: p.exclude_outbound_ports.clone(),
                         exclude_outbound_ip_ranges: p.exclude_outbound_ip_ranges.clone(),
+                        inbound: inbound_facts(p, ctx, &pod_ips, &filters),
                     },
                 )
             })

@@ -59,6 +59,9 @@ pub struct NodeContext {
     pub ignored_namespaces: BTreeSet<String>,
     /// The compile time, in milliseconds of the caller's clock (retained entries).
     pub now_ms: u64,
+    /// The inbound mode of a pod without `inbound.aether.io/mode`: `true` is `strict`
+    /// (model.md §12.5 item 3).
+    pub inbound_strict_default: bool,
 }
 
 impl Default for NodeContext {
@@ -73,6 +76,7 @@ impl Default for NodeContext {
             capture_redirect_all_default: true,
             ignored_namespaces: BTreeSet::new(),
             now_ms: 0,
+            inbound_strict_default: false,
         }
     }
 }
@@ -183,6 +187,10 @@ pub(crate) struct PodIpEntry {
     pub(crate) declared: BTreeMap<u16, PortProtocol>,
     /// Raw TCP to each of its raw-TCP ports, built once.
     pub(crate) tcp: BTreeMap<u16, TcpChoice>,
+    /// Every Service whose service-level filters apply to a connection the hop delivers to
+    /// this pod without naming one (raw TCP and L4, model.md §12.5 item 2): its own mesh
+    /// service, then the user Services whose EndpointSlices hold its address.
+    pub(crate) guarded_by: Arc<[ServiceKey]>,
 }
 
 /// A pod as a caller.
@@ -210,6 +218,23 @@ pub struct PodFacts {
     pub exclude_outbound_ports: Vec<u16>,
     /// `capture.aether.io/exclude-outbound-ip-ranges`.
     pub exclude_outbound_ip_ranges: Vec<ipnet::IpNet>,
+    /// What plaintext from outside the mesh gets (model.md §12.5 item 3).
+    pub inbound: InboundFacts,
+}
+
+/// A pod's inbound side toward plaintext from outside the mesh (model.md §12.5 item 3).
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize)]
+pub struct InboundFacts {
+    /// `strict`, by its annotation or the node default.
+    pub strict: bool,
+    /// The Services with a service-level `rbac` or `ext_authz` that guard the pod (its mesh
+    /// service, or a Service it backs), `ns/name`.
+    pub authorized_by: Vec<String>,
+    /// The TCP ports on which plaintext from outside the pod is refused: every raw-TCP and
+    /// HTTP port the pod declares when it is `strict` or authorized, else none.
+    pub refused_ports: Vec<u16>,
+    /// The node's addresses (`status.hostIPs`), let through in both modes (kubelet probes).
+    pub host_ips: Vec<IpAddr>,
 }
 
 impl Model {
@@ -276,6 +301,12 @@ impl Model {
     /// Route status entries, one per (route, parentRef).
     pub fn route_statuses(&self) -> &[RouteStatus] {
         &self.statuses
+    }
+
+    /// The Services whose service-level filters guard a connection the hop delivers to the
+    /// pod at `ip` without naming a Service (raw TCP and L4 deliveries, model.md §12.5 item 2).
+    pub fn guarded_by(&self, ip: IpAddr) -> &[ServiceKey] {
+        self.pod_ips.get(&ip).map_or(&[], |e| &e.guarded_by)
     }
 
     /// The service-level filters that target a Service.

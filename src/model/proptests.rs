@@ -358,6 +358,8 @@ fn build(w: &World) -> Snapshot {
                 netns: None,
                 netns_from_cni: false,
                 command: vec![],
+                inbound_strict: None,
+                host_ips: Vec::new(),
             });
         }
         if let Some(u) = &g.user {

@@ -33,6 +33,8 @@ pub const ANNOTATION_NETNS: &str = "aether.io/netns";
 /// `aether.io/netns-from` (file registry): `cni` when the daemon learns the pod's network
 /// namespace from a CNI ADD alone.
 pub const ANNOTATION_NETNS_FROM: &str = "aether.io/netns-from";
+/// `inbound.aether.io/mode`: `strict` or `permissive` (model.md §12.5 item 3).
+pub const ANNOTATION_INBOUND_MODE: &str = "inbound.aether.io/mode";
 /// The label on every generated Service.
 pub const LABEL_MESH_SERVICE: &str = "aether.io/mesh-service";
 

@@ -126,6 +126,14 @@ pub struct Pod {
     pub netns_from_cni: bool,
     /// The container command (file mode: what the local topology starts in the pod).
     pub command: Vec<String>,
+    /// `inbound.aether.io/mode`: `Some(true)` for `strict`, `Some(false)` for `permissive`,
+    /// `None` for the node default (model.md §12.5 item 3).
+    #[serde(default)]
+    pub inbound_strict: Option<bool>,
+    /// `status.hostIPs` (or `status.hostIP`): the node's own addresses, whose plaintext
+    /// (kubelet probes) is let through in both inbound modes.
+    #[serde(default)]
+    pub host_ips: Vec<IpAddr>,
 }
 
 /// A Kubernetes Service (generated or the user's).

@@ -76,6 +76,8 @@ pub fn scaled(services: u32) -> Snapshot {
                 netns: None,
                 netns_from_cni: false,
                 command: Vec::new(),
+                inbound_strict: None,
+                host_ips: Vec::new(),
             });
         }
         if i % 10 == 5 {

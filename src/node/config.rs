@@ -17,6 +17,18 @@ pub enum LogFormat {
     Json,
 }
 
+/// The inbound mode of a pod without `inbound.aether.io/mode` (model.md §12.5 item 3).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Deserialize, clap::ValueEnum)]
+#[serde(rename_all = "lowercase")]
+pub enum InboundMode {
+    /// Plaintext from outside the mesh reaches the pod's declared ports unless a Service that
+    /// guards the pod has a service-level `rbac` or `ext_authz`.
+    #[default]
+    Permissive,
+    /// Plaintext from outside the mesh to the pod's declared ports is refused.
+    Strict,
+}
+
 /// Every setting of `aether node`.
 #[derive(Clone, Debug, Deserialize)]
 #[serde(deny_unknown_fields, default)]
@@ -79,6 +91,11 @@ pub struct NodeConfig {
     pub max_connections_per_pod: usize,
     /// The mesh hop's TLS handshake bound, either side, in milliseconds.
     pub handshake_timeout_ms: u64,
+    /// The inbound mode of a pod without `inbound.aether.io/mode`.
+    pub inbound_mode_default: InboundMode,
+    /// Sources whose plaintext reaches a pod's declared ports in both inbound modes, besides
+    /// loopback, the pod's default gateway and its node's addresses (kubelet probes).
+    pub inbound_trusted_sources: Vec<ipnet::IpNet>,
 }
 
 impl Default for NodeConfig {
@@ -108,6 +125,8 @@ impl Default for NodeConfig {
             max_connections: 100_000,
             max_connections_per_pod: 20_000,
             handshake_timeout_ms: 10_000,
+            inbound_mode_default: InboundMode::Permissive,
+            inbound_trusted_sources: Vec::new(),
         }
     }
 }

@@ -88,6 +88,7 @@ fn context(config: &NodeConfig) -> NodeContext {
             .cloned()
             .collect::<BTreeSet<_>>(),
         now_ms: crate::time::wall_ms(),
+        inbound_strict_default: config.inbound_mode_default == config::InboundMode::Strict,
     }
 }
 
@@ -362,7 +363,13 @@ async fn reconcile(
 ) -> bool {
     let model = shared.inputs.model.load();
     let known = cni_pods.lock().await.clone();
-    let want = pods::desired(&model, &config.node_name, &config.netns_prefix, &known);
+    let want = pods::desired(
+        &model,
+        &config.node_name,
+        &config.netns_prefix,
+        &known,
+        &config.inbound_trusted_sources,
+    );
     let failed = pods.lock().await.reconcile(shared, want).await;
     let all = failed.is_empty();
     for ((ns, pod), e) in failed {

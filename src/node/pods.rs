@@ -31,6 +31,34 @@ pub struct Desired {
     pub netns: PathBuf,
 }
 
+impl Desired {
+    /// Whether `other` differs from this at most in its inbound rules, so that the pod's
+    /// listeners stay as they are.
+    fn same_listeners(&self, other: &Self) -> bool {
+        let strip = |d: &Self| {
+            let mut d = d.clone();
+            d.capture.inbound_refused_ports.clear();
+            d.capture.inbound_trusted.clear();
+            d
+        };
+        strip(self) == strip(other)
+    }
+}
+
+/// Program a served pod's capture for `d`: its plan, with the pod's gateways trusted where
+/// plaintext is refused (kubelet probes on a bridge network come from there, §12.5 item 3).
+async fn program(shared: &Shared, pod: &PodCtx, d: &Desired) -> Result<(), PodError> {
+    let mut spec = d.capture.clone();
+    if !spec.inbound_refused_ports.is_empty()
+        && let SocketFactory::Netns(net) = &pod.net
+    {
+        spec.inbound_trusted
+            .extend(crate::capture::gateways(&net.netns, &shared.home));
+    }
+    nft::apply(&d.netns, &plan(&spec)).await?;
+    Ok(())
+}
+
 /// What the daemon made for one pod.
 #[derive(Debug)]
 struct Served {
@@ -63,6 +91,7 @@ pub fn desired(
     node: &str,
     netns_prefix: &str,
     cni: &CniPods,
+    trusted: &[ipnet::IpNet],
 ) -> BTreeMap<(String, String), Desired> {
     let udp = model.has_udp_routes();
     let mut out = BTreeMap::new();
@@ -107,6 +136,14 @@ pub fn desired(
                     exclude_ports: p.exclude_outbound_ports.clone(),
                     exclude_ranges: p.exclude_outbound_ip_ranges.clone(),
                     udp,
+                    inbound_refused_ports: p.inbound.refused_ports.clone(),
+                    inbound_trusted: p
+                        .inbound
+                        .host_ips
+                        .iter()
+                        .map(|&ip| ipnet::IpNet::from(ip))
+                        .chain(trusted.iter().copied())
+                        .collect(),
                 },
                 service_account: p.service_account.clone(),
                 netns,
@@ -167,6 +204,21 @@ impl Pods {
         let mut failed = Vec::new();
         for (key, d) in want {
             if self.served.get(&key).is_some_and(|s| s.desired == d) {
+                continue;
+            }
+            // Only the inbound rules changed (a service-level filter came or went, the
+            // inbound mode changed): program them again, keep the listeners and connections.
+            if let Some(s) = self.served.get_mut(&key)
+                && s.desired.same_listeners(&d)
+            {
+                match program(shared, &s.pod, &d).await {
+                    Ok(()) => {
+                        info!(namespace = %key.0, pod = %key.1,
+                            refused = ?d.capture.inbound_refused_ports, "inbound rules changed");
+                        s.desired = d;
+                    }
+                    Err(e) => failed.push((key, e)),
+                }
                 continue;
             }
             // Changed settings: stop the old listeners before the new ones bind.
@@ -264,8 +316,6 @@ async fn serve_pod(
     }
     let dns_udp = net.udp_socket(DNS_ADDR, false)?;
     let dns_tcp = net.tcp_listener(DNS_ADDR, false)?;
-    // Listeners are open: now capture may send traffic to them.
-    nft::apply(&d.netns, &plan(&d.capture)).await?;
     let pod = Arc::new(PodCtx::new(
         d.capture.namespace.clone(),
         d.capture.name.clone(),
@@ -276,6 +326,8 @@ async fn serve_pod(
             Mode::Scoped => CaptureMode::Scoped,
         },
     ));
+    // Listeners are open: now capture may send traffic to them.
+    program(shared, &pod, d).await?;
     let inputs = &shared.inputs;
     let mut tasks = Vec::new();
     for l in capture {

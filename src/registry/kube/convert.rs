@@ -32,8 +32,9 @@ use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString as K8sIntOrString;
 
 use crate::model::port::Transport;
 use crate::model::rows::{
-    ANNOTATION_EXCLUDE_PORTS, ANNOTATION_EXCLUDE_RANGES, ANNOTATION_MANAGED, ANNOTATION_NETNS,
-    ANNOTATION_NETNS_FROM, ANNOTATION_REDIRECT_ALL, LABEL_MESH_SERVICE, parse_declared_ports,
+    ANNOTATION_EXCLUDE_PORTS, ANNOTATION_EXCLUDE_RANGES, ANNOTATION_INBOUND_MODE,
+    ANNOTATION_MANAGED, ANNOTATION_NETNS, ANNOTATION_NETNS_FROM, ANNOTATION_REDIRECT_ALL,
+    LABEL_MESH_SERVICE, parse_declared_ports,
 };
 use crate::model::snapshot::{
     EndpointSlice, Pod, RefusedPod, Row, Service, ServicePort, SliceEndpoint, SlicePort, TargetPort,
@@ -426,6 +427,38 @@ pub fn convert_pod(
             });
         }
     };
+    let inbound_strict = match annotations.get(ANNOTATION_INBOUND_MODE).map(String::as_str) {
+        None => None,
+        Some("strict") => Some(true),
+        Some("permissive") => Some(false),
+        Some(other) => {
+            return Err(ConvertError::InvalidValue {
+                object: Box::new(key),
+                field: annotation_field(ANNOTATION_INBOUND_MODE),
+                value: other.to_owned(),
+                expected: "\"strict\" or \"permissive\"",
+            });
+        }
+    };
+    let mut host_ips = Vec::new();
+    match status
+        .and_then(|s| s.host_ips.as_ref())
+        .filter(|v| !v.is_empty())
+    {
+        Some(list) => {
+            for (i, h) in list.iter().enumerate() {
+                host_ips.push(parse_ip(&key, format!("status.hostIPs[{i}].ip"), &h.ip)?);
+            }
+        }
+        None => {
+            if let Some(ip) = status
+                .and_then(|s| s.host_ip.as_deref())
+                .filter(|s| !s.is_empty())
+            {
+                host_ips.push(parse_ip(&key, "status.hostIP", ip)?);
+            }
+        }
+    }
     let redirect_all = annotations
         .get(ANNOTATION_REDIRECT_ALL)
         .map(|v| parse_redirect_all(&key, v))
@@ -475,6 +508,8 @@ pub fn convert_pod(
             .get(ANNOTATION_NETNS_FROM)
             .is_some_and(|v| v == "cni"),
         command,
+        inbound_strict,
+        host_ips,
     };
 
     let registration = match out.ips.first() {
