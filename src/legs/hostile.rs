@@ -65,8 +65,9 @@ async fn ends(env: &Env, pod: &str, dst: SocketAddr, bytes: &[u8], within: Durat
     }
 }
 
-/// Every daemon's admin socket answers `/live`, and its open connections are at most `max`.
-async fn daemons_whole(env: &Env, max: i64) -> Check {
+/// Every daemon's open connections (`aether_active_connections`), after checking that its
+/// admin socket answers `/live`.
+async fn open_connections(env: &Env) -> Result<Vec<i64>, String> {
     let Some(reg) = &env.registry else {
         return Err(env.not_here(Need::RegistryControl));
     };
@@ -79,21 +80,35 @@ async fn daemons_whole(env: &Env, max: i64) -> Check {
             .find_map(|l| l.strip_prefix("aether_active_connections "))
             .and_then(|v| v.trim().parse::<i64>().ok())
             .ok_or("no aether_active_connections on /metrics")?;
-        if active > max {
+        out.push(active);
+    }
+    Ok(out)
+}
+
+/// Every daemon is live and holds at most `slack` more connections than `before` (kept
+/// connections of earlier legs are allowed to stay; a loop or a leak is not).
+async fn daemons_whole(env: &Env, before: &[i64], slack: i64) -> Check {
+    let after = open_connections(env).await?;
+    for (b, a) in before.iter().zip(&after) {
+        if *a > b + slack {
             return Err(format!(
-                "{}: {active} connections open after the leg",
-                socket.display()
+                "open connections went from {b} to {a} during the leg"
             ));
         }
-        out.push(active.to_string());
     }
-    Ok(format!("daemons live, open connections {}", out.join("/")))
+    let show = |v: &[i64]| v.iter().map(i64::to_string).collect::<Vec<_>>().join("/");
+    Ok(format!(
+        "daemons live, open connections {} before, {} after",
+        show(before),
+        show(&after)
+    ))
 }
 
 async fn self_dial(env: &Env) -> Check {
     let client_ip = env.pod_ip("mp", "mp-client")?;
     let multi_ip = env.pod_ip("mp", "mp-multi-0")?;
     let within = Duration::from_secs(3);
+    let before = open_connections(env).await?;
     let mut seen = Vec::new();
     // From outside the mesh, to a managed pod's capture port and hop; from a mesh pod, to its
     // own capture port and another pod's hop (both captured dials).
@@ -117,7 +132,7 @@ async fn self_dial(env: &Env) -> Check {
     }
     // The daemon is still whole: no connection left behind, and it still serves.
     tokio::time::sleep(Duration::from_millis(200)).await;
-    let whole = daemons_whole(env, 20).await?;
+    let whole = daemons_whole(env, &before, 3).await?;
     let o = env
         .probe(
             CLIENT,
