@@ -26,6 +26,12 @@ pub static HOSTILE: &[Leg] = &[
         zt_plain
     ),
     leg!(
+        "ZT-TCP",
+        "service-level rbac decides raw TCP over the hop at connection level",
+        Some("deny-rbac-tcp"),
+        zt_tcp
+    ),
+    leg!(
         "ZT-STRICT",
         "a strict pod refuses plaintext from outside the mesh; the mesh and its node still reach it",
         None,
@@ -286,4 +292,92 @@ async fn zt_strict_checks(env: &Env) -> Check {
     echo(&o, "mp-nine", 9000)?;
     seen.push("mp-client pod-IP dial over the hop served".into());
     Ok(seen.join(", "))
+}
+
+/// Send `line` on a raw TCP connection from `pod` to `dst` and read what comes back until the
+/// peer closes or 2 s pass: the bytes, and whether the peer closed.
+async fn raw_exchange(
+    env: &Env,
+    pod: &str,
+    dst: SocketAddr,
+    line: &[u8],
+) -> Result<(Vec<u8>, bool), String> {
+    let netns = env.client_netns(pod)?;
+    let socket = Connector::in_netns(netns.clone(), env.home.clone())
+        .tcp_socket(dst)
+        .map_err(|e| e.to_string())?;
+    let mut s = tokio::time::timeout(Duration::from_secs(3), socket.connect(dst))
+        .await
+        .map_err(|_| format!("{pod} → {dst}: connect hung"))?
+        .map_err(|e| format!("{pod} → {dst}: {e}"))?;
+    let _ = s.write_all(line).await;
+    let mut got = Vec::new();
+    let mut buf = [0u8; 1024];
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(2);
+    loop {
+        match tokio::time::timeout_at(deadline, s.read(&mut buf)).await {
+            Err(_) => return Ok((got, false)),
+            Ok(Ok(0) | Err(_)) => return Ok((got, true)),
+            Ok(Ok(n)) => {
+                got.extend_from_slice(&buf[..n]);
+                if got.ends_with(b"\n") {
+                    return Ok((got, false));
+                }
+            }
+        }
+    }
+}
+
+/// The sum of one counter over every daemon's `/metrics`.
+async fn counter_sum(env: &Env, name: &str) -> Result<u64, String> {
+    let Some(reg) = &env.registry else {
+        return Err(env.not_here(Need::RegistryControl));
+    };
+    let mut sum = 0;
+    for socket in &reg.admin_sockets {
+        let metrics = admin_get(socket, "/metrics").await?;
+        sum += metrics
+            .lines()
+            .find_map(|l| l.strip_prefix(&format!("{name}_total ")))
+            .and_then(|v| v.trim().parse::<u64>().ok())
+            .ok_or_else(|| format!("no {name}_total on /metrics"))?;
+    }
+    Ok(sum)
+}
+
+async fn zt_tcp(env: &Env) -> Check {
+    env.overlay(Some("deny-rbac-tcp")).await?;
+    let mixed = SocketAddr::new(env.cluster_ip("mp", "mp-mixed")?, 9000);
+    let before = counter_sum(env, "aether_l4_denied").await?;
+    // Denied: closed at the destination, nothing echoed.
+    let (got, closed) = raw_exchange(env, CLIENT, mixed, b"denied\n").await?;
+    if !got.is_empty() || !closed {
+        return Err(format!(
+            "mp-client → mp-mixed:9000: want closed with nothing echoed, got {:?} (closed: {closed})",
+            String::from_utf8_lossy(&got)
+        ));
+    }
+    let after = counter_sum(env, "aether_l4_denied").await?;
+    if after != before + 1 {
+        return Err(format!(
+            "aether_l4_denied went from {before} to {after}, want +1"
+        ));
+    }
+    // The one identity the rule allows gets its bytes back.
+    let (got, _) = raw_exchange(env, "mp-client-other", mixed, b"allowed\n").await?;
+    if !String::from_utf8_lossy(&got).contains("allowed") {
+        return Err(format!(
+            "mp-client-other → mp-mixed:9000: want the echo of its bytes, got {:?}",
+            String::from_utf8_lossy(&got)
+        ));
+    }
+    // And plaintext around the mesh to the guarded raw port is refused (item 3).
+    let pod = SocketAddr::new(env.pod_ip("mp", "mp-mixed-0")?, 9000);
+    let refused = ends(env, OUTSIDE, pod, b"plain\n", Duration::from_secs(3)).await?;
+    if !refused.starts_with("refused") && !refused.starts_with("reset") {
+        return Err(format!("{OUTSIDE} → {pod}: want refused, got {refused}"));
+    }
+    Ok(format!(
+        "mp-client closed before a byte (aether_l4_denied +1), mp-client-other echoed, {OUTSIDE}→{pod} {refused}"
+    ))
 }

@@ -26,6 +26,7 @@ use tracing::{debug, warn};
 use super::hop::{HOP_SERVICES, HOP_VERSION, parse_server_name};
 use super::{ALPN_H1, ALPN_HTTP, ALPN_TCP, Body, BoxError, Inputs, Peer, PodCtx, count};
 use crate::model::port::PortProtocol;
+use crate::model::snapshot::FilterConfig;
 use crate::resolve::decision::ServiceKey;
 
 /// The class a hop's ALPN asks for.
@@ -140,6 +141,13 @@ async fn inbound_connection(
     let pod_name = pod.name.clone();
     match class {
         PortProtocol::Tcp => {
+            // model.md §12.5 item 2: authorization at connection level, before a byte
+            // reaches the application.
+            if let Err(why) = connection_verdict(&inputs.model.load(), local.ip(), &peer) {
+                count(&inputs.stats.l4_denied);
+                debug!(pod = %pod.name, peer = %peer.id, %why, "raw tcp over the hop refused");
+                return;
+            }
             let Some(mut upstream) = super::http::connect_app(&inputs, &pod, app, client_ip).await
             else {
                 return;
@@ -187,6 +195,34 @@ async fn inbound_connection(
             }
         }
     }
+}
+
+/// Whether a connection the hop delivers to the pod at `pod_ip` as bytes (raw TCP, L4) may
+/// reach the application (model.md §12.5 item 2): every `rbac` of the Services that guard the
+/// pod must let the proven `peer` through, and none of them may have an `ext_authz`, which is
+/// defined per request only (a connection under one is refused: fail closed).
+pub fn connection_verdict(
+    model: &crate::model::Model,
+    pod_ip: IpAddr,
+    peer: &Peer,
+) -> Result<(), String> {
+    for key in model.guarded_by(pod_ip) {
+        for f in model.filters_of(key) {
+            match &f.config {
+                FilterConfig::Rbac(rbac) if !super::filters::rbac_allows(rbac, peer) => {
+                    return Err(format!("rbac {} of {key} denies {}", f.name, peer.id));
+                }
+                FilterConfig::ExtAuthz(_) => {
+                    return Err(format!(
+                        "ext_authz {} of {key} applies per request; a byte stream is refused",
+                        f.name
+                    ));
+                }
+                _ => {}
+            }
+        }
+    }
+    Ok(())
 }
 
 /// One request arriving over the hop: the destination's filters, then the application. A

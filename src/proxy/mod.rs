@@ -187,6 +187,9 @@ pub struct Stats {
     pub over_limit: Counter,
     /// Mesh hop TLS handshakes that did not finish within [`ProxySettings::handshake_timeout`].
     pub handshake_timeouts: Counter,
+    /// Raw-TCP and L4 connections over the hop refused at the destination by a service-level
+    /// authorization (model.md §12.5 item 2).
+    pub l4_denied: Counter,
     /// Captured connections closed because they dialled a reserved port of the daemon
     /// (a direct connection to the capture listener, model.md §12.5 item 4).
     pub reserved_dials: Counter,
@@ -251,6 +254,11 @@ impl Stats {
                 "aether_hop_handshake_timeouts",
                 "Mesh hop TLS handshakes that did not finish in time",
                 &self.handshake_timeouts,
+            ),
+            (
+                "aether_l4_denied",
+                "Raw-TCP and L4 connections over the hop refused by service-level authorization",
+                &self.l4_denied,
             ),
             (
                 "aether_reserved_port_dials",
