@@ -393,6 +393,7 @@ fn u6_a_named_target_port_is_refused_until_a_slice_resolves_it() {
         endpoints: vec![SliceEndpoint {
             addresses: vec!["10.0.0.1".parse().unwrap()],
             pod: None,
+            ready: true,
         }],
     };
     s.endpoint_slices.push(slice(8080));
@@ -518,6 +519,7 @@ fn u11_a_user_service_over_two_mesh_services_votes_over_its_pods() {
             .map(|a| SliceEndpoint {
                 addresses: vec![a.parse().unwrap()],
                 pod: None,
+                ready: true,
             })
             .collect(),
     };
@@ -564,6 +566,7 @@ fn u11_a_user_service_over_two_mesh_services_votes_over_its_pods() {
             endpoints: vec![SliceEndpoint {
                 addresses: vec!["10.0.0.9".parse().unwrap()],
                 pod: None,
+                ready: true,
             }],
         }],
         ..Snapshot::default()

@@ -32,6 +32,12 @@ pub static HOSTILE: &[Leg] = &[
         zt_tcp
     ),
     leg!(
+        "ZT-L4",
+        "a passthrough to a mesh pod crosses the hop as bytes, and the destination's rbac decides",
+        Some("deny-rbac"),
+        zt_l4
+    ),
+    leg!(
         "ZT-STRICT",
         "a strict pod refuses plaintext from outside the mesh; the mesh and its node still reach it",
         None,
@@ -380,4 +386,52 @@ async fn zt_tcp(env: &Env) -> Check {
     Ok(format!(
         "mp-client closed before a byte (aether_l4_denied +1), mp-client-other echoed, {OUTSIDE}→{pod} {refused}"
     ))
+}
+
+async fn zt_l4(env: &Env) -> Check {
+    env.overlay(None).await?;
+    // mp-owned's user Service names no route: its ClusterIP is not the mesh's, and bytes that
+    // are not HTTP would be passed through the cluster. Its endpoints are mesh pods, so the
+    // bytes cross the hop (model.md §12.5 item 1); the application answers them as before.
+    let owned = SocketAddr::new(env.cluster_ip("mp", "mp-owned")?, 80);
+    let hops = counter_sum(env, "aether_l4_hops").await?;
+    let (got, _) = raw_exchange(env, CLIENT, owned, b"hello there\r\n\r\n").await?;
+    let text = String::from_utf8_lossy(&got).into_owned();
+    if !text.starts_with("HTTP/1.1 400") || text.to_ascii_lowercase().contains("x-aether-error") {
+        return Err(format!(
+            "mp-client → mp-owned:80 (not HTTP): want the application's own 400, got {text:?}"
+        ));
+    }
+    let after = counter_sum(env, "aether_l4_hops").await?;
+    if after != hops + 1 {
+        return Err(format!(
+            "aether_l4_hops went from {hops} to {after}, want +1"
+        ));
+    }
+    // A pod-IP dial to a declared HTTP port with bytes that are not HTTP: carried over the hop
+    // too, so mp-httponly's service-level rbac decides at connection level.
+    env.overlay(Some("deny-rbac")).await?;
+    let pod = SocketAddr::new(env.pod_ip("mp", "mp-httponly-0")?, 8080);
+    let denied = counter_sum(env, "aether_l4_denied").await?;
+    let (got, closed) = raw_exchange(env, CLIENT, pod, b"hello there\r\n\r\n").await?;
+    if !got.is_empty() || !closed {
+        return Err(format!(
+            "mp-client → {pod} (not HTTP): want closed by the rbac, got {:?}",
+            String::from_utf8_lossy(&got)
+        ));
+    }
+    let after = counter_sum(env, "aether_l4_denied").await?;
+    if after != denied + 1 {
+        return Err(format!(
+            "aether_l4_denied went from {denied} to {after}, want +1"
+        ));
+    }
+    let (got, _) = raw_exchange(env, "mp-client-other", pod, b"hello there\r\n\r\n").await?;
+    if !String::from_utf8_lossy(&got).starts_with("HTTP/1.1 400") {
+        return Err(format!(
+            "mp-client-other → {pod}: want the application's 400, got {:?}",
+            String::from_utf8_lossy(&got)
+        ));
+    }
+    Ok("mp-owned's ClusterIP over the hop (aether_l4_hops +1); pod-IP non-HTTP bytes refused by rbac (aether_l4_denied +1), allowed caller reaches the app".into())
 }

@@ -42,6 +42,7 @@ use crate::model::{
     PodFacts, PodIpEntry,
 };
 
+mod l4;
 mod routes;
 
 const H2C: &str = "kubernetes.io/h2c";
@@ -607,6 +608,7 @@ impl<'s> Compiler<'s> {
             );
         }
 
+        let l4 = l4::passthrough_targets(snapshot, &pod_ips);
         let pods = snapshot
             .pods
             .iter()
@@ -659,6 +661,7 @@ impl<'s> Compiler<'s> {
                 by_ns
             },
             cluster_ips,
+            l4,
             pod_ips,
             pods,
             service_filters: filters,

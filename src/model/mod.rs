@@ -28,7 +28,7 @@ pub mod target;
 pub mod vote;
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
-use std::net::IpAddr;
+use std::net::{IpAddr, SocketAddr};
 use std::sync::Arc;
 
 use serde::{Deserialize, Serialize};
@@ -41,7 +41,7 @@ use crate::model::attach::{PortRoutes, RouteStatus, TlsTable};
 use crate::model::names::Domains;
 use crate::model::port::{PortClass, PortProtocol};
 use crate::model::snapshot::FilterConfig;
-use crate::model::target::{CaptureMode, Endpoint, ServiceKey, ServiceLine, TcpChoice};
+use crate::model::target::{CaptureMode, Endpoint, L4Endpoint, ServiceKey, ServiceLine, TcpChoice};
 
 /// The node's settings that the model depends on.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -94,6 +94,9 @@ pub struct Model {
     pub(crate) pod_ips: HashMap<IpAddr, Arc<PodIpEntry>>,
     /// Every pod by (namespace, name), for callers.
     pub(crate) pods: BTreeMap<(String, String), PodFacts>,
+    /// Passthroughs carried over the mesh hop: a user Service's (ClusterIP, TCP port) with a
+    /// mesh pod among its endpoints, and those endpoints (model.md §12.5 item 1).
+    pub(crate) l4: HashMap<SocketAddr, Arc<[L4Endpoint]>>,
     /// Service-level filters by the Service they target.
     pub(crate) service_filters: BTreeMap<ServiceKey, Arc<[NamedFilter]>>,
     /// The one-truth class of each mesh service's ports.
@@ -301,6 +304,29 @@ impl Model {
     /// Route status entries, one per (route, parentRef).
     pub fn route_statuses(&self) -> &[RouteStatus] {
         &self.statuses
+    }
+
+    /// Where a captured connection to `dialled` that would be passed through goes instead
+    /// (model.md §12.5 item 1): the endpoints to pick from, a mesh pod's bytes carried over the
+    /// hop. A user Service's ClusterIP and port with a mesh pod behind it gives its Ready
+    /// endpoints; a served pod's IP on a port it declares gives that pod. `None` is the plain
+    /// passthrough to `dialled`.
+    pub fn passthrough_over_hop(&self, dialled: SocketAddr) -> Option<Arc<[L4Endpoint]>> {
+        if let Some(eps) = self.l4.get(&dialled) {
+            return Some(eps.clone());
+        }
+        let pod = self.pod_ips.get(&dialled.ip())?;
+        matches!(
+            pod.declared.get(&dialled.port()),
+            Some(PortProtocol::Http | PortProtocol::Tcp)
+        )
+        .then(|| {
+            Arc::from([L4Endpoint {
+                address: dialled.ip(),
+                port: dialled.port(),
+                mesh: Some(pod.endpoint.mesh_service.clone()),
+            }])
+        })
     }
 
     /// The Services whose service-level filters guard a connection the hop delivers to the

@@ -508,6 +508,7 @@ fn build(w: &World) -> Snapshot {
                         .map(|a| SliceEndpoint {
                             addresses: vec![*a],
                             pod: None,
+                            ready: true,
                         })
                         .collect(),
                 });

@@ -214,6 +214,13 @@ pub struct SliceEndpoint {
     pub addresses: Vec<IpAddr>,
     /// The pod it points at, when the slice names one.
     pub pod: Option<String>,
+    /// `conditions.ready` (absent counts as ready, as Kubernetes reads it).
+    #[serde(default = "ready_by_default")]
+    pub ready: bool,
+}
+
+fn ready_by_default() -> bool {
+    true
 }
 
 /// A reference to an object by group, kind, namespace and name (Gateway API shapes).

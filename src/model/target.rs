@@ -51,6 +51,18 @@ pub struct Endpoint {
     pub mesh_service: ServiceKey,
 }
 
+/// One endpoint a passthrough may be carried to (model.md §12.5 item 1).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub struct L4Endpoint {
+    /// Its address.
+    pub address: IpAddr,
+    /// The pod port.
+    pub port: u16,
+    /// The mesh service of the served pod at `address` when it declares `port`: the bytes
+    /// cross the mesh hop to it. `None`: not the mesh's, reached directly.
+    pub mesh: Option<ServiceKey>,
+}
+
 /// Where a raw-TCP connection goes.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize)]
 pub struct TcpTarget {

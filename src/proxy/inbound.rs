@@ -19,12 +19,15 @@ use std::sync::Arc;
 use http::{Request, Response, Version};
 use http_body_util::BodyExt;
 use hyper_util::rt::{TokioExecutor, TokioIo};
+use tokio::io::AsyncReadExt;
 use tokio::net::{TcpListener, TcpStream};
 use tokio_rustls::LazyConfigAcceptor;
 use tracing::{debug, warn};
 
 use super::hop::{HOP_SERVICES, HOP_VERSION, parse_server_name};
-use super::{ALPN_H1, ALPN_HTTP, ALPN_TCP, Body, BoxError, Inputs, Peer, PodCtx, count};
+use super::{
+    ALPN_H1, ALPN_HTTP, ALPN_L4, ALPN_TCP, Body, BoxError, Inputs, Peer, PodCtx, count, sniff,
+};
 use crate::model::port::PortProtocol;
 use crate::model::snapshot::FilterConfig;
 use crate::resolve::decision::ServiceKey;
@@ -95,16 +98,22 @@ async fn inbound_connection(
     let alpn: Option<Vec<u8>> = hello.alpn().and_then(|mut a| a.next().map(<[u8]>::to_vec));
     let model = inputs.model.load();
     let class = hop_class(alpn.as_deref());
+    let l4 = alpn.as_deref() == Some(ALPN_L4);
     let checked = sni.as_deref().and_then(|sni| {
         let (port, svc, ns) = parse_server_name(sni, &inputs.settings.mesh_domain)?;
         let (own, declared) = model.pod_ports(local.ip())?;
-        let ok = &*own.name == svc
-            && &*own.namespace == ns
-            && class.is_some()
-            && declared.get(&port).copied() == class;
-        ok.then_some(port)
+        let declared = declared.get(&port).copied()?;
+        // An L4 hop carries bytes to any TCP port the pod declares (model.md §12.5 item 1).
+        let fits = if l4 {
+            matches!(declared, PortProtocol::Http | PortProtocol::Tcp)
+        } else {
+            class == Some(declared)
+        };
+        let ok = &*own.name == svc && &*own.namespace == ns && fits;
+        ok.then_some((port, declared))
     });
-    let (Some(port), Some(class)) = (checked, class) else {
+    drop(model);
+    let Some((port, class)) = checked else {
         // model.md §14: an SNI whose port the pod does not declare with the hop's class is
         // refused by closing the handshake.
         debug!(?sni, pod = %pod.name, "inbound hop refused: SNI not served here");
@@ -138,6 +147,14 @@ async fn inbound_connection(
     };
     let client_ip = peer_addr.ip();
     let app = SocketAddr::new(local.ip(), port);
+    if l4 {
+        let to = Delivery {
+            app,
+            client_ip,
+            pod_ip: local.ip(),
+        };
+        return l4_delivery(inputs, pod, tls, peer, to, class).await;
+    }
     let pod_name = pod.name.clone();
     match class {
         PortProtocol::Tcp => {
@@ -297,4 +314,127 @@ pub async fn destination_filters<B>(
         }
     }
     Ok(version)
+}
+
+/// Where an L4 delivery goes: the application's address, the client pod's IP (the source
+/// the application sees), and the destination pod's own IP (which Services guard it).
+#[derive(Clone, Copy, Debug)]
+struct Delivery {
+    app: SocketAddr,
+    client_ip: IpAddr,
+    pod_ip: IpAddr,
+}
+
+type ServerTls = tokio_rustls::server::TlsStream<TcpStream>;
+
+/// An L4 hop (model.md §12.5 items 1 and 2): the bytes of a connection the source would have
+/// passed through. A raw-TCP port gets them after the connection-level authorization; an HTTP
+/// port serves them as HTTP with the filters of the Services that guard the pod on every
+/// request, and bytes that are not HTTP go through as bytes only where no `ext_authz` applies.
+async fn l4_delivery(
+    inputs: Arc<Inputs>,
+    pod: Arc<PodCtx>,
+    mut tls: ServerTls,
+    peer: Peer,
+    to: Delivery,
+    declared: PortProtocol,
+) {
+    count(&inputs.stats.deliveries);
+    if declared == PortProtocol::Http {
+        // The first bytes decide, within the sniff bound (addressing.md §3.1).
+        let deadline = tokio::time::Instant::now() + inputs.settings.sniff_bound;
+        let mut prefix = Vec::new();
+        let mut chunk = [0u8; 4096];
+        let mut http = false;
+        while prefix.len() < 16 * 1024 {
+            match tokio::time::timeout_at(deadline, tls.read(&mut chunk)).await {
+                Err(_) | Ok(Ok(0)) => break,
+                Ok(Err(_)) => return,
+                Ok(Ok(n)) => prefix.extend_from_slice(&chunk[..n]),
+            }
+            match sniff::sniff(&prefix) {
+                sniff::Verdict::Known(s) => {
+                    http = s == crate::resolve::decision::Sniffed::Http;
+                    break;
+                }
+                sniff::Verdict::NeedMore => {}
+            }
+        }
+        let stream = super::rewind::Rewind::new(bytes::Bytes::from(prefix), tls);
+        if http {
+            return l4_http(inputs, pod, stream, peer, to).await;
+        }
+        return l4_bytes(&inputs, &pod, stream, &peer, to).await;
+    }
+    l4_bytes(&inputs, &pod, tls, &peer, to).await;
+}
+
+/// Bytes to the application after the connection-level authorization.
+async fn l4_bytes<S>(inputs: &Inputs, pod: &PodCtx, mut stream: S, peer: &Peer, to: Delivery)
+where
+    S: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin,
+{
+    if let Err(why) = connection_verdict(&inputs.model.load(), to.pod_ip, peer) {
+        count(&inputs.stats.l4_denied);
+        debug!(pod = %pod.name, peer = %peer.id, %why, "l4 hop refused");
+        return;
+    }
+    let Some(mut upstream) = super::http::connect_app(inputs, pod, to.app, to.client_ip).await
+    else {
+        return;
+    };
+    let _ = tokio::io::copy_bidirectional(&mut stream, &mut upstream).await;
+}
+
+/// An L4 hop's bytes on an HTTP port, served as HTTP: each request runs the service-level
+/// filters of the Services that guard the pod, on the identity the hop proved. The source
+/// parsed nothing, so no hop header is read: the client's `x-aether-` headers are removed.
+async fn l4_http<S>(inputs: Arc<Inputs>, pod: Arc<PodCtx>, stream: S, peer: Peer, to: Delivery)
+where
+    S: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send + 'static,
+{
+    let peer = Arc::new(peer);
+    let service = hyper::service::service_fn(move |mut req: Request<hyper::body::Incoming>| {
+        let inputs = inputs.clone();
+        let pod = pod.clone();
+        let peer = peer.clone();
+        async move {
+            super::filters::strip_mesh_headers(req.headers_mut());
+            let model = inputs.model.load();
+            for key in model.guarded_by(to.pod_ip) {
+                for filter in model.filters_of(key) {
+                    if let Some(denied) =
+                        super::filters::authorize(&inputs, &pod, &filter.config, key, &peer, &req)
+                            .await
+                    {
+                        return Ok::<_, std::convert::Infallible>(denied);
+                    }
+                }
+            }
+            drop(model);
+            let version = req.version();
+            let client_upgrade =
+                super::upgrade::is_upgrade(&req).then(|| hyper::upgrade::on(&mut req));
+            let req = req.map(|body| body.map_err(BoxError::from).boxed());
+            Ok(super::http::to_app(
+                &inputs,
+                &pod,
+                to.app,
+                to.client_ip,
+                version,
+                req,
+                client_upgrade,
+            )
+            .await)
+        }
+    });
+    let mut builder = hyper_util::server::conn::auto::Builder::new(TokioExecutor::new());
+    builder.http1().timer(hyper_util::rt::TokioTimer::new());
+    builder.http2().timer(hyper_util::rt::TokioTimer::new());
+    if let Err(e) = builder
+        .serve_connection_with_upgrades(TokioIo::new(stream), service)
+        .await
+    {
+        debug!(error = %e, "l4 hop as HTTP ended");
+    }
 }

@@ -16,6 +16,7 @@ pub mod mesh_call;
 pub mod outbound;
 pub mod peek;
 pub mod respond;
+pub mod rewind;
 pub mod sniff;
 pub mod socket;
 pub mod udp;
@@ -46,8 +47,12 @@ pub const ALPN_TCP: &[u8] = b"aether-tcp/1";
 /// (`Upgrade`, addressing.md I11): HTTP/2 cannot carry it, so it gets a connection of its own,
 /// checked at the destination as the HTTP class.
 pub const ALPN_H1: &[u8] = b"aether-h1/1";
+/// ALPN of an L4 mesh hop (model.md §12.5 item 1): the bytes of a connection the source would
+/// have passed through, to a port the destination pod declares (raw TCP or HTTP); the
+/// destination serves an HTTP port's bytes as HTTP, with its filters.
+pub const ALPN_L4: &[u8] = b"aether-l4/1";
 /// Every ALPN the inbound hop serves, in preference order (the destination's TLS offers these).
-pub const ALPNS: &[&[u8]] = &[ALPN_HTTP, ALPN_TCP, ALPN_H1];
+pub const ALPNS: &[&[u8]] = &[ALPN_HTTP, ALPN_TCP, ALPN_H1, ALPN_L4];
 
 /// The largest request body copied to a `RequestMirror`; a larger body is not mirrored
 /// (logged and counted in `aether_mirror_skipped`).
@@ -187,6 +192,9 @@ pub struct Stats {
     pub over_limit: Counter,
     /// Mesh hop TLS handshakes that did not finish within [`ProxySettings::handshake_timeout`].
     pub handshake_timeouts: Counter,
+    /// Passthroughs carried over the mesh hop as bytes because their destination is a mesh pod
+    /// (model.md §12.5 item 1).
+    pub l4_hops: Counter,
     /// Raw-TCP and L4 connections over the hop refused at the destination by a service-level
     /// authorization (model.md §12.5 item 2).
     pub l4_denied: Counter,
@@ -254,6 +262,11 @@ impl Stats {
                 "aether_hop_handshake_timeouts",
                 "Mesh hop TLS handshakes that did not finish in time",
                 &self.handshake_timeouts,
+            ),
+            (
+                "aether_l4_hops",
+                "Passthroughs to a mesh pod carried over the mesh hop as bytes",
+                &self.l4_hops,
             ),
             (
                 "aether_l4_denied",

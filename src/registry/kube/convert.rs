@@ -670,7 +670,12 @@ pub fn convert_endpoint_slice(slice: &K8sEndpointSlice) -> Result<EndpointSlice,
             .as_ref()
             .filter(|r| r.kind.as_deref() == Some("Pod"))
             .and_then(|r| r.name.clone());
-        endpoints.push(SliceEndpoint { addresses, pod });
+        let ready = e.conditions.as_ref().and_then(|c| c.ready).unwrap_or(true);
+        endpoints.push(SliceEndpoint {
+            addresses,
+            pod,
+            ready,
+        });
     }
     Ok(EndpointSlice {
         namespace: ns(&key),
