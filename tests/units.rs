@@ -4,6 +4,7 @@
 
 use std::collections::BTreeMap;
 use std::net::{IpAddr, SocketAddr};
+use std::path::PathBuf;
 
 use aether::model::names::{AuthorityInput, HttpVersion};
 use aether::model::port::Transport;
@@ -920,7 +921,7 @@ fn pods_of_an_ignored_namespace_are_neither_managed_nor_registered() {
             netns: None,
             netns_from_cni: false,
             command: Vec::new(),
-            inbound_strict: None,
+            inbound_mode: None,
             host_ips: Vec::new(),
         }],
         ..Snapshot::default()
@@ -1042,5 +1043,133 @@ fn a_consumer_route_applies_to_its_namespaces_callers_only() {
         from_mp,
         vec!["10.0.0.1".parse::<IpAddr>().unwrap()],
         "default delivery for other callers"
+    );
+}
+
+/// The fixture with `variants/<variant>` on top and `edit` applied to one file, compiled.
+fn fixture_model(variant: Option<&str>, edit: Option<(&str, &str, &str)>) -> (Snapshot, Model) {
+    let root = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("config/examples");
+    static NEXT: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
+    let n = NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    let dir = std::env::temp_dir().join(format!("aether-units-{}-{n}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    for e in std::fs::read_dir(root.join("mp")).unwrap().flatten() {
+        std::fs::copy(e.path(), dir.join(e.file_name())).unwrap();
+    }
+    if let Some(v) = variant {
+        for e in std::fs::read_dir(root.join("variants").join(v))
+            .unwrap()
+            .flatten()
+        {
+            std::fs::copy(
+                e.path(),
+                dir.join(format!("zz-{}", e.file_name().to_string_lossy())),
+            )
+            .unwrap();
+        }
+    }
+    if let Some((file, from, to)) = edit {
+        let text = std::fs::read_to_string(dir.join(file)).unwrap();
+        assert!(text.contains(from), "{file}: {from:?}");
+        std::fs::write(dir.join(file), text.replacen(from, to, 1)).unwrap();
+    }
+    let mut snapshot = aether::registry::file::load_dir(&dir).unwrap().snapshot;
+    std::fs::remove_dir_all(&dir).unwrap();
+    registrar::complete_snapshot(&mut snapshot, "10.96.0.0/16".parse().unwrap());
+    let model = compile(&snapshot, &NodeContext::default());
+    (snapshot, model)
+}
+
+#[test]
+fn plaintext_is_refused_on_the_declared_ports_of_pods_a_service_level_authorization_guards() {
+    // model.md §12.5 item 3: mp-multi has an ext_authz in the fixture; with deny-rbac,
+    // mp-httponly has an rbac; mp-eighty has neither and stays open (permissive).
+    let (_, base) = fixture_model(None, None);
+    let refused = |m: &Model, pod: &str| m.pod("mp", pod).unwrap().inbound.refused_ports.clone();
+    assert_eq!(refused(&base, "mp-multi-0"), vec![8080, 9090]);
+    assert_eq!(
+        base.pod("mp", "mp-multi-0").unwrap().inbound.authorized_by,
+        vec!["mp/mp-multi".to_owned()]
+    );
+    assert!(refused(&base, "mp-httponly-0").is_empty());
+    assert!(refused(&base, "mp-eighty-0").is_empty());
+    // A pod that declares nothing has nothing to refuse.
+    assert!(refused(&base, "mp-client").is_empty());
+    let (_, rbac) = fixture_model(Some("deny-rbac"), None);
+    assert_eq!(refused(&rbac, "mp-httponly-0"), vec![8080]);
+    assert!(refused(&rbac, "mp-httponly-1").iter().eq([8080].iter()));
+    assert!(refused(&rbac, "mp-eighty-0").is_empty());
+    // strict refuses without any filter; an unknown mode is strict too, with a diagnostic.
+    let ann = "    aether.io/netns: \"mp-nine-0\"\n";
+    for (mode, strict) in [("strict", true), ("permissive", false), ("strcit", true)] {
+        let with = format!("{ann}    inbound.aether.io/mode: \"{mode}\"\n");
+        let (_, m) = fixture_model(None, Some(("10-mp-nine.yaml", ann, &with)));
+        let nine = m.pod("mp", "mp-nine-0").unwrap();
+        assert_eq!(nine.inbound.strict, strict, "{mode}");
+        assert_eq!(
+            refused(&m, "mp-nine-0"),
+            if strict { vec![9000] } else { vec![] }
+        );
+        let flagged = m
+            .diagnostics
+            .iter()
+            .any(|d| d.kind.as_str() == "inbound-mode" && d.subject == "mp/mp-nine-0");
+        assert_eq!(flagged, mode == "strcit", "{mode}");
+    }
+}
+
+#[test]
+fn a_passthrough_to_a_mesh_pod_is_carried_over_the_hop_to_one_of_its_ready_endpoints() {
+    // model.md §12.5 item 1.
+    let (snapshot, m) = fixture_model(None, None);
+    let vip = |name: &str| {
+        snapshot
+            .services
+            .iter()
+            .find(|s| s.name == name)
+            .and_then(|s| s.cluster_ips.first().copied())
+            .unwrap()
+    };
+    let pod_ip = |name: &str| {
+        snapshot
+            .pods
+            .iter()
+            .find(|p| p.name == name)
+            .and_then(|p| p.ips.first().copied())
+            .unwrap()
+    };
+    // mp-owned's user Service (80 → 8080) selects two mesh pods.
+    let owned = m
+        .passthrough_over_hop(SocketAddr::new(vip("mp-owned"), 80))
+        .unwrap();
+    let mut got: Vec<(IpAddr, u16, Option<String>)> = owned
+        .iter()
+        .map(|e| (e.address, e.port, e.mesh.as_ref().map(ToString::to_string)))
+        .collect();
+    got.sort();
+    let mut want = vec![
+        (pod_ip("mp-owned-0"), 8080, Some("mp/mp-owned".to_owned())),
+        (pod_ip("mp-owned-1"), 8080, Some("mp/mp-owned".to_owned())),
+    ];
+    want.sort();
+    assert_eq!(got, want);
+    // ext-http's Service selects an unmanaged pod: a plain passthrough.
+    assert!(
+        m.passthrough_over_hop(SocketAddr::new(vip("ext-http"), 18081))
+            .is_none()
+    );
+    // A served pod's declared port is that pod; an undeclared one is a plain passthrough.
+    let one = m
+        .passthrough_over_hop(SocketAddr::new(pod_ip("mp-httponly-0"), 8080))
+        .unwrap();
+    assert_eq!(one.len(), 1);
+    assert_eq!(
+        one[0].mesh.as_ref().map(ToString::to_string).as_deref(),
+        Some("mp/mp-httponly")
+    );
+    assert!(
+        m.passthrough_over_hop(SocketAddr::new(pod_ip("mp-httponly-0"), 7777))
+            .is_none()
     );
 }

@@ -76,7 +76,12 @@ fn inbound_facts(
     pod_ips: &HashMap<IpAddr, Arc<PodIpEntry>>,
     filters: &BTreeMap<ServiceKey, Arc<[NamedFilter]>>,
 ) -> InboundFacts {
-    let strict = pod.inbound_strict.unwrap_or(ctx.inbound_strict_default);
+    let strict = match pod.inbound_mode.as_deref() {
+        None => ctx.inbound_strict_default,
+        Some("permissive") => false,
+        // `strict`, and any value that is not a mode: fail closed (a diagnostic says so).
+        Some(_) => true,
+    };
     let entry = pod.ips.iter().find_map(|ip| pod_ips.get(ip));
     let mut authorized_by = Vec::new();
     let mut ports = Vec::new();
@@ -609,6 +614,20 @@ impl<'s> Compiler<'s> {
         }
 
         let l4 = l4::passthrough_targets(snapshot, &pod_ips);
+        for p in &snapshot.pods {
+            if let Some(v) = p.inbound_mode.as_deref()
+                && v != "strict"
+                && v != "permissive"
+            {
+                self.diagnostics.push(Diagnostic::new(
+                    DiagnosticKind::InboundMode,
+                    format!("{}/{}", p.namespace, p.name),
+                    format!(
+                        "inbound.aether.io/mode {v:?} is neither \"strict\" nor \"permissive\": the pod is strict"
+                    ),
+                ));
+            }
+        }
         let pods = snapshot
             .pods
             .iter()

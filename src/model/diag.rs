@@ -33,6 +33,8 @@ pub enum DiagnosticKind {
     Route,
     /// A MeshFilter that targets nothing the model knows, or a bad reference.
     Filter,
+    /// An `inbound.aether.io/mode` that is neither `strict` nor `permissive`: the pod is strict.
+    InboundMode,
 }
 
 impl DiagnosticKind {
@@ -46,6 +48,7 @@ impl DiagnosticKind {
             Self::DuplicateAddress => "duplicate-address",
             Self::Route => "route",
             Self::Filter => "filter",
+            Self::InboundMode => "inbound-mode",
         }
     }
 }

@@ -358,7 +358,7 @@ fn build(w: &World) -> Snapshot {
                 netns: None,
                 netns_from_cni: false,
                 command: vec![],
-                inbound_strict: None,
+                inbound_mode: None,
                 host_ips: Vec::new(),
             });
         }

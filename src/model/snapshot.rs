@@ -126,10 +126,11 @@ pub struct Pod {
     pub netns_from_cni: bool,
     /// The container command (file mode: what the local topology starts in the pod).
     pub command: Vec<String>,
-    /// `inbound.aether.io/mode`: `Some(true)` for `strict`, `Some(false)` for `permissive`,
-    /// `None` for the node default (model.md §12.5 item 3).
+    /// `inbound.aether.io/mode` as written (`strict`, `permissive`); `None` for the node
+    /// default (model.md §12.5 item 3). Any other value makes the pod strict (fail closed),
+    /// with a diagnostic.
     #[serde(default)]
-    pub inbound_strict: Option<bool>,
+    pub inbound_mode: Option<String>,
     /// `status.hostIPs` (or `status.hostIP`): the node's own addresses, whose plaintext
     /// (kubelet probes) is let through in both inbound modes.
     #[serde(default)]

@@ -76,7 +76,7 @@ pub fn scaled(services: u32) -> Snapshot {
                 netns: None,
                 netns_from_cni: false,
                 command: Vec::new(),
-                inbound_strict: None,
+                inbound_mode: None,
                 host_ips: Vec::new(),
             });
         }

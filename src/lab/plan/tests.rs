@@ -233,7 +233,7 @@ fn pod(name: &str, node: &str, ip: &str) -> Pod {
         netns: Some(name.to_owned()),
         netns_from_cni: false,
         command: Vec::new(),
-        inbound_strict: None,
+        inbound_mode: None,
         host_ips: Vec::new(),
     }
 }

@@ -427,19 +427,7 @@ pub fn convert_pod(
             });
         }
     };
-    let inbound_strict = match annotations.get(ANNOTATION_INBOUND_MODE).map(String::as_str) {
-        None => None,
-        Some("strict") => Some(true),
-        Some("permissive") => Some(false),
-        Some(other) => {
-            return Err(ConvertError::InvalidValue {
-                object: Box::new(key),
-                field: annotation_field(ANNOTATION_INBOUND_MODE),
-                value: other.to_owned(),
-                expected: "\"strict\" or \"permissive\"",
-            });
-        }
-    };
+    let inbound_mode = annotations.get(ANNOTATION_INBOUND_MODE).cloned();
     let mut host_ips = Vec::new();
     match status
         .and_then(|s| s.host_ips.as_ref())
@@ -508,7 +496,7 @@ pub fn convert_pod(
             .get(ANNOTATION_NETNS_FROM)
             .is_some_and(|v| v == "cni"),
         command,
-        inbound_strict,
+        inbound_mode,
         host_ips,
     };
 
