@@ -408,6 +408,24 @@ async fn zt_l4(env: &Env) -> Check {
             "aether_l4_hops went from {hops} to {after}, want +1"
         ));
     }
+    // An HTTP request passed through (the Kubernetes name of a meshOnly service is not the
+    // mesh's, N15) goes over the hop too, on a kept connection to the endpoint picked.
+    let o = env
+        .probe(
+            CLIENT,
+            &probe(
+                name("mp-owned.mp.svc.cluster.local", 80),
+                Send::Http(HttpRequest::get("/")),
+            ),
+        )
+        .await?;
+    echo(&o, "mp-owned", 8080)?;
+    let http_hops = counter_sum(env, "aether_l4_hops").await?;
+    if http_hops <= after {
+        return Err(format!(
+            "an HTTP passthrough to mp-owned left aether_l4_hops at {http_hops}: it went in plaintext"
+        ));
+    }
     // A pod-IP dial to a declared HTTP port with bytes that are not HTTP: carried over the hop
     // too, so mp-httponly's service-level rbac decides at connection level.
     env.overlay(Some("deny-rbac")).await?;
@@ -433,5 +451,5 @@ async fn zt_l4(env: &Env) -> Check {
             String::from_utf8_lossy(&got)
         ));
     }
-    Ok("mp-owned's ClusterIP over the hop (aether_l4_hops +1); pod-IP non-HTTP bytes refused by rbac (aether_l4_denied +1), allowed caller reaches the app".into())
+    Ok("mp-owned's ClusterIP over the hop (aether_l4_hops +1, bytes and HTTP); pod-IP non-HTTP bytes refused by rbac (aether_l4_denied +1), allowed caller reaches the app".into())
 }

@@ -21,7 +21,6 @@ use http_body::{Body as HttpBody, Frame, SizeHint};
 use http_body_util::BodyExt;
 use hyper::client::conn::{http1, http2};
 use hyper_util::rt::{TokioExecutor, TokioIo};
-use tokio::net::TcpStream;
 
 use super::{Body, BoxError};
 
@@ -40,7 +39,7 @@ pub struct AppPool {
 impl AppPool {
     /// Send `req` to the application at `app` for a client at `client`, reusing a kept
     /// connection when one is ready and opening one with `connect` otherwise.
-    pub async fn send<F, Fut>(
+    pub async fn send<F, Fut, S>(
         &self,
         client: IpAddr,
         app: SocketAddr,
@@ -50,7 +49,8 @@ impl AppPool {
     ) -> Result<Response<Body>, BoxError>
     where
         F: FnOnce() -> Fut,
-        Fut: Future<Output = Option<TcpStream>>,
+        Fut: Future<Output = Option<S>>,
+        S: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send + 'static,
     {
         let key = (client, app);
         if h2 {
@@ -213,7 +213,7 @@ mod tests {
         let (addr, conns) = server().await;
         let pool = AppPool::default();
         let client: IpAddr = "10.0.0.1".parse().unwrap();
-        let connect = || async move { TcpStream::connect(addr).await.ok() };
+        let connect = || async move { tokio::net::TcpStream::connect(addr).await.ok() };
         for _ in 0..5 {
             let r = pool
                 .send(client, addr, false, get(), connect)

@@ -14,6 +14,7 @@ pub mod http;
 pub mod inbound;
 pub mod mesh_call;
 pub mod outbound;
+pub mod passthrough;
 pub mod peek;
 pub mod respond;
 pub mod rewind;

@@ -8,8 +8,7 @@ use std::sync::Arc;
 use tokio::net::{TcpListener, TcpStream};
 use tracing::{debug, info, warn};
 
-use super::socket::Source;
-use super::{ALPN_L4, ALPN_TCP, Inputs, PodCtx, count, hop, peek, sniff};
+use super::{ALPN_TCP, Inputs, PodCtx, count, hop, peek, sniff};
 use crate::model::filters::pick_weighted;
 use crate::resolve::decision::{
     AfterSniff, ConnDecision, HttpEntry, Sniffed, TcpBackend, TcpChoice,
@@ -158,45 +157,12 @@ async fn tcp(inputs: &Inputs, pod: &PodCtx, mut stream: TcpStream, choice: &TcpC
     let _ = tokio::io::copy_bidirectional(&mut stream, &mut upstream).await;
 }
 
-/// Passthrough at the byte level: to the dialled address, from the pod's own address. Where
-/// the destination is a mesh pod (a user Service's endpoint the mesh serves, or a served pod's
-/// declared port), the bytes cross the mesh hop instead (model.md §12.5 item 1).
+/// Passthrough at the byte level: to the dialled address, from the pod's own address; to a
+/// mesh pod over the hop instead ([`passthrough`], model.md §12.5 item 1).
 async fn passthrough(inputs: &Inputs, pod: &PodCtx, mut stream: TcpStream, dialled: SocketAddr) {
     count(&inputs.stats.passthroughs);
-    let over_hop = inputs.model.load().passthrough_over_hop(dialled);
-    let mut dst = dialled;
-    if let Some(endpoints) = over_hop {
-        // As kube-proxy would: one of the Ready endpoints, at random.
-        let Some(e) = endpoints.get(fastrand::usize(..endpoints.len().max(1))) else {
-            return;
-        };
-        if let Some(service) = &e.mesh {
-            let endpoint = crate::model::target::Endpoint {
-                address: e.address,
-                pod: None,
-                node: None,
-                mesh_service: service.clone(),
-            };
-            let mut upstream = match hop::connect(inputs, pod, &endpoint, e.port, ALPN_L4).await {
-                Ok(s) => s,
-                Err(e) => {
-                    debug!(error = %crate::DisplayChain(&e), %dialled, "l4 hop failed");
-                    return;
-                }
-            };
-            count(&inputs.stats.l4_hops);
-            let _ = tokio::io::copy_bidirectional(&mut stream, &mut upstream).await;
-            return;
-        }
-        dst = SocketAddr::new(e.address, e.port);
-    }
-    let connect = tokio::time::timeout(
-        inputs.settings.connect_timeout,
-        pod.net.connect(dst, Source::PodIp),
-    )
-    .await;
-    let Ok(Ok(mut upstream)) = connect else {
-        debug!(%dialled, "passthrough destination unreachable");
+    let target = super::passthrough::pick(inputs, dialled);
+    let Some(mut upstream) = super::passthrough::open(inputs, pod, &target).await else {
         return;
     };
     let _ = tokio::io::copy_bidirectional(&mut stream, &mut upstream).await;

@@ -4,8 +4,8 @@
 //! kept connections ([`crate::proxy::app_pool`]); a request that switches protocols gets a
 //! connection of its own and is spliced on `101` ([`crate::proxy::upgrade`]).
 //!
-//! May import: `app_pool`, `upgrade`, `socket`, `respond`; never the filters, the hop or the
-//! rest of `http`. Invariant: an upstream's `x-aether-error` never reaches the client (I12);
+//! May import: `app_pool`, `upgrade`, `socket`, `respond`, `passthrough` (which opens a
+//! passthrough's stream, over the hop to a mesh pod); never the filters or the rest of `http`. Invariant: an upstream's `x-aether-error` never reaches the client (I12);
 //! every other status, header and body byte passes unchanged (I2).
 
 use std::net::{IpAddr, SocketAddr};
@@ -16,7 +16,7 @@ use tokio::net::TcpStream;
 use tracing::debug;
 
 use crate::proxy::socket::{SocketError, Source};
-use crate::proxy::{Body, BoxError, Inputs, PodCtx, count, respond, upgrade};
+use crate::proxy::{Body, BoxError, Inputs, PodCtx, count, passthrough, respond, upgrade};
 use crate::resolve::answer::{HEADER_ERROR, Reason};
 
 /// Forward one request outside the mesh to the address the client dialled, from the client
@@ -33,19 +33,14 @@ pub(super) async fn passthrough(
         return respond::reason(Reason::UpstreamUnreachable);
     };
     let h2 = req.version() == Version::HTTP_2;
-    let connect = || async {
-        tokio::time::timeout(
-            inputs.settings.connect_timeout,
-            pod.net.connect(dialled, Source::PodIp),
-        )
-        .await
-        .ok()
-        .and_then(Result::ok)
-    };
+    // A mesh pod behind the dialled address is reached over the hop (model.md §12.5 item 1);
+    // kept connections are per endpoint then.
+    let target = passthrough::pick(inputs, dialled);
+    let connect = || passthrough::open(inputs, pod, &target);
     forward(
         inputs,
         source,
-        dialled,
+        target.dst,
         h2,
         origin_form(req),
         client_upgrade,
@@ -58,7 +53,7 @@ pub(super) async fn passthrough(
 /// answer with its response, the upstream's `x-aether-error` removed (I12). The request goes on
 /// a kept connection per (`source`, `dst`) (`proxy::app_pool`); an upgrade request gets a
 /// connection of its own, which becomes the client's after `101`.
-async fn forward<F, Fut>(
+async fn forward<F, Fut, S>(
     inputs: &Inputs,
     source: IpAddr,
     dst: SocketAddr,
@@ -69,7 +64,8 @@ async fn forward<F, Fut>(
 ) -> Response<Body>
 where
     F: FnOnce() -> Fut,
-    Fut: Future<Output = Option<TcpStream>>,
+    Fut: Future<Output = Option<S>>,
+    S: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send + 'static,
 {
     let sent = match client_upgrade {
         Some(up) => match connect().await {
