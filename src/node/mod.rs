@@ -4,6 +4,7 @@
 pub mod admin;
 pub mod config;
 pub mod dns;
+pub mod handoff;
 pub mod pods;
 pub mod tls;
 
