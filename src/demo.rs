@@ -365,6 +365,7 @@ pub async fn up_until(opts: &DemoOptions, stop: &Stop) -> Result<Running, DemoEr
     }
     let home = lab.home();
     let lab = Arc::new(tokio::sync::Mutex::new(Some(lab)));
+    let upgrade = upgrade_hook(lab.clone(), argvs.clone());
     let restart = restart_hook(lab.clone(), argvs);
     let env = Env {
         home,
@@ -378,6 +379,7 @@ pub async fn up_until(opts: &DemoOptions, stop: &Stop) -> Result<Running, DemoEr
         }),
         ca_dir: Some(ca_dir),
         restart: Some(restart),
+        upgrade: Some(upgrade),
         missing: Default::default(),
     };
     Ok(Running {
@@ -493,6 +495,52 @@ fn restart_hook(
             .await
             .map_err(|e| e.to_string())?;
             restarted?;
+            wait_ready(&sock, Duration::from_secs(30)).await
+        })
+    }))
+}
+
+/// The UPGRADE leg's hook: start a node's daemon beside the running one and wait until the new
+/// one has taken the listening sockets and serves (it replaces `handoff.sock` then).
+fn upgrade_hook(
+    lab: Arc<tokio::sync::Mutex<Option<Lab>>>,
+    argvs: std::collections::BTreeMap<String, (Vec<String>, PathBuf)>,
+) -> legs::RestartHook {
+    use std::os::unix::fs::MetadataExt;
+    let argvs = Arc::new(argvs);
+    legs::RestartHook(Arc::new(move |node: String| {
+        let lab = lab.clone();
+        let argvs = argvs.clone();
+        Box::pin(async move {
+            let (argv, sock) = argvs
+                .get(&node)
+                .cloned()
+                .ok_or_else(|| format!("no daemon of node {node}"))?;
+            let handoff = sock.with_file_name("handoff.sock");
+            // The new daemon binds its own handoff socket once it serves: a new file (its inode
+            // number may be reused, its change time is not).
+            let inode = |p: &Path| {
+                std::fs::metadata(p)
+                    .map(|m| (m.ino(), m.ctime(), m.ctime_nsec()))
+                    .ok()
+            };
+            let before = inode(&handoff).ok_or("the running daemon offers no handoff socket")?;
+            let mut guard = lab.lock_owned().await;
+            let started = tokio::task::spawn_blocking(move || {
+                let lab = guard.as_mut().ok_or("the lab is down")?;
+                lab.upgrade_daemon(&node, &argv)
+                    .map_err(|e| crate::DisplayChain(&e).to_string())
+            })
+            .await
+            .map_err(|e| e.to_string())?;
+            started?;
+            let deadline = crate::time::now() + Duration::from_secs(30);
+            while inode(&handoff).is_none_or(|i| i == before) {
+                if crate::time::now() > deadline {
+                    return Err("the new daemon did not take over within 30 s".into());
+                }
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
             wait_ready(&sock, Duration::from_secs(30)).await
         })
     }))

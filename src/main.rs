@@ -549,6 +549,7 @@ async fn run_probe_legs(args: &ProbeArgs) -> anyhow::Result<ExitCode> {
         registry: None,
         ca_dir: None,
         restart: None,
+        upgrade: None,
         missing: Default::default(),
     };
     let only = (!args.leg.is_empty()).then_some(args.leg.as_slice());

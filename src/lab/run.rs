@@ -590,6 +590,26 @@ impl Lab {
         self.start_daemon(node, argv)
     }
 
+    /// Starts `argv` as node `node`'s daemon **beside** the running one, which hands its
+    /// listening sockets over, drains and exits by itself (`node::handoff`): an upgrade. The
+    /// running daemon's log is kept as `node-<node>.log.<n>`, and its exit is expected (never
+    /// reported by [`Lab::exited`]). Returns the new PID.
+    pub fn upgrade_daemon(&mut self, node: &str, argv: &[String]) -> Result<u32, LabError> {
+        let what = format!("node {node}");
+        for s in &mut self.started {
+            if s.record.what == what {
+                s.reported = true;
+            }
+        }
+        let logs = self.opts.run_dir.join("logs");
+        let log = logs.join(format!("node-{node}.log"));
+        let n = (1..)
+            .find(|n| !logs.join(format!("node-{node}.log.{n}")).exists())
+            .unwrap_or(1);
+        let _ = fs::rename(&log, logs.join(format!("node-{node}.log.{n}")));
+        self.start_daemon(node, argv)
+    }
+
     /// Starts every pod's command in its namespace with its manifest's environment (plus
     /// [`UpOptions::extra_pod_env`]), output to `<run>/logs/<pod>.log`. Pods without a command
     /// are left idle. Returns how many were started.

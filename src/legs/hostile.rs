@@ -38,6 +38,12 @@ pub static HOSTILE: &[Leg] = &[
         zt_l4
     ),
     leg!(
+        "UPGRADE",
+        "a daemon upgraded under load hands its sockets over: no new connection fails, raw streams run to the drain",
+        None,
+        upgrade
+    ),
+    leg!(
         "ZT-STRICT",
         "a strict pod refuses plaintext from outside the mesh; the mesh and its node still reach it",
         None,
@@ -452,4 +458,128 @@ async fn zt_l4(env: &Env) -> Check {
         ));
     }
     Ok("mp-owned's ClusterIP over the hop (aether_l4_hops +1, bytes and HTTP); pod-IP non-HTTP bytes refused by rbac (aether_l4_denied +1), allowed caller reaches the app".into())
+}
+
+/// One request of the UPGRADE load: a new connection each, captured (mp-client) or on the
+/// loopback proxy port (mp-client-nocapture), both served by node-a's daemon.
+async fn one_request(env: &Env, captured: bool) -> Check {
+    let host = format!("{}:8080", env.mesh("mp-multi"));
+    let (pod, p) = if captured {
+        (
+            CLIENT,
+            probe(
+                name(&env.mesh("mp-multi"), 8080),
+                Send::Http(HttpRequest::get("/")),
+            ),
+        )
+    } else {
+        (
+            "mp-client-nocapture",
+            probe(
+                super::loopback(),
+                Send::Http(HttpRequest {
+                    host: crate::workload::probe::Host::Values(vec![host]),
+                    ..HttpRequest::get("/")
+                }),
+            ),
+        )
+    };
+    let o = env.probe(pod, &p).await?;
+    echo(&o, "mp-multi", 8080)
+}
+
+async fn upgrade(env: &Env) -> Check {
+    let Some(hook) = &env.upgrade else {
+        return Err(env.not_here(Need::DaemonProcesses));
+    };
+    // A raw stream through node-a's daemon, open across the upgrade.
+    let mixed = SocketAddr::new(env.cluster_ip("mp", "mp-mixed")?, 9000);
+    let netns = env.client_netns(CLIENT)?;
+    let socket = Connector::in_netns(netns.clone(), env.home.clone())
+        .tcp_socket(mixed)
+        .map_err(|e| e.to_string())?;
+    let mut raw = tokio::time::timeout(Duration::from_secs(3), socket.connect(mixed))
+        .await
+        .map_err(|_| "raw stream: connect hung".to_owned())?
+        .map_err(|e| format!("raw stream: {e}"))?;
+    raw.write_all(b"before\n")
+        .await
+        .map_err(|e| e.to_string())?;
+    read_echo(&mut raw, "before").await?;
+    // Load: new connections, captured and loopback, while node-a's daemon is upgraded.
+    let stop = std::sync::atomic::AtomicBool::new(false);
+    let load = async {
+        let (mut ok, mut failed) = (0u32, Vec::new());
+        let mut i = 0u32;
+        while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+            match one_request(env, i % 2 == 0).await {
+                Ok(_) => ok += 1,
+                Err(e) => failed.push(e),
+            }
+            i += 1;
+        }
+        (ok, failed)
+    };
+    let upgrade = async {
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        let up = (hook.0)("node-a".to_owned()).await;
+        // The old daemon drains: the raw stream it carries still runs.
+        let after = match &up {
+            Ok(()) => {
+                let sent = raw.write_all(b"after\n").await.map_err(|e| e.to_string());
+                match sent {
+                    Ok(()) => read_echo(&mut raw, "after").await,
+                    Err(e) => Err(e),
+                }
+            }
+            Err(e) => Err(e.clone()),
+        };
+        tokio::time::sleep(Duration::from_millis(700)).await;
+        stop.store(true, std::sync::atomic::Ordering::Relaxed);
+        (up, after)
+    };
+    let ((ok, failed), (up, after)) = tokio::join!(load, upgrade);
+    up.map_err(|e| format!("upgrade: {e}"))?;
+    after.map_err(|e| format!("the raw stream after the handoff: {e}"))?;
+    if !failed.is_empty() {
+        return Err(format!(
+            "{} of {} requests failed during the upgrade; first: {}",
+            failed.len(),
+            ok as usize + failed.len(),
+            failed[0]
+        ));
+    }
+    if ok < 20 {
+        return Err(format!("only {ok} requests during the upgrade"));
+    }
+    // At the old daemon's drain deadline the raw stream ends.
+    let mut rest = Vec::new();
+    let ended = tokio::time::timeout(Duration::from_secs(15), raw.read_to_end(&mut rest)).await;
+    if ended.is_err() {
+        return Err("the raw stream outlived the old daemon's drain deadline".into());
+    }
+    one_request(env, true)
+        .await
+        .map_err(|e| format!("after the upgrade: {e}"))?;
+    Ok(format!(
+        "{ok} requests on new connections (captured and loopback), 0 failed; the raw stream echoed across the handoff and ended at the drain deadline"
+    ))
+}
+
+/// Read until a line holding `want` arrives (bounded).
+async fn read_echo(s: &mut TcpStream, want: &str) -> Result<(), String> {
+    let mut got = Vec::new();
+    let mut buf = [0u8; 1024];
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(3);
+    while !String::from_utf8_lossy(&got).contains(want) {
+        let n = tokio::time::timeout_at(deadline, s.read(&mut buf))
+            .await
+            .map_err(|_| format!("no echo of {want:?}"))?
+            .map_err(|e| format!("read: {e}"))?;
+        if n == 0 {
+            return Err(format!("closed before the echo of {want:?}"));
+        }
+        got.extend_from_slice(&buf[..n]);
+    }
+    Ok(())
 }

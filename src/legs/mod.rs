@@ -78,6 +78,9 @@ pub struct Env {
     pub ca_dir: Option<PathBuf>,
     /// Restarts a node's daemon and waits for its `/ready` (the RESTART leg).
     pub restart: Option<RestartHook>,
+    /// Upgrades a node's daemon: starts a new one beside it, which takes its listening sockets;
+    /// resolves once the new one serves (the UPGRADE leg).
+    pub upgrade: Option<RestartHook>,
     /// What the running leg found missing ([`Env::not_here`]); the runner takes it.
     pub missing: arc_swap::ArcSwapOption<Need>,
 }

@@ -216,6 +216,32 @@ pub async fn run(config: NodeConfig) -> Result<(), NodeError> {
 
     // The first reconcile: every local pod (present = desired). Ready only once every local
     // pod is served; failed pods are retried.
+    // A daemon already running here (an upgrade): take its listening sockets, so that no
+    // connection is refused while the two change places (issue #8 §4, `handoff`).
+    let handoff_path = state_dir.join("handoff.sock");
+    let mut predecessor = {
+        let path = handoff_path.clone();
+        match tokio::task::spawn_blocking(move || handoff::take(&path)).await {
+            Ok(Ok(Some(mut taken))) => {
+                let inherited = std::mem::take(&mut taken.inherited);
+                info!(
+                    sockets = inherited.len(),
+                    "took the listening sockets of the running daemon"
+                );
+                pods.lock().await.inherit(inherited);
+                Some(taken)
+            }
+            Ok(Ok(None)) => None,
+            Ok(Err(e)) => {
+                warn!(error = %crate::DisplayChain(&e), "no handoff from the running daemon; binding anew");
+                None
+            }
+            Err(e) => {
+                warn!(error = %e, "handoff task failed; binding anew");
+                None
+            }
+        }
+    };
     let all_served = reconcile(&config, &shared, &pods, &cni_pods).await;
     let _ = ready_tx.send(all_served);
     let mut retry = tokio::time::interval(Duration::from_secs(2));
@@ -270,6 +296,16 @@ pub async fn run(config: NodeConfig) -> Result<(), NodeError> {
         }
     });
 
+    // Once every pod is served, the predecessor (if any) may stop accepting; then this daemon
+    // offers its own sockets to a successor.
+    let (handed_tx, mut handed_rx) = mpsc::channel::<()>(1);
+    let mut offering = false;
+    if all_served {
+        hand_over_done(&mut predecessor, &pods).await;
+        serve_handoff(&handoff_path, pods.clone(), handed_tx.clone());
+        offering = true;
+    }
+    let mut handed_off = false;
     let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
         .map_err(|source| NodeError::StateDir {
             path: "SIGTERM".into(),
@@ -280,6 +316,11 @@ pub async fn run(config: NodeConfig) -> Result<(), NodeError> {
         tokio::select! {
             _ = tokio::signal::ctrl_c() => break,
             _ = term.recv() => break,
+            Some(()) = handed_rx.recv() => {
+                info!("a successor daemon serves every pod: stop accepting and drain");
+                handed_off = true;
+                break;
+            }
             Some(()) = changed_rx.recv() => {
                 // Debounce inside the branch, so no other branch can drop the change.
                 tokio::time::sleep(Duration::from_millis(config.watch_debounce_ms)).await;
@@ -322,6 +363,11 @@ pub async fn run(config: NodeConfig) -> Result<(), NodeError> {
                 if !*ready_tx.borrow() {
                     let ok = reconcile(&config, &shared, &pods, &cni_pods).await;
                     let _ = ready_tx.send(ok);
+                    if ok && !offering {
+                        hand_over_done(&mut predecessor, &pods).await;
+                        serve_handoff(&handoff_path, pods.clone(), handed_tx.clone());
+                        offering = true;
+                    }
                 }
             }
             Some(req) = cni_rx.recv() => {
@@ -350,9 +396,74 @@ pub async fn run(config: NodeConfig) -> Result<(), NodeError> {
         Duration::from_secs(config.drain_timeout_secs),
     )
     .await;
-    let _ = std::fs::remove_file(&admin_sock);
-    let _ = std::fs::remove_file(&cni_sock);
+    // After a handoff the sockets in the state directory are the successor's.
+    if !handed_off {
+        let _ = std::fs::remove_file(&admin_sock);
+        let _ = std::fs::remove_file(&cni_sock);
+        let _ = std::fs::remove_file(&handoff_path);
+    }
     Ok(())
+}
+
+/// Every pod is served on the predecessor's sockets: tell it, so that it stops accepting and
+/// drains; sockets no pod took are closed.
+async fn hand_over_done(predecessor: &mut Option<handoff::Taken>, pods: &Arc<Mutex<Pods>>) {
+    let Some(taken) = predecessor.take() else {
+        return;
+    };
+    let unused = pods.lock().await.drop_unused_inherited();
+    match tokio::task::spawn_blocking(move || taken.ready()).await {
+        Ok(Ok(())) => info!(
+            unused,
+            "the previous daemon hands over: it drains and exits"
+        ),
+        Ok(Err(e)) => warn!(error = %crate::DisplayChain(&e), "telling the previous daemon failed"),
+        Err(e) => warn!(error = %e, "telling the previous daemon failed"),
+    }
+}
+
+/// Offer this daemon's listening sockets on `path` to a successor; a successor that took them
+/// and serves sends `()` on `handed`.
+fn serve_handoff(path: &Path, pods: Arc<Mutex<Pods>>, handed: mpsc::Sender<()>) {
+    let _ = std::fs::remove_file(path);
+    let listener = match tokio::net::UnixListener::bind(path) {
+        Ok(l) => l,
+        Err(e) => {
+            error!(error = %e, path = %path.display(), "handoff socket: upgrades will drop connections");
+            return;
+        }
+    };
+    tokio::spawn(async move {
+        loop {
+            let stream = match listener.accept().await {
+                Ok((s, _)) => s,
+                Err(e) => {
+                    warn!(error = %e, "handoff accept failed");
+                    tokio::time::sleep(Duration::from_millis(200)).await;
+                    continue;
+                }
+            };
+            let Ok(stream) = stream.into_std().and_then(|s| {
+                s.set_nonblocking(false)?;
+                Ok(s)
+            }) else {
+                continue;
+            };
+            let listeners = pods.lock().await.handoff_listeners();
+            let n = listeners.len();
+            match tokio::task::spawn_blocking(move || handoff::give(stream, listeners)).await {
+                Ok(Ok(())) => {
+                    info!(sockets = n, "handed the listening sockets to a successor");
+                    let _ = handed.send(()).await;
+                    return;
+                }
+                Ok(Err(e)) => {
+                    warn!(error = %crate::DisplayChain(&e), "handoff to a successor failed; still serving")
+                }
+                Err(e) => warn!(error = %e, "handoff task failed; still serving"),
+            }
+        }
+    });
 }
 
 /// Reconcile the local pods with the current model; whether every one is served.

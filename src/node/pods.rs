@@ -6,6 +6,8 @@ use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
 use std::path::PathBuf;
 use std::sync::Arc;
 
+use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
+
 use tokio::task::AbortHandle;
 use tracing::{info, warn};
 
@@ -13,6 +15,7 @@ use crate::capture::nft;
 use crate::capture::plan::{Mode, PodCapture, plan};
 use crate::model::Model;
 use crate::netns::Netns;
+use crate::node::handoff::{Inherited, ListenerId};
 use crate::proxy::socket::{PodNet, SocketFactory};
 use crate::proxy::{CAPTURE_PORT, HOP_PORT, Inputs, LEGACY_PORT, PROXY_PORT, PodCtx};
 use crate::resolve::decision::CaptureMode;
@@ -65,6 +68,8 @@ struct Served {
     desired: Desired,
     tasks: Vec<AbortHandle>,
     pod: Arc<PodCtx>,
+    /// Its listening sockets (duplicates), for a successor daemon ([`super::handoff`]).
+    listeners: Vec<(ListenerId, OwnedFd)>,
 }
 
 impl Drop for Served {
@@ -80,6 +85,8 @@ impl Drop for Served {
 #[derive(Debug, Default)]
 pub struct Pods {
     served: BTreeMap<(String, String), Served>,
+    /// Listening sockets a predecessor daemon handed over, used instead of binding.
+    inherited: Inherited,
 }
 
 /// Netns paths the CNI API told the daemon about, by (namespace, pod).
@@ -223,8 +230,8 @@ impl Pods {
             }
             // Changed settings: stop the old listeners before the new ones bind.
             self.served.remove(&key);
-            match serve_pod(shared, &d).await {
-                Ok((tasks, pod)) => {
+            match serve_pod(shared, &d, &mut self.inherited).await {
+                Ok((tasks, pod, listeners)) => {
                     info!(namespace = %key.0, pod = %key.1, netns = %d.netns.display(),
                         mode = d.capture.mode.as_str(), "pod served");
                     self.served.insert(
@@ -233,6 +240,7 @@ impl Pods {
                             desired: d,
                             tasks,
                             pod,
+                            listeners,
                         },
                     );
                 }
@@ -240,6 +248,28 @@ impl Pods {
             }
         }
         failed
+    }
+
+    /// Serve pods on the sockets a predecessor handed over where they match (pod, kind,
+    /// address), instead of binding.
+    pub fn inherit(&mut self, inherited: Inherited) {
+        self.inherited = inherited;
+    }
+
+    /// Sockets inherited and not used by any pod (their pods are gone): closed.
+    pub fn drop_unused_inherited(&mut self) -> usize {
+        let n = self.inherited.len();
+        self.inherited = Inherited::default();
+        n
+    }
+
+    /// Duplicates of every served pod's listening sockets, for a successor daemon.
+    pub fn handoff_listeners(&self) -> Vec<(ListenerId, OwnedFd)> {
+        self.served
+            .values()
+            .flat_map(|s| &s.listeners)
+            .filter_map(|(id, fd)| Some((id.clone(), fd.try_clone().ok()?)))
+            .collect()
     }
 
     /// The served pods, for the admin endpoint.
@@ -265,7 +295,8 @@ impl Pods {
 async fn serve_pod(
     shared: &Shared,
     d: &Desired,
-) -> Result<(Vec<AbortHandle>, Arc<PodCtx>), PodError> {
+    inherited: &mut Inherited,
+) -> Result<(Vec<AbortHandle>, Arc<PodCtx>, Vec<(ListenerId, OwnedFd)>), PodError> {
     let netns = Arc::new(Netns::open(&d.netns)?);
     let net = PodNet {
         netns,
@@ -275,22 +306,31 @@ async fn serve_pod(
     };
     let any4 = IpAddr::V4(Ipv4Addr::UNSPECIFIED);
     let any6 = IpAddr::V6(Ipv6Addr::UNSPECIFIED);
-    let mut capture = vec![net.tcp_listener(SocketAddr::new(any4, CAPTURE_PORT), true)?];
-    let mut loopback = vec![net.tcp_listener(
+    let mut sockets = Sockets {
+        net: &net,
+        namespace: &d.capture.namespace,
+        pod: &d.capture.name,
+        inherited,
+        kept: Vec::new(),
+    };
+    let mut capture = vec![sockets.tcp("capture", SocketAddr::new(any4, CAPTURE_PORT), true)?];
+    let mut loopback = vec![sockets.tcp(
+        "loopback",
         SocketAddr::new(IpAddr::V4(Ipv4Addr::LOCALHOST), PROXY_PORT),
         false,
     )?];
     let mut hop = Vec::new();
     if let Some(v4) = d.capture.ipv4 {
-        hop.push(net.tcp_listener(SocketAddr::new(IpAddr::V4(v4), HOP_PORT), false)?);
+        hop.push(sockets.tcp("hop", SocketAddr::new(IpAddr::V4(v4), HOP_PORT), false)?);
     }
     if let Some(v6) = d.capture.ipv6 {
-        capture.push(net.tcp_listener(SocketAddr::new(any6, CAPTURE_PORT), true)?);
-        loopback.push(net.tcp_listener(
+        capture.push(sockets.tcp("capture", SocketAddr::new(any6, CAPTURE_PORT), true)?);
+        loopback.push(sockets.tcp(
+            "loopback",
             SocketAddr::new(IpAddr::V6(Ipv6Addr::LOCALHOST), PROXY_PORT),
             false,
         )?);
-        hop.push(net.tcp_listener(SocketAddr::new(IpAddr::V6(v6), HOP_PORT), false)?);
+        hop.push(sockets.tcp("hop", SocketAddr::new(IpAddr::V6(v6), HOP_PORT), false)?);
     }
     // The UDP listener of each family the pod has, only while a UDPRoute exists (§12.3).
     let mut udp = Vec::new();
@@ -303,7 +343,7 @@ async fn serve_pod(
                 continue;
             }
             let addr = SocketAddr::new(any, LEGACY_PORT);
-            let s = net.udp_socket(addr, true)?;
+            let s = sockets.udp("udp", addr, true)?;
             crate::proxy::udp::want_original_destination(&s, addr.is_ipv6()).map_err(|source| {
                 crate::proxy::socket::SocketError::Io {
                     what: "IP_RECVORIGDSTADDR on",
@@ -314,8 +354,9 @@ async fn serve_pod(
             udp.push(s);
         }
     }
-    let dns_udp = net.udp_socket(DNS_ADDR, false)?;
-    let dns_tcp = net.tcp_listener(DNS_ADDR, false)?;
+    let dns_udp = sockets.udp("dns-udp", DNS_ADDR, false)?;
+    let dns_tcp = sockets.tcp("dns-tcp", DNS_ADDR, false)?;
+    let kept = sockets.kept;
     let pod = Arc::new(PodCtx::new(
         d.capture.namespace.clone(),
         d.capture.name.clone(),
@@ -367,5 +408,80 @@ async fn serve_pod(
         );
     }
     tasks.extend(crate::node::dns::serve(&shared.dns, &pod, dns_udp, dns_tcp));
-    Ok((tasks, pod))
+    Ok((tasks, pod, kept))
+}
+
+/// A pod's listening sockets: taken from a predecessor's handoff where one matches, bound
+/// otherwise; a duplicate of each is kept for a successor.
+struct Sockets<'a> {
+    net: &'a PodNet,
+    namespace: &'a str,
+    pod: &'a str,
+    inherited: &'a mut Inherited,
+    kept: Vec<(ListenerId, OwnedFd)>,
+}
+
+impl Sockets<'_> {
+    fn id(&self, kind: &str, addr: SocketAddr) -> ListenerId {
+        ListenerId {
+            namespace: self.namespace.to_owned(),
+            pod: self.pod.to_owned(),
+            kind: kind.to_owned(),
+            addr,
+        }
+    }
+
+    fn keep(&mut self, id: ListenerId, fd: BorrowedFd<'_>) {
+        if let Ok(dup) = fd.try_clone_to_owned() {
+            self.kept.push((id, dup));
+        }
+    }
+
+    fn tcp(
+        &mut self,
+        kind: &str,
+        addr: SocketAddr,
+        transparent: bool,
+    ) -> Result<tokio::net::TcpListener, crate::proxy::socket::SocketError> {
+        let id = self.id(kind, addr);
+        let listener = match self.inherited.take(&id) {
+            Some(fd) => {
+                let std = std::net::TcpListener::from(fd);
+                std.set_nonblocking(true)
+                    .and_then(|()| tokio::net::TcpListener::from_std(std))
+                    .map_err(|source| crate::proxy::socket::SocketError::Io {
+                        what: "register inherited listener",
+                        addr,
+                        source,
+                    })?
+            }
+            None => self.net.tcp_listener(addr, transparent)?,
+        };
+        self.keep(id, listener.as_fd());
+        Ok(listener)
+    }
+
+    fn udp(
+        &mut self,
+        kind: &str,
+        addr: SocketAddr,
+        transparent: bool,
+    ) -> Result<tokio::net::UdpSocket, crate::proxy::socket::SocketError> {
+        let id = self.id(kind, addr);
+        let socket = match self.inherited.take(&id) {
+            Some(fd) => {
+                let std = std::net::UdpSocket::from(fd);
+                std.set_nonblocking(true)
+                    .and_then(|()| tokio::net::UdpSocket::from_std(std))
+                    .map_err(|source| crate::proxy::socket::SocketError::Io {
+                        what: "register inherited UDP socket",
+                        addr,
+                        source,
+                    })?
+            }
+            None => self.net.udp_socket(addr, transparent)?,
+        };
+        self.keep(id, socket.as_fd());
+        Ok(socket)
+    }
 }
