@@ -512,7 +512,7 @@ async fn upgrade(env: &Env) -> Check {
         let (mut ok, mut failed) = (0u32, Vec::new());
         let mut i = 0u32;
         while !stop.load(std::sync::atomic::Ordering::Relaxed) {
-            match one_request(env, i % 2 == 0).await {
+            match one_request(env, i.is_multiple_of(2)).await {
                 Ok(_) => ok += 1,
                 Err(e) => failed.push(e),
             }

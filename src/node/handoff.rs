@@ -157,23 +157,27 @@ pub fn take(path: &Path) -> Result<Option<Taken>, HandoffError> {
 /// The old daemon's side, for one connection on its handoff socket: pass `listeners` (dups of
 /// its listening sockets) and wait for `ready`. `Ok` means the successor serves: stop
 /// accepting and drain.
-pub fn give(stream: UnixStream, listeners: Vec<(ListenerId, OwnedFd)>) -> Result<(), HandoffError> {
+pub fn give(
+    stream: &UnixStream,
+    listeners: Vec<(ListenerId, OwnedFd)>,
+) -> Result<(), HandoffError> {
     stream.set_read_timeout(Some(STEP_TIMEOUT))?;
     stream.set_write_timeout(Some(STEP_TIMEOUT))?;
-    let hello = read_line(&stream)?;
+    let hello = read_line(stream)?;
     if hello != "take 1" {
         return Err(HandoffError::Protocol(format!("unexpected {hello:?}")));
     }
     let (ids, fds): (Vec<_>, Vec<_>) = listeners.into_iter().unzip();
     let header = serde_json::to_string(&Header { listeners: ids })
         .map_err(|e| HandoffError::Protocol(e.to_string()))?;
-    (&stream).write_all(header.as_bytes())?;
-    (&stream).write_all(b"\n")?;
+    let mut writer = stream;
+    writer.write_all(header.as_bytes())?;
+    writer.write_all(b"\n")?;
     for chunk in fds.chunks(FDS_PER_MESSAGE) {
-        send_fds(&stream, chunk)?;
+        send_fds(stream, chunk)?;
     }
     // The successor serves from here on (or died trying: then this daemon keeps serving).
-    let done = read_line(&stream)?;
+    let done = read_line(stream)?;
     if done == "ready" {
         Ok(())
     } else {
@@ -272,7 +276,7 @@ mod tests {
         let server = std::os::unix::net::UnixListener::bind(&path).unwrap();
         let old = std::thread::spawn(move || {
             let (stream, _) = server.accept().unwrap();
-            give(stream, offered)
+            give(&stream, offered)
         });
         let mut taken = take(&path).unwrap().unwrap();
         assert_eq!(taken.inherited.len(), listeners.len());
@@ -297,7 +301,7 @@ mod tests {
     fn a_peer_that_speaks_another_protocol_is_refused() {
         let (a, b) = UnixStream::pair().unwrap();
         (&b).write_all(b"hello\n").unwrap();
-        let err = give(a, Vec::new()).unwrap_err();
+        let err = give(&a, Vec::new()).unwrap_err();
         assert!(err.to_string().contains("unexpected"), "{err}");
     }
 }

@@ -451,7 +451,7 @@ fn serve_handoff(path: &Path, pods: Arc<Mutex<Pods>>, handed: mpsc::Sender<()>) 
             };
             let listeners = pods.lock().await.handoff_listeners();
             let n = listeners.len();
-            match tokio::task::spawn_blocking(move || handoff::give(stream, listeners)).await {
+            match tokio::task::spawn_blocking(move || handoff::give(&stream, listeners)).await {
                 Ok(Ok(())) => {
                     info!(sockets = n, "handed the listening sockets to a successor");
                     let _ = handed.send(()).await;

@@ -193,8 +193,8 @@ pub struct Stats {
     pub over_limit: Counter,
     /// Mesh hop TLS handshakes that did not finish within [`ProxySettings::handshake_timeout`].
     pub handshake_timeouts: Counter,
-    /// Passthroughs carried over the mesh hop as bytes because their destination is a mesh pod
-    /// (model.md §12.5 item 1).
+    /// Passthroughs (connections, and HTTP requests one by one) whose destination is a mesh
+    /// pod, carried over the mesh hop (model.md §12.5 item 1).
     pub l4_hops: Counter,
     /// Raw-TCP and L4 connections over the hop refused at the destination by a service-level
     /// authorization (model.md §12.5 item 2).
@@ -266,7 +266,7 @@ impl Stats {
             ),
             (
                 "aether_l4_hops",
-                "Passthroughs to a mesh pod carried over the mesh hop as bytes",
+                "Passthroughs (connections and HTTP requests) to a mesh pod carried over the mesh hop",
                 &self.l4_hops,
             ),
             (

@@ -43,10 +43,15 @@ pub fn pick(inputs: &Inputs, dialled: SocketAddr) -> Target {
         };
     };
     match endpoints.get(fastrand::usize(..endpoints.len().max(1))) {
-        Some(e) => Target {
-            dst: SocketAddr::new(e.address, e.port),
-            hop: e.mesh.clone(),
-        },
+        Some(e) => {
+            if e.mesh.is_some() {
+                count(&inputs.stats.l4_hops);
+            }
+            Target {
+                dst: SocketAddr::new(e.address, e.port),
+                hop: e.mesh.clone(),
+            }
+        }
         None => Target {
             dst: dialled,
             hop: None,
@@ -66,10 +71,7 @@ pub async fn open(inputs: &Inputs, pod: &PodCtx, target: &Target) -> Option<BoxI
             mesh_service: service.clone(),
         };
         return match hop::connect(inputs, pod, &endpoint, dst.port(), ALPN_L4).await {
-            Ok(tls) => {
-                count(&inputs.stats.l4_hops);
-                Some(Box::new(tls))
-            }
+            Ok(tls) => Some(Box::new(tls)),
             Err(e) => {
                 debug!(error = %crate::DisplayChain(&e), %dst, "l4 hop failed");
                 None
