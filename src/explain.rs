@@ -249,10 +249,33 @@ fn answer_step(a: &MeshAnswer, rule: &str, detail: &str) -> Step {
     }
 }
 
-fn request_step(model: &Model, d: &RequestDecision) -> Step {
+/// Where a passthrough of a dial to `dialled` goes (model.md §12.5 item 1): the endpoints
+/// behind it when one is a mesh pod, each over the mesh hop or directly; empty for the dialled
+/// address itself.
+fn passthrough_targets(model: &Model, dialled: SocketAddr) -> Vec<String> {
+    model
+        .passthrough_over_hop(dialled)
+        .map(|eps| {
+            eps.iter()
+                .map(|e| match &e.mesh {
+                    Some(svc) => format!(
+                        "{}:{} ({svc}) over the mesh hop as bytes (model.md §12.5 item 1)",
+                        e.address, e.port
+                    ),
+                    None => format!("{}:{} directly (not a mesh pod)", e.address, e.port),
+                })
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+fn request_step(model: &Model, d: &RequestDecision, dialled: SocketAddr) -> Step {
     match d {
         RequestDecision::Answer(a, why) => answer_step(a, why.rule, &why.detail),
-        RequestDecision::Passthrough(why) => step("passthrough", why.rule, &why.detail),
+        RequestDecision::Passthrough(why) => Step {
+            target: passthrough_targets(model, dialled),
+            ..step("passthrough", why.rule, &why.detail)
+        },
         RequestDecision::Hold(what, why) => step(
             "hold",
             why.rule,
@@ -520,9 +543,11 @@ pub fn explain(
         _ => format!("captured dial to {}", d.dialled),
     };
     let connection = match &d.connection {
-        ConnOutcome::NotCaptured(why) | ConnOutcome::Passthrough(why) => {
-            step("passthrough", why.rule, &why.detail)
-        }
+        ConnOutcome::NotCaptured(why) => step("passthrough", why.rule, &why.detail),
+        ConnOutcome::Passthrough(why) => Step {
+            target: passthrough_targets(model, d.dialled),
+            ..step("passthrough", why.rule, &why.detail)
+        },
         ConnOutcome::LoopbackNotHttp => answer_step(
             &MeshAnswer::bare(Reason::NotHttp),
             "addressing.md §6.2",
@@ -561,8 +586,14 @@ pub fn explain(
         dns: d.dns.clone(),
         path,
         connection,
-        request: d.request.as_ref().map(|r| request_step(model, r)),
-        after_hold: d.after_hold.as_ref().map(|r| request_step(model, r)),
+        request: d
+            .request
+            .as_ref()
+            .map(|r| request_step(model, r, d.dialled)),
+        after_hold: d
+            .after_hold
+            .as_ref()
+            .map(|r| request_step(model, r, d.dialled)),
     })
 }
 
