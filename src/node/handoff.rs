@@ -83,6 +83,17 @@ impl Inherited {
         self.fds.remove(id)
     }
 
+    /// Keep `fd` for `id` (a pod served again keeps its own sockets).
+    pub fn insert(&mut self, id: ListenerId, fd: OwnedFd) {
+        self.fds.insert(id, fd);
+    }
+
+    /// Close the sockets of pod `namespace/pod` that nothing took.
+    pub fn drop_pod(&mut self, namespace: &str, pod: &str) {
+        self.fds
+            .retain(|id, _| !(id.namespace == namespace && id.pod == pod));
+    }
+
     /// How many are left (not taken by any pod: their pods are gone).
     pub fn len(&self) -> usize {
         self.fds.len()

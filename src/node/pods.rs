@@ -228,9 +228,20 @@ impl Pods {
                 }
                 continue;
             }
-            // Changed settings: stop the old listeners before the new ones bind.
-            self.served.remove(&key);
-            match serve_pod(shared, &d, &mut self.inherited).await {
+            // Changed settings: the pod is served again on its own listening sockets (binding
+            // them anew would race the old accept loops' teardown), so no connection waiting
+            // in their queues is refused.
+            if let Some(mut old) = self.served.remove(&key) {
+                for (id, fd) in std::mem::take(&mut old.listeners) {
+                    self.inherited.insert(id, fd);
+                }
+            }
+            let served = serve_pod(shared, &d, &mut self.inherited).await;
+            if served.is_ok() {
+                // Sockets the new settings do not use (a UDP listener no UDPRoute needs now).
+                self.inherited.drop_pod(&key.0, &key.1);
+            }
+            match served {
                 Ok((tasks, pod, listeners)) => {
                     info!(namespace = %key.0, pod = %key.1, netns = %d.netns.display(),
                         mode = d.capture.mode.as_str(), "pod served");
