@@ -34,6 +34,8 @@ use tokio::net::{TcpListener, TcpStream, UdpSocket};
 use tokio::sync::Semaphore;
 
 use super::table::{DnsTable, Lookup, QueryKind};
+use crate::accept::Acceptor;
+use prometheus_client::metrics::counter::Counter;
 
 /// How long a forwarded query waits for an upstream's reply before SERVFAIL.
 pub const FORWARD_TIMEOUT: Duration = Duration::from_secs(2);
@@ -110,6 +112,7 @@ pub struct DnsServer {
     stats: Arc<DnsStats>,
     udp_in_flight: Arc<Semaphore>,
     tcp_connections: Arc<Semaphore>,
+    accept_errors: Counter,
 }
 
 impl std::fmt::Debug for DnsServer {
@@ -152,7 +155,15 @@ impl DnsServer {
             stats: Arc::default(),
             udp_in_flight: Arc::new(Semaphore::new(MAX_UDP_IN_FLIGHT)),
             tcp_connections: Arc::new(Semaphore::new(MAX_TCP_CONNECTIONS)),
+            accept_errors: Counter::default(),
         }
+    }
+
+    /// The same server, counting failed TCP accepts in `errors` (the daemon's
+    /// `aether_accept_errors{listener="dns"}`).
+    pub fn with_accept_errors(mut self, errors: Counter) -> Self {
+        self.accept_errors = errors;
+        self
     }
 
     /// The same server with another forward timeout (tests).
@@ -204,18 +215,13 @@ impl DnsServer {
     }
 
     async fn run_tcp(self: Arc<Self>, listener: TcpListener) {
+        // Accept errors (out of descriptors) are waited out with a backoff, not retried at once.
+        let mut acceptor = Acceptor::new(listener, "dns", self.accept_errors.clone());
         loop {
             let Ok(permit) = Arc::clone(&self.tcp_connections).acquire_owned().await else {
                 return; // The semaphore is never closed.
             };
-            let stream = match listener.accept().await {
-                Ok((stream, _)) => stream,
-                Err(error) => {
-                    tracing::debug!(%error, "mesh dns tcp accept failed");
-                    tokio::task::yield_now().await;
-                    continue;
-                }
-            };
+            let (stream, _) = acceptor.accept().await;
             let this = Arc::clone(&self);
             tokio::spawn(async move {
                 if let Err(error) = this.serve_tcp(stream).await {

@@ -19,6 +19,8 @@ pub struct DnsShared {
     pub table: Arc<ArcSwap<DnsTable>>,
     /// Where names that are not the mesh's go.
     pub upstreams: Vec<SocketAddr>,
+    /// Failed TCP accepts of every pod's server (`aether_accept_errors{listener="dns"}`).
+    pub accept_errors: crate::proxy::Counter,
 }
 
 /// Start the DNS server of one pod.
@@ -39,6 +41,7 @@ pub fn serve(
             net.udp_socket(SocketAddr::new(any, 0), false)
                 .map_err(std::io::Error::other)
         });
-    let server = DnsServer::new(shared.table.clone(), shared.upstreams.clone(), factory);
+    let server = DnsServer::new(shared.table.clone(), shared.upstreams.clone(), factory)
+        .with_accept_errors(shared.accept_errors.clone());
     vec![tokio::spawn(server.run(udp, tcp)).abort_handle()]
 }

@@ -202,6 +202,7 @@ pub async fn run(config: NodeConfig) -> Result<(), NodeError> {
         dns: dns::DnsShared {
             table: dns_table.clone(),
             upstreams,
+            accept_errors: inputs.stats.accept_errors("dns"),
         },
     };
 
@@ -246,7 +247,11 @@ pub async fn run(config: NodeConfig) -> Result<(), NodeError> {
     let cni_sock = state_dir.join("cni.sock");
     let cni_listener = cni::bind(&cni_sock)?;
     let (cni_tx, mut cni_rx) = mpsc::channel::<CniRequest>(64);
-    tokio::spawn(cni::serve(cni_listener, cni_tx));
+    tokio::spawn(cni::serve(
+        cni_listener,
+        cni_tx,
+        inputs.stats.accept_errors("cni"),
+    ));
 
     // Registry changes.
     let (changed_tx, mut changed_rx) = mpsc::channel::<()>(1);

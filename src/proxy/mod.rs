@@ -168,6 +168,9 @@ pub struct Stats {
     pub upgrades: Counter,
     /// Connections open now (capture, loopback, inbound hop).
     pub active: Gauge,
+    /// Failed accepts, by listener (`admin`, `cni`, `dns`, `capture`, ...): each is waited out
+    /// with a backoff ([`crate::accept`]).
+    pub accept_errors: Family<[(&'static str, &'static str); 1], Counter>,
 }
 
 impl Stats {
@@ -234,11 +237,25 @@ impl Stats {
             "Connections open now",
             self.active.clone(),
         );
+        registry.register(
+            "aether_accept_errors",
+            "Failed accepts, by listener; each is retried after a backoff",
+            self.accept_errors.clone(),
+        );
+    }
+
+    /// The accept-error counter of one listener (a fixed name: `admin`, `cni`, `dns`, ...).
+    pub fn accept_errors(&self, listener: &'static str) -> Counter {
+        self.accept_errors
+            .get_or_create(&[("listener", listener)])
+            .clone()
     }
 }
 
 /// A counter.
 pub type Counter = prometheus_client::metrics::counter::Counter;
+/// A family of metrics by label set.
+pub type Family<L, M> = prometheus_client::metrics::family::Family<L, M>;
 /// A gauge.
 pub type Gauge = prometheus_client::metrics::gauge::Gauge;
 

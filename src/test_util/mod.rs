@@ -9,6 +9,7 @@
 //! addressing rule decides (where a request goes, or which answer it gets) and drop what only
 //! explains it (`Why`, filter descriptions, pod names).
 
+pub mod fds;
 pub mod needs_root;
 pub mod reference;
 

@@ -324,6 +324,79 @@ async fn queries_over_tcp_are_answered_in_order_on_one_connection() {
     }
 }
 
+/// One query over a TCP stream: the answer's addresses, or what went wrong.
+async fn tcp_exchange(stream: &mut TcpStream, name: &str) -> Result<Vec<IpAddr>, String> {
+    let q = query(name, RecordType::A).to_vec().unwrap();
+    let len = u16::try_from(q.len()).unwrap().to_be_bytes();
+    stream
+        .write_all(&len)
+        .await
+        .map_err(|e| format!("write: {e}"))?;
+    stream
+        .write_all(&q)
+        .await
+        .map_err(|e| format!("write: {e}"))?;
+    let mut len = [0u8; 2];
+    tokio::time::timeout(WAIT, stream.read_exact(&mut len))
+        .await
+        .map_err(|_| "no answer in time".to_owned())?
+        .map_err(|e| format!("read: {e}"))?;
+    let mut reply = vec![0u8; usize::from(u16::from_be_bytes(len))];
+    stream
+        .read_exact(&mut reply)
+        .await
+        .map_err(|e| format!("read: {e}"))?;
+    Ok(addresses(&Message::from_vec(&reply).unwrap()))
+}
+
+#[test]
+fn the_tcp_accept_loop_waits_between_failed_accepts_and_serves_again() {
+    use crate::test_util::fds;
+    use socket2::{Domain, Socket, Type};
+    if !fds::in_child(concat!(
+        module_path!(),
+        "::the_tcp_accept_loop_waits_between_failed_accepts_and_serves_again"
+    )) {
+        return;
+    }
+    // The clock is paused: it moves only when every task waits. An accept loop that retries at
+    // once never waits, so the test's own sleep below would never end; this watchdog (real
+    // time) then fails the test.
+    std::thread::spawn(|| {
+        std::thread::sleep(Duration::from_secs(20));
+        #[allow(clippy::print_stderr)] // The only way out of a runtime that never idles.
+        {
+            eprintln!(
+                "the mesh DNS TCP accept loop never let the runtime idle: it spins on accept errors"
+            );
+        }
+        std::process::exit(3);
+    });
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .start_paused(true)
+        .build()
+        .unwrap();
+    rt.block_on(async {
+        let s = snapshot();
+        let server = start(&s, Vec::new(), FORWARD_TIMEOUT).await;
+        // The client's socket exists before the descriptors run out; its connection then
+        // waits in the backlog, which the server cannot take it from.
+        let client = Socket::new(Domain::IPV4, Type::STREAM, None).unwrap();
+        let exhausted = fds::exhaust();
+        client.connect(&server.tcp.into()).unwrap();
+        tokio::time::sleep(Duration::from_secs(3)).await;
+        drop(exhausted);
+        client.set_nonblocking(true).unwrap();
+        let mut stream = TcpStream::from_std(client.into()).unwrap();
+        assert_eq!(
+            tcp_exchange(&mut stream, "mp-multi.mp.aether.internal.").await,
+            Ok(vec![cluster_ip(&s, "mp", "mp-multi")]),
+            "mesh DNS over TCP answers again once descriptors are free"
+        );
+    });
+}
+
 #[tokio::test]
 async fn a_swapped_table_is_used_by_the_next_query() {
     let s = snapshot();
