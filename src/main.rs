@@ -203,6 +203,12 @@ fn run_explain(args: &ExplainArgs) -> anyhow::Result<ExitCode> {
             eprintln!("warning: {p}");
         }
     }
+    for f in &load.faults {
+        #[allow(clippy::print_stderr)] // The CLI reports skipped files to its user.
+        {
+            eprintln!("warning: {f}");
+        }
+    }
     let mut snapshot = load.snapshot;
     let mut ctx = NodeContext::default();
     ctx.domains.mesh = args.mesh_domain.trim_end_matches('.').to_ascii_lowercase();

@@ -42,6 +42,8 @@ pub struct Admin {
     pub node: String,
     /// The fingerprint of the registry state the published model was compiled from.
     pub fingerprint: Arc<std::sync::atomic::AtomicU64>,
+    /// The control side's counters (registry, CNI, mesh DNS).
+    pub node_stats: Arc<super::stats::NodeStats>,
 }
 
 fn json(value: &serde_json::Value) -> Response<Body> {
@@ -67,6 +69,7 @@ async fn handle(admin: &Admin, path: &str) -> Response<Body> {
         "/metrics" => {
             let mut registry = prometheus_client::registry::Registry::default();
             admin.inputs.stats.register(&mut registry);
+            admin.node_stats.register(&mut registry);
             let generation = prometheus_client::metrics::gauge::Gauge::<i64>::default();
             generation.set(i64::try_from(admin.inputs.model.generation()).unwrap_or(i64::MAX));
             registry.register(
@@ -170,6 +173,7 @@ mod tests {
             ready: rx,
             node: "node-a".into(),
             fingerprint: Arc::default(),
+            node_stats: Arc::default(),
         }
     }
 
@@ -191,6 +195,7 @@ mod tests {
         let text = String::from_utf8_lossy(&body);
         assert!(text.contains("aether_mesh_answers_total"), "{text}");
         assert!(text.contains("aether_model_generation 1"), "{text}");
+        assert!(text.contains("aether_registry_files_held 0"), "{text}");
     }
 
     /// One GET over a connected socket; the response's text, or what went wrong.

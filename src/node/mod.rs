@@ -5,6 +5,7 @@ pub mod admin;
 pub mod config;
 pub mod dns;
 pub mod pods;
+pub mod stats;
 pub mod tls;
 
 use std::collections::BTreeSet;
@@ -23,10 +24,11 @@ use crate::model::names::Domains;
 use crate::model::{Model, NodeContext, compile, registrar};
 use crate::netns::Netns;
 use crate::proxy::{Inputs, ProxySettings};
-use crate::registry::file::load_dir;
+use crate::registry::file::{LastGood, load_dir_keeping};
 use crate::state::ModelHandle;
 pub use config::NodeConfig;
 use pods::{CniPods, Pods, Shared};
+use stats::NodeStats;
 
 /// The daemon could not start.
 #[derive(Debug, thiserror::Error)]
@@ -93,8 +95,12 @@ fn context(config: &NodeConfig) -> NodeContext {
 
 /// Load and compile the registry. `previous` is the model being replaced and its retention
 /// state: HTTP entries whose rows vanished with no evidence are retained (model.md §10).
+/// `last` holds each manifest file's last content that read whole: a file read half written,
+/// or damaged, is replaced by it, so that its pods stay in the mesh (issue #8, finding 8).
 fn load(
     config: &NodeConfig,
+    last: &mut LastGood,
+    stats: &NodeStats,
     previous: Option<(&Model, &[crate::model::snapshot::RetainedPort])>,
 ) -> Result<Loaded, NodeError> {
     // Taken first: if the directory changes while it is read, the fingerprint is the older one
@@ -105,13 +111,22 @@ fn load(
             source,
         }
     })?;
-    let loaded = load_dir(&config.registry).map_err(|source| NodeError::Registry {
-        path: config.registry.clone(),
-        source,
-    })?;
+    let loaded =
+        load_dir_keeping(&config.registry, last).map_err(|source| NodeError::Registry {
+            path: config.registry.clone(),
+            source,
+        })?;
     for problem in &loaded.problems {
         warn!(%problem, "registry document skipped");
     }
+    for fault in &loaded.faults {
+        stats.registry_file_errors.inc();
+        warn!(%fault, "registry file not whole");
+    }
+    let held = loaded.faults.iter().filter(|f| f.kept_last_good).count();
+    stats
+        .registry_files_held
+        .set(i64::try_from(held).unwrap_or(i64::MAX));
     let ctx = context(config);
     let mut snapshot = loaded.snapshot;
     let report = registrar::complete_snapshot_except(
@@ -146,7 +161,9 @@ pub async fn run(config: NodeConfig) -> Result<(), NodeError> {
         source,
     })?;
     let home = Arc::new(Netns::current()?);
-    let first = load(&config, None)?;
+    let node_stats = Arc::new(NodeStats::default());
+    let last_good = Arc::new(Mutex::new(LastGood::default()));
+    let first = load(&config, &mut *last_good.lock().await, &node_stats, None)?;
     let mut retained = first.retained.clone();
     info!(node = %config.node_name, registry = %config.registry.display(),
         pods = first.model.pods().count(), "registry loaded");
@@ -224,6 +241,7 @@ pub async fn run(config: NodeConfig) -> Result<(), NodeError> {
         ready: ready_rx,
         node: config.node_name.clone(),
         fingerprint: fingerprint.clone(),
+        node_stats: node_stats.clone(),
     };
     let admin = Arc::new(admin);
     let admin_sock = state_dir.join("admin.sock");
@@ -287,8 +305,9 @@ pub async fn run(config: NodeConfig) -> Result<(), NodeError> {
                 // Reading and compiling is blocking work: off the data plane's threads.
                 let previous = handle.load();
                 let (cfg, kept) = (config.clone(), retained.clone());
+                let (last, stats) = (last_good.clone(), node_stats.clone());
                 let loaded = tokio::task::spawn_blocking(move || {
-                    load(&cfg, Some((&previous, &kept)))
+                    load(&cfg, &mut last.blocking_lock(), &stats, Some((&previous, &kept)))
                 })
                 .await;
                 let loaded = match loaded {

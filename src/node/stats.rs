@@ -1,0 +1,31 @@
+//! Counters of the daemon's control side (registry, CNI, mesh DNS), exported on `/metrics`
+//! beside the data plane's [`crate::proxy::Stats`].
+
+use crate::proxy::{Counter, Gauge};
+
+/// The control side's counters; one per daemon, shared by its tasks.
+#[derive(Debug, Default)]
+pub struct NodeStats {
+    /// Manifest files that did not read whole, counted at every load that found one so
+    /// (`aether_registry_file_errors_total`).
+    pub registry_file_errors: Counter,
+    /// Manifest files served from their last good content now
+    /// (`aether_registry_files_held`).
+    pub registry_files_held: Gauge,
+}
+
+impl NodeStats {
+    /// Register every metric.
+    pub fn register(&self, registry: &mut prometheus_client::registry::Registry) {
+        registry.register(
+            "aether_registry_file_errors",
+            "Manifest files that did not read whole (being written, not UTF-8, invalid YAML), per load",
+            self.registry_file_errors.clone(),
+        );
+        registry.register(
+            "aether_registry_files_held",
+            "Manifest files served from their last content that read whole",
+            self.registry_files_held.clone(),
+        );
+    }
+}
