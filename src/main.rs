@@ -104,6 +104,12 @@ struct NodeArgs {
     /// Quiet time after a registry change before recompiling, in milliseconds.
     #[arg(long, env = "AETHER_WATCH_DEBOUNCE_MS")]
     watch_debounce_ms: Option<u64>,
+    /// The most UDP flows open at once for one pod (port 18082).
+    #[arg(long, env = "AETHER_UDP_MAX_FLOWS_PER_POD")]
+    udp_max_flows_per_pod: Option<usize>,
+    /// A UDP flow idle this long is closed, in seconds.
+    #[arg(long, env = "AETHER_UDP_IDLE_SECS")]
+    udp_idle_secs: Option<u64>,
 }
 
 #[derive(Debug, clap::Args)]
@@ -647,7 +653,9 @@ fn node_config(args: &NodeArgs) -> anyhow::Result<aether::node::NodeConfig> {
         dns_upstreams,
         dns_kubernetes_names,
         cert_lifetime_hours,
-        watch_debounce_ms
+        watch_debounce_ms,
+        udp_max_flows_per_pod,
+        udp_idle_secs
     );
     macro_rules! set_opt {
         ($($field:ident),*) => {$(

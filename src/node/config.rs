@@ -71,6 +71,11 @@ pub struct NodeConfig {
     pub log_format: LogFormat,
     /// Log filter (tracing-subscriber `EnvFilter` syntax).
     pub log_level: String,
+    /// The most UDP flows (client address, dialled address) open at once for one pod on port
+    /// 18082; a datagram that would open another is dropped and counted. Default 1024.
+    pub udp_max_flows_per_pod: usize,
+    /// A UDP flow with no datagram either way for this long is closed, in seconds. Default 60.
+    pub udp_idle_secs: u64,
 }
 
 impl Default for NodeConfig {
@@ -97,6 +102,8 @@ impl Default for NodeConfig {
             watch_debounce_ms: 200,
             log_format: LogFormat::Text,
             log_level: "info".into(),
+            udp_max_flows_per_pod: 1024,
+            udp_idle_secs: 60,
         }
     }
 }
@@ -167,6 +174,17 @@ impl NodeConfig {
                 return Err(ConfigError::Invalid {
                     setting,
                     message: format!("{value:?} is not a domain"),
+                });
+            }
+        }
+        for (setting, value) in [
+            ("udp_max_flows_per_pod", self.udp_max_flows_per_pod as u64),
+            ("udp_idle_secs", self.udp_idle_secs),
+        ] {
+            if value == 0 {
+                return Err(ConfigError::Invalid {
+                    setting,
+                    message: "must be at least 1".into(),
                 });
             }
         }

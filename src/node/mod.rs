@@ -194,6 +194,8 @@ pub async fn run(config: NodeConfig) -> Result<(), NodeError> {
         settings: ProxySettings {
             mesh_domain: config.mesh_domain.clone(),
             trust_domain: config.trust_domain.clone(),
+            udp_idle: Duration::from_secs(config.udp_idle_secs),
+            udp_max_flows_per_pod: config.udp_max_flows_per_pod,
             ..ProxySettings::default()
         },
         pool: crate::proxy::hop::Pool::default(),

@@ -103,8 +103,13 @@ pub struct ProxySettings {
     pub connect_timeout: Duration,
     /// The largest HTTP/1 request head accepted.
     pub max_header_bytes: usize,
-    /// Idle UDP flows are forgotten after this long.
+    /// A UDP flow (client address, dialled address) with no datagram either way for this long
+    /// is closed: its socket and task are released (node setting `udp_idle_secs`, default 60 s).
     pub udp_idle: Duration,
+    /// The most UDP flows open at once for one pod; a datagram that would open another is
+    /// dropped and counted in `aether_udp_flows_refused_total`, while the open flows keep
+    /// working (node setting `udp_max_flows_per_pod`, default 1024).
+    pub udp_max_flows_per_pod: usize,
 }
 
 impl Default for ProxySettings {
@@ -117,6 +122,7 @@ impl Default for ProxySettings {
             connect_timeout: Duration::from_secs(5),
             max_header_bytes: 64 * 1024,
             udp_idle: Duration::from_secs(60),
+            udp_max_flows_per_pod: 1024,
         }
     }
 }
@@ -171,6 +177,10 @@ pub struct Stats {
     /// Failed accepts, by listener (`admin`, `cni`, `dns`, `capture`, ...): each is waited out
     /// with a backoff ([`crate::accept`]).
     pub accept_errors: Family<[(&'static str, &'static str); 1], Counter>,
+    /// UDP flows open now, over every pod.
+    pub udp_flows: Gauge,
+    /// Datagrams dropped because their pod had `udp_max_flows_per_pod` flows open.
+    pub udp_flows_refused: Counter,
 }
 
 impl Stats {
@@ -236,6 +246,16 @@ impl Stats {
             "aether_active_connections",
             "Connections open now",
             self.active.clone(),
+        );
+        registry.register(
+            "aether_udp_flows",
+            "UDP flows open now",
+            self.udp_flows.clone(),
+        );
+        registry.register(
+            "aether_udp_flows_refused",
+            "UDP datagrams dropped: their pod had udp_max_flows_per_pod flows open",
+            self.udp_flows_refused.clone(),
         );
         registry.register(
             "aether_accept_errors",
