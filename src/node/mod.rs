@@ -8,7 +8,7 @@ pub mod pods;
 pub mod stats;
 pub mod tls;
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeMap, BTreeSet};
 use std::path::Path;
 use std::sync::Arc;
 use std::time::Duration;
@@ -231,7 +231,9 @@ pub async fn run(config: NodeConfig) -> Result<(), NodeError> {
 
     // The first reconcile: every local pod (present = desired). Ready only once every local
     // pod is served; failed pods are retried.
-    let all_served = reconcile(&config, &shared, &pods, &cni_pods).await;
+    let all_served = reconcile(&config, &shared, &pods, &cni_pods)
+        .await
+        .is_empty();
     let _ = ready_tx.send(all_served);
     let mut retry = tokio::time::interval(Duration::from_secs(2));
     retry.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
@@ -326,7 +328,7 @@ pub async fn run(config: NodeConfig) -> Result<(), NodeError> {
                         let generation = handle.publish(l.model);
                         dns_table.store(Arc::new(l.dns));
                         info!(generation, "model published");
-                        let ok = reconcile(&config, &shared, &pods, &cni_pods).await;
+                        let ok = reconcile(&config, &shared, &pods, &cni_pods).await.is_empty();
                         let _ = ready_tx.send(ok);
                         // Published and reconciled: what `/model` reports as loaded.
                         fingerprint.store(l.fingerprint, std::sync::atomic::Ordering::Release);
@@ -341,25 +343,16 @@ pub async fn run(config: NodeConfig) -> Result<(), NodeError> {
                     let _ = changed_tx.try_send(());
                 }
                 if !*ready_tx.borrow() {
-                    let ok = reconcile(&config, &shared, &pods, &cni_pods).await;
+                    let ok = reconcile(&config, &shared, &pods, &cni_pods).await.is_empty();
                     let _ = ready_tx.send(ok);
                 }
             }
             Some(req) = cni_rx.recv() => {
-                let outcome = {
-                    let mut known = cni_pods.lock().await;
-                    match &req.command {
-                        CniCommand::Add { namespace, pod, netns } => {
-                            known.insert((namespace.clone(), pod.clone()), netns.clone());
-                        }
-                        CniCommand::Del { namespace, pod, .. } => {
-                            known.remove(&(namespace.clone(), pod.clone()));
-                        }
-                    }
-                    Ok(())
-                };
-                let ok = reconcile(&config, &shared, &pods, &cni_pods).await;
-                let _ = ready_tx.send(ok);
+                let (outcome, ok) =
+                    handle_cni(&req.command, &config, &shared, &pods, &cni_pods, &node_stats).await;
+                if let Some(ok) = ok {
+                    let _ = ready_tx.send(ok);
+                }
                 let _ = req.reply.send(outcome);
             }
         }
@@ -376,22 +369,81 @@ pub async fn run(config: NodeConfig) -> Result<(), NodeError> {
     Ok(())
 }
 
-/// Reconcile the local pods with the current model; whether every one is served.
+/// Handle one CNI request (issue #8, finding 11). An ADD's namespace must exist and be a
+/// pod's ([`Netns::open_pod`]); the reply waits for the reconcile, and is an error with the
+/// reason when the pod is then not served (the ADD is then forgotten, as the runtime will
+/// retry or tear down). A DEL forgets the pod. Returns the reply and, when it reconciled,
+/// whether every local pod is served.
+async fn handle_cni(
+    command: &CniCommand,
+    config: &NodeConfig,
+    shared: &Shared,
+    pods: &Arc<Mutex<Pods>>,
+    cni_pods: &Arc<Mutex<CniPods>>,
+    stats: &NodeStats,
+) -> (Result<(), String>, Option<bool>) {
+    match command {
+        CniCommand::Add {
+            namespace,
+            pod,
+            netns,
+        } => {
+            let refuse = |reason: String| {
+                stats.cni_refused.inc();
+                warn!(namespace = %namespace, pod = %pod, %reason, "CNI ADD refused");
+                reason
+            };
+            if let Err(e) = Netns::open_pod(netns, &shared.home) {
+                let reason = refuse(crate::DisplayChain(&e).to_string());
+                return (Err(reason), None);
+            }
+            let key = (namespace.clone(), pod.clone());
+            let before = cni_pods.lock().await.insert(key.clone(), netns.clone());
+            let failed = reconcile(config, shared, pods, cni_pods).await;
+            match failed.get(&key) {
+                Some(reason) => {
+                    let mut known = cni_pods.lock().await;
+                    match before {
+                        Some(path) => known.insert(key, path),
+                        None => known.remove(&key),
+                    };
+                    let reason = refuse(format!("pod {namespace}/{pod} is not served: {reason}"));
+                    (Err(reason), Some(false))
+                }
+                None => (Ok(()), Some(failed.is_empty())),
+            }
+        }
+        CniCommand::Del { namespace, pod, .. } => {
+            cni_pods
+                .lock()
+                .await
+                .remove(&(namespace.clone(), pod.clone()));
+            let failed = reconcile(config, shared, pods, cni_pods).await;
+            (Ok(()), Some(failed.is_empty()))
+        }
+    }
+}
+
+/// Reconcile the local pods with the current model; the pods not served, with the reason
+/// (each logged; every local pod is served when it is empty).
 async fn reconcile(
     config: &NodeConfig,
     shared: &Shared,
     pods: &Arc<Mutex<Pods>>,
     cni_pods: &Arc<Mutex<CniPods>>,
-) -> bool {
+) -> BTreeMap<(String, String), String> {
     let model = shared.inputs.model.load();
     let known = cni_pods.lock().await.clone();
     let want = pods::desired(&model, &config.node_name, &config.netns_prefix, &known);
     let failed = pods.lock().await.reconcile(shared, want).await;
-    let all = failed.is_empty();
-    for ((ns, pod), e) in failed {
-        error!(namespace = %ns, pod = %pod, error = %crate::DisplayChain(&e), "pod not served; retrying");
-    }
-    all
+    failed
+        .into_iter()
+        .map(|((ns, pod), e)| {
+            let reason = crate::DisplayChain(&e).to_string();
+            error!(namespace = %ns, pod = %pod, error = %reason, "pod not served; retrying");
+            ((ns, pod), reason)
+        })
+        .collect()
 }
 
 /// Stop accepting, then wait (bounded) for connections to finish.
@@ -431,3 +483,6 @@ fn watch_registry(dir: &Path, tx: mpsc::Sender<()>) -> Option<notify::Recommende
         .ok()?;
     Some(watcher)
 }
+
+#[cfg(test)]
+mod tests;

@@ -214,7 +214,9 @@ async fn serve_pod(
     shared: &Shared,
     d: &Desired,
 ) -> Result<(Vec<AbortHandle>, Arc<PodCtx>), PodError> {
-    let netns = Arc::new(Netns::open(&d.netns)?);
+    // Never the daemon's or the host's own namespace, whatever the CNI ADD or the
+    // `aether.io/netns` annotation says.
+    let netns = Arc::new(Netns::open_pod(&d.netns, &shared.home)?);
     let net = PodNet {
         netns,
         home: shared.home.clone(),

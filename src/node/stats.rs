@@ -12,6 +12,9 @@ pub struct NodeStats {
     /// Manifest files served from their last good content now
     /// (`aether_registry_files_held`).
     pub registry_files_held: Gauge,
+    /// CNI ADDs answered with an error: a namespace that does not exist or is not a pod's, or
+    /// a pod that could not be served (`aether_cni_refused_total`).
+    pub cni_refused: Counter,
 }
 
 impl NodeStats {
@@ -26,6 +29,11 @@ impl NodeStats {
             "aether_registry_files_held",
             "Manifest files served from their last content that read whole",
             self.registry_files_held.clone(),
+        );
+        registry.register(
+            "aether_cni_refused",
+            "CNI ADDs answered with an error (no such namespace, not a pod's, pod not served)",
+            self.cni_refused.clone(),
         );
     }
 }
