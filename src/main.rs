@@ -110,6 +110,12 @@ struct NodeArgs {
     /// A UDP flow idle this long is closed, in seconds.
     #[arg(long, env = "AETHER_UDP_IDLE_SECS")]
     udp_idle_secs: Option<u64>,
+    /// The most DNS-over-TCP connections open at once to one pod's mesh DNS.
+    #[arg(long, env = "AETHER_DNS_TCP_MAX_CLIENTS")]
+    dns_tcp_max_clients: Option<usize>,
+    /// A DNS query over TCP must arrive whole within this long, in milliseconds.
+    #[arg(long, env = "AETHER_DNS_TCP_QUERY_TIMEOUT_MS")]
+    dns_tcp_query_timeout_ms: Option<u64>,
 }
 
 #[derive(Debug, clap::Args)]
@@ -655,7 +661,9 @@ fn node_config(args: &NodeArgs) -> anyhow::Result<aether::node::NodeConfig> {
         cert_lifetime_hours,
         watch_debounce_ms,
         udp_max_flows_per_pod,
-        udp_idle_secs
+        udp_idle_secs,
+        dns_tcp_max_clients,
+        dns_tcp_query_timeout_ms
     );
     macro_rules! set_opt {
         ($($field:ident),*) => {$(

@@ -76,6 +76,12 @@ pub struct NodeConfig {
     pub udp_max_flows_per_pod: usize,
     /// A UDP flow with no datagram either way for this long is closed, in seconds. Default 60.
     pub udp_idle_secs: u64,
+    /// The most DNS-over-TCP connections open at once to one pod's mesh DNS; a new one over it
+    /// is closed at once and counted. Default 64.
+    pub dns_tcp_max_clients: usize,
+    /// A DNS query over TCP must arrive whole within this long of its first byte, or the
+    /// connection is closed and counted; in milliseconds. Default 5000.
+    pub dns_tcp_query_timeout_ms: u64,
 }
 
 impl Default for NodeConfig {
@@ -104,6 +110,8 @@ impl Default for NodeConfig {
             log_level: "info".into(),
             udp_max_flows_per_pod: 1024,
             udp_idle_secs: 60,
+            dns_tcp_max_clients: 64,
+            dns_tcp_query_timeout_ms: 5000,
         }
     }
 }
@@ -180,6 +188,8 @@ impl NodeConfig {
         for (setting, value) in [
             ("udp_max_flows_per_pod", self.udp_max_flows_per_pod as u64),
             ("udp_idle_secs", self.udp_idle_secs),
+            ("dns_tcp_max_clients", self.dns_tcp_max_clients as u64),
+            ("dns_tcp_query_timeout_ms", self.dns_tcp_query_timeout_ms),
         ] {
             if value == 0 {
                 return Err(ConfigError::Invalid {

@@ -222,6 +222,12 @@ pub async fn run(config: NodeConfig) -> Result<(), NodeError> {
             table: dns_table.clone(),
             upstreams,
             accept_errors: inputs.stats.accept_errors("dns"),
+            tcp: crate::dns::TcpLimits {
+                max_clients: config.dns_tcp_max_clients,
+                query_timeout: Duration::from_millis(config.dns_tcp_query_timeout_ms),
+                refused: node_stats.dns_tcp_refused.clone(),
+                timeouts: node_stats.dns_tcp_timeouts.clone(),
+            },
         },
     };
 

@@ -15,6 +15,12 @@ pub struct NodeStats {
     /// CNI ADDs answered with an error: a namespace that does not exist or is not a pod's, or
     /// a pod that could not be served (`aether_cni_refused_total`).
     pub cni_refused: Counter,
+    /// DNS-over-TCP connections closed at once because their pod's server had
+    /// `dns_tcp_max_clients` open (`aether_dns_tcp_refused_total`).
+    pub dns_tcp_refused: Counter,
+    /// DNS-over-TCP connections closed because a query did not arrive whole within
+    /// `dns_tcp_query_timeout_ms` (`aether_dns_tcp_timeouts_total`).
+    pub dns_tcp_timeouts: Counter,
 }
 
 impl NodeStats {
@@ -34,6 +40,16 @@ impl NodeStats {
             "aether_cni_refused",
             "CNI ADDs answered with an error (no such namespace, not a pod's, pod not served)",
             self.cni_refused.clone(),
+        );
+        registry.register(
+            "aether_dns_tcp_refused",
+            "Mesh DNS TCP connections closed at once: the pod's server had dns_tcp_max_clients open",
+            self.dns_tcp_refused.clone(),
+        );
+        registry.register(
+            "aether_dns_tcp_timeouts",
+            "Mesh DNS TCP connections closed: a query did not arrive whole in time",
+            self.dns_tcp_timeouts.clone(),
         );
     }
 }

@@ -73,6 +73,7 @@ fn shared() -> (NodeConfig, Shared) {
             table: Arc::new(ArcSwap::from_pointee(loaded.dns)),
             upstreams: Vec::new(),
             accept_errors: Counter::default(),
+            tcp: crate::dns::TcpLimits::default(),
         },
     };
     (config, shared)

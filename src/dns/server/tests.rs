@@ -90,6 +90,15 @@ impl Drop for Running {
 }
 
 async fn start(snapshot: &Snapshot, upstreams: Vec<SocketAddr>, timeout: Duration) -> Running {
+    start_with(snapshot, upstreams, timeout, TcpLimits::default()).await
+}
+
+async fn start_with(
+    snapshot: &Snapshot,
+    upstreams: Vec<SocketAddr>,
+    timeout: Duration,
+    limits: TcpLimits,
+) -> Running {
     let domains = Domains {
         mesh: "aether.internal".to_owned(),
         cluster: "cluster.local".to_owned(),
@@ -100,7 +109,9 @@ async fn start(snapshot: &Snapshot, upstreams: Vec<SocketAddr>, timeout: Duratio
     let udp = UdpSocket::bind("127.0.0.1:0").await.unwrap();
     let tcp = TcpListener::bind("127.0.0.1:0").await.unwrap();
     let (udp_addr, tcp_addr) = (udp.local_addr().unwrap(), tcp.local_addr().unwrap());
-    let server = DnsServer::new(table, upstreams, host_socket()).with_forward_timeout(timeout);
+    let server = DnsServer::new(table, upstreams, host_socket())
+        .with_forward_timeout(timeout)
+        .with_tcp_limits(limits);
     let stats = server.stats();
     let task = tokio::spawn(server.run(udp, tcp));
     Running {
@@ -395,6 +406,95 @@ fn the_tcp_accept_loop_waits_between_failed_accepts_and_serves_again() {
             "mesh DNS over TCP answers again once descriptors are free"
         );
     });
+}
+
+/// What the server does next on `stream`: `"closed"`, `"open"` (nothing within 1 s) or an
+/// error.
+async fn next_event(stream: &mut TcpStream) -> String {
+    let mut byte = [0u8; 1];
+    match tokio::time::timeout(Duration::from_secs(1), stream.read(&mut byte)).await {
+        Ok(Ok(0)) => "closed".to_owned(),
+        Ok(Ok(_)) => "data".to_owned(),
+        Ok(Err(e)) if e.kind() == io::ErrorKind::ConnectionReset => "closed".to_owned(),
+        Ok(Err(e)) => format!("error: {e}"),
+        Err(_) => "open".to_owned(),
+    }
+}
+
+#[tokio::test]
+async fn over_its_tcp_client_cap_the_server_closes_new_connections_and_serves_the_open_ones() {
+    let s = snapshot();
+    let refused = Counter::default();
+    let server = start_with(
+        &s,
+        Vec::new(),
+        FORWARD_TIMEOUT,
+        TcpLimits {
+            max_clients: 2,
+            refused: refused.clone(),
+            ..TcpLimits::default()
+        },
+    )
+    .await;
+    let mut first = TcpStream::connect(server.tcp).await.unwrap();
+    let mut second = TcpStream::connect(server.tcp).await.unwrap();
+    // Both are served (so both hold their place) before the third comes.
+    for stream in [&mut first, &mut second] {
+        assert_eq!(
+            tcp_exchange(stream, "mp-multi.mp.aether.internal.").await,
+            Ok(vec![cluster_ip(&s, "mp", "mp-multi")])
+        );
+    }
+    let mut third = TcpStream::connect(server.tcp).await.unwrap();
+    assert_eq!(
+        next_event(&mut third).await,
+        "closed",
+        "a connection over dns_tcp_max_clients (2) was not closed"
+    );
+    assert_eq!(refused.get(), 1);
+    assert_eq!(
+        tcp_exchange(&mut first, "mp-nine.mp.aether.internal.").await,
+        Ok(vec![cluster_ip(&s, "mp", "mp-nine")])
+    );
+    // A place freed is a place for the next client.
+    drop(second);
+    let mut fourth = TcpStream::connect(server.tcp).await.unwrap();
+    assert_eq!(
+        tcp_exchange(&mut fourth, "mp-multi.mp.aether.internal.").await,
+        Ok(vec![cluster_ip(&s, "mp", "mp-multi")])
+    );
+}
+
+#[tokio::test]
+async fn a_tcp_query_that_does_not_arrive_whole_in_time_closes_the_connection() {
+    let s = snapshot();
+    let timeouts = Counter::default();
+    let server = start_with(
+        &s,
+        Vec::new(),
+        FORWARD_TIMEOUT,
+        TcpLimits {
+            query_timeout: Duration::from_millis(200),
+            timeouts: timeouts.clone(),
+            ..TcpLimits::default()
+        },
+    )
+    .await;
+    let mut stream = TcpStream::connect(server.tcp).await.unwrap();
+    // The length says 40 bytes; 3 come, then nothing.
+    stream.write_all(&[0, 40, 1, 2, 3]).await.unwrap();
+    let deadline = crate::time::now() + WAIT;
+    let event = loop {
+        let e = next_event(&mut stream).await;
+        if e != "open" || crate::time::now() > deadline {
+            break e;
+        }
+    };
+    assert_eq!(
+        event, "closed",
+        "a query cut short kept its connection past dns_tcp_query_timeout (200 ms)"
+    );
+    assert_eq!(timeouts.get(), 1);
 }
 
 #[tokio::test]
