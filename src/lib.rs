@@ -5,6 +5,7 @@
 //! no tasks); [`registry`] turns the outside world into a [`model::Snapshot`]; the binary's
 //! subcommands sit on top.
 
+pub mod accept;
 pub mod capture;
 pub mod demo;
 pub mod dns;

@@ -119,6 +119,18 @@ struct NodeArgs {
     /// Sources let through to pods' declared ports in both inbound modes (comma-separated CIDRs).
     #[arg(long, env = "AETHER_INBOUND_TRUSTED_SOURCES", value_delimiter = ',')]
     inbound_trusted_sources: Option<Vec<ipnet::IpNet>>,
+    /// The most UDP flows open at once for one pod (port 18082).
+    #[arg(long, env = "AETHER_UDP_MAX_FLOWS_PER_POD")]
+    udp_max_flows_per_pod: Option<usize>,
+    /// A UDP flow idle this long is closed, in seconds.
+    #[arg(long, env = "AETHER_UDP_IDLE_SECS")]
+    udp_idle_secs: Option<u64>,
+    /// The most DNS-over-TCP connections open at once to one pod's mesh DNS.
+    #[arg(long, env = "AETHER_DNS_TCP_MAX_CLIENTS")]
+    dns_tcp_max_clients: Option<usize>,
+    /// A DNS query over TCP must arrive whole within this long, in milliseconds.
+    #[arg(long, env = "AETHER_DNS_TCP_QUERY_TIMEOUT_MS")]
+    dns_tcp_query_timeout_ms: Option<u64>,
 }
 
 #[derive(Debug, clap::Args)]
@@ -216,6 +228,12 @@ fn run_explain(args: &ExplainArgs) -> anyhow::Result<ExitCode> {
         #[allow(clippy::print_stderr)] // The CLI reports skipped manifests to its user.
         {
             eprintln!("warning: {p}");
+        }
+    }
+    for f in &load.faults {
+        #[allow(clippy::print_stderr)] // The CLI reports skipped files to its user.
+        {
+            eprintln!("warning: {f}");
         }
     }
     let mut snapshot = load.snapshot;
@@ -662,7 +680,11 @@ fn node_config(args: &NodeArgs) -> anyhow::Result<aether::node::NodeConfig> {
         max_connections_per_pod,
         handshake_timeout_ms,
         inbound_mode_default,
-        inbound_trusted_sources
+        inbound_trusted_sources,
+        udp_max_flows_per_pod,
+        udp_idle_secs,
+        dns_tcp_max_clients,
+        dns_tcp_query_timeout_ms
     );
     macro_rules! set_opt {
         ($($field:ident),*) => {$(

@@ -22,6 +22,9 @@ use tokio::io::{AsyncBufReadExt, AsyncRead, AsyncReadExt, AsyncWriteExt, BufRead
 use tokio::net::{UnixListener, UnixStream};
 use tokio::sync::{mpsc, oneshot};
 
+use crate::accept::Acceptor;
+use prometheus_client::metrics::counter::Counter;
+
 /// The longest request line accepted, in bytes; a longer one closes the connection.
 pub const MAX_LINE: u64 = 64 * 1024;
 
@@ -155,11 +158,17 @@ pub fn bind(path: &Path) -> Result<UnixListener, CniError> {
     Ok(listener)
 }
 
-/// Serve the CNI API on `listener`, handing requests to `daemon`. Returns when accepting fails;
-/// the caller stops it by aborting its task. Each connection is served on its own task.
-pub async fn serve(listener: UnixListener, daemon: mpsc::Sender<CniRequest>) -> io::Result<()> {
+/// Serve the CNI API on `listener`, handing requests to `daemon`, until the task is aborted.
+/// Each connection is served on its own task. Accept errors (out of descriptors) are waited out
+/// with a backoff and counted in `accept_errors` ([`crate::accept`]): the server never exits.
+pub async fn serve(
+    listener: UnixListener,
+    daemon: mpsc::Sender<CniRequest>,
+    accept_errors: Counter,
+) {
+    let mut acceptor = Acceptor::new(listener, "cni", accept_errors);
     loop {
-        let (stream, _) = listener.accept().await?;
+        let (stream, _) = acceptor.accept().await;
         let daemon = daemon.clone();
         tokio::spawn(async move {
             if let Err(error) = serve_connection(stream, daemon).await {
@@ -294,7 +303,7 @@ mod tests {
         let path = socket_path("rt");
         let listener = bind(&path).unwrap();
         let (tx, mut seen) = fake_daemon();
-        let server = tokio::spawn(serve(listener, tx));
+        let server = tokio::spawn(serve(listener, tx, Counter::default()));
 
         let add = CniCommand::Add {
             namespace: "mp".into(),
@@ -331,7 +340,7 @@ mod tests {
         let path = socket_path("wire");
         let listener = bind(&path).unwrap();
         let (tx, mut seen) = fake_daemon();
-        let server = tokio::spawn(serve(listener, tx));
+        let server = tokio::spawn(serve(listener, tx, Counter::default()));
 
         let stream = UnixStream::connect(&path).await.unwrap();
         let (read, mut write) = stream.into_split();
@@ -381,13 +390,69 @@ mod tests {
         let _ = std::fs::remove_file(&path);
     }
 
+    #[test]
+    fn the_cni_socket_answers_again_after_the_process_ran_out_of_descriptors() {
+        use crate::test_util::fds;
+        use socket2::{Domain, SockAddr, Socket, Type};
+        if !fds::in_child(concat!(
+            module_path!(),
+            "::the_cni_socket_answers_again_after_the_process_ran_out_of_descriptors"
+        )) {
+            return;
+        }
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap();
+        rt.block_on(async {
+            let path = socket_path("emfile");
+            let listener = bind(&path).unwrap();
+            let (tx, mut seen) = fake_daemon();
+            let _server = tokio::spawn(serve(listener, tx, Counter::default()));
+            // The client's socket exists before the descriptors run out; its connection then
+            // waits in the backlog, which the server cannot take it from.
+            let client = Socket::new(Domain::UNIX, Type::STREAM, None).unwrap();
+            let exhausted = fds::exhaust();
+            client.connect(&SockAddr::unix(&path).unwrap()).unwrap();
+            tokio::time::sleep(std::time::Duration::from_millis(300)).await;
+            drop(exhausted);
+            client.set_nonblocking(true).unwrap();
+            let stream = UnixStream::from_std(std::os::unix::net::UnixStream::from(
+                std::os::fd::OwnedFd::from(client),
+            ))
+            .unwrap();
+            let (read, mut write) = stream.into_split();
+            let line = b"{\"op\":\"del\",\"namespace\":\"mp\",\"pod\":\"p\"}\n";
+            let wrote = write.write_all(line).await;
+            let mut lines = BufReader::new(read).lines();
+            let reply = match wrote {
+                Ok(()) => {
+                    tokio::time::timeout(std::time::Duration::from_secs(5), lines.next_line())
+                        .await
+                        .map_or_else(|_| "no reply within 5 s".to_owned(), |r| format!("{r:?}"))
+                }
+                Err(e) => format!("write: {e}"),
+            };
+            assert_eq!(
+                reply,
+                format!(
+                    "{:?}",
+                    Ok::<_, io::Error>(Some(r#"{"ok":true}"#.to_owned()))
+                ),
+                "the CNI socket no longer answers once descriptors are free again"
+            );
+            assert!(matches!(seen.recv().await, Some(CniCommand::Del { .. })));
+            let _ = std::fs::remove_file(&path);
+        });
+    }
+
     #[tokio::test]
     async fn a_closed_daemon_is_an_error_reply_and_a_missing_socket_a_connect_error() {
         let path = socket_path("closed");
         let listener = bind(&path).unwrap();
         let (tx, rx) = mpsc::channel::<CniRequest>(1);
         drop(rx);
-        let server = tokio::spawn(serve(listener, tx));
+        let server = tokio::spawn(serve(listener, tx, Counter::default()));
         let del = CniCommand::Del {
             namespace: "mp".into(),
             pod: "p".into(),

@@ -10,5 +10,5 @@ pub mod server;
 pub mod table;
 
 pub use resolv::{parse_resolv_conf, resolv_conf};
-pub use server::{DnsCounts, DnsServer, DnsStats, ForwardSocketFactory};
+pub use server::{DnsCounts, DnsServer, DnsStats, ForwardSocketFactory, TcpLimits};
 pub use table::{DnsTable, Lookup, QueryKind};

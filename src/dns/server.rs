@@ -34,6 +34,8 @@ use tokio::net::{TcpListener, TcpStream, UdpSocket};
 use tokio::sync::Semaphore;
 
 use super::table::{DnsTable, Lookup, QueryKind};
+use crate::accept::Acceptor;
+use prometheus_client::metrics::counter::Counter;
 
 /// How long a forwarded query waits for an upstream's reply before SERVFAIL.
 pub const FORWARD_TIMEOUT: Duration = Duration::from_secs(2);
@@ -42,11 +44,34 @@ pub const FORWARD_TIMEOUT: Duration = Duration::from_secs(2);
 pub const RECORD_TTL: u32 = 5;
 /// The most UDP queries in flight; more are dropped (and counted).
 const MAX_UDP_IN_FLIGHT: usize = 512;
-/// The most TCP connections open; more wait to be accepted. Kept apart from the UDP limit so
-/// that idle TCP clients cannot starve UDP.
-const MAX_TCP_CONNECTIONS: usize = 64;
 /// How long a TCP connection may stay idle between queries.
 const TCP_IDLE: Duration = Duration::from_secs(10);
+
+/// The limits of one server's DNS over TCP, which a client of the pod can hit (issue #8).
+#[derive(Clone, Debug)]
+pub struct TcpLimits {
+    /// The most TCP connections open at once (node setting `dns_tcp_max_clients`, default 64).
+    /// Kept apart from the UDP limit so that idle TCP clients cannot starve UDP.
+    pub max_clients: usize,
+    /// A query must arrive whole (its length and its bytes) within this long of its first
+    /// byte (node setting `dns_tcp_query_timeout_ms`, default 5 s).
+    pub query_timeout: Duration,
+    /// Connections closed at once because `max_clients` were open.
+    pub refused: Counter,
+    /// Connections closed because a query did not arrive whole in time.
+    pub timeouts: Counter,
+}
+
+impl Default for TcpLimits {
+    fn default() -> Self {
+        Self {
+            max_clients: 64,
+            query_timeout: Duration::from_secs(5),
+            refused: Counter::default(),
+            timeouts: Counter::default(),
+        }
+    }
+}
 /// The UDP payload size our own answers advertise through EDNS.
 const EDNS_PAYLOAD: u16 = 1232;
 
@@ -110,6 +135,8 @@ pub struct DnsServer {
     stats: Arc<DnsStats>,
     udp_in_flight: Arc<Semaphore>,
     tcp_connections: Arc<Semaphore>,
+    accept_errors: Counter,
+    tcp: TcpLimits,
 }
 
 impl std::fmt::Debug for DnsServer {
@@ -151,8 +178,24 @@ impl DnsServer {
             forward_timeout: FORWARD_TIMEOUT,
             stats: Arc::default(),
             udp_in_flight: Arc::new(Semaphore::new(MAX_UDP_IN_FLIGHT)),
-            tcp_connections: Arc::new(Semaphore::new(MAX_TCP_CONNECTIONS)),
+            tcp_connections: Arc::new(Semaphore::new(TcpLimits::default().max_clients)),
+            accept_errors: Counter::default(),
+            tcp: TcpLimits::default(),
         }
+    }
+
+    /// The same server with these TCP limits and counters.
+    pub fn with_tcp_limits(mut self, limits: TcpLimits) -> Self {
+        self.tcp_connections = Arc::new(Semaphore::new(limits.max_clients));
+        self.tcp = limits;
+        self
+    }
+
+    /// The same server, counting failed TCP accepts in `errors` (the daemon's
+    /// `aether_accept_errors{listener="dns"}`).
+    pub fn with_accept_errors(mut self, errors: Counter) -> Self {
+        self.accept_errors = errors;
+        self
     }
 
     /// The same server with another forward timeout (tests).
@@ -204,17 +247,17 @@ impl DnsServer {
     }
 
     async fn run_tcp(self: Arc<Self>, listener: TcpListener) {
+        // Accept errors (out of descriptors) are waited out with a backoff, not retried at once.
+        let mut acceptor = Acceptor::new(listener, "dns", self.accept_errors.clone());
         loop {
-            let Ok(permit) = Arc::clone(&self.tcp_connections).acquire_owned().await else {
-                return; // The semaphore is never closed.
-            };
-            let stream = match listener.accept().await {
-                Ok((stream, _)) => stream,
-                Err(error) => {
-                    tracing::debug!(%error, "mesh dns tcp accept failed");
-                    tokio::task::yield_now().await;
-                    continue;
-                }
+            let (stream, peer) = acceptor.accept().await;
+            // Over the cap a new client is closed at once (and counted), rather than left in
+            // the backlog for as long as the open ones last.
+            let Ok(permit) = Arc::clone(&self.tcp_connections).try_acquire_owned() else {
+                self.tcp.refused.inc();
+                tracing::debug!(%peer, "mesh dns tcp connection closed: dns_tcp_max_clients open");
+                drop(stream);
+                continue;
             };
             let this = Arc::clone(&self);
             tokio::spawn(async move {
@@ -227,20 +270,32 @@ impl DnsServer {
     }
 
     /// Length-prefixed messages (RFC 1035 §4.2.2), answered in order, until the client
-    /// closes, idles or sends something that is dropped.
+    /// closes, idles (no first byte of a query for 10 s), is too slow (a query not whole within
+    /// the query timeout of its first byte, counted) or sends something that is dropped.
     async fn serve_tcp(&self, mut stream: TcpStream) -> io::Result<()> {
         loop {
-            let mut len = [0u8; 2];
-            match tokio::time::timeout(TCP_IDLE, stream.read_exact(&mut len)).await {
+            let mut first = [0u8; 1];
+            match tokio::time::timeout(TCP_IDLE, stream.read(&mut first)).await {
+                Ok(Ok(0)) | Err(_) => return Ok(()),
                 Ok(Ok(_)) => {}
+                Ok(Err(e)) => return Err(e),
+            }
+            let rest = async {
+                let mut second = [0u8; 1];
+                stream.read_exact(&mut second).await?;
+                let mut query = vec![0u8; usize::from(u16::from_be_bytes([first[0], second[0]]))];
+                stream.read_exact(&mut query).await?;
+                Ok::<_, io::Error>(query)
+            };
+            let query = match tokio::time::timeout(self.tcp.query_timeout, rest).await {
+                Ok(Ok(query)) => query,
                 Ok(Err(e)) if e.kind() == io::ErrorKind::UnexpectedEof => return Ok(()),
                 Ok(Err(e)) => return Err(e),
-                Err(_) => return Ok(()),
-            }
-            let mut query = vec![0u8; usize::from(u16::from_be_bytes(len))];
-            tokio::time::timeout(TCP_IDLE, stream.read_exact(&mut query))
-                .await
-                .map_err(|_| io::Error::from(io::ErrorKind::TimedOut))??;
+                Err(_) => {
+                    self.tcp.timeouts.inc();
+                    return Ok(());
+                }
+            };
             let Some(reply) = self.answer(&query).await else {
                 return Ok(());
             };

@@ -11,6 +11,7 @@ use tokio::io::{AsyncRead, AsyncWrite};
 use tokio::sync::{Mutex, watch};
 
 use super::pods::Pods;
+use crate::accept::Acceptor;
 use crate::proxy::{Body, Inputs, respond};
 
 /// The endpoints, by path, with what they answer (drives the router and its test).
@@ -41,6 +42,8 @@ pub struct Admin {
     pub node: String,
     /// The fingerprint of the registry state the published model was compiled from.
     pub fingerprint: Arc<std::sync::atomic::AtomicU64>,
+    /// The control side's counters (registry, CNI, mesh DNS).
+    pub node_stats: Arc<super::stats::NodeStats>,
 }
 
 fn json(value: &serde_json::Value) -> Response<Body> {
@@ -66,6 +69,7 @@ async fn handle(admin: &Admin, path: &str) -> Response<Body> {
         "/metrics" => {
             let mut registry = prometheus_client::registry::Registry::default();
             admin.inputs.stats.register(&mut registry);
+            admin.node_stats.register(&mut registry);
             let generation = prometheus_client::metrics::gauge::Gauge::<i64>::default();
             generation.set(i64::try_from(admin.inputs.model.generation()).unwrap_or(i64::MAX));
             registry.register(
@@ -108,16 +112,23 @@ where
         .await;
 }
 
-/// Serve the admin unix socket.
+/// Serve the admin unix socket until the task is aborted; accept errors (out of descriptors)
+/// are waited out and counted as `aether_accept_errors{listener="admin"}`.
 pub async fn serve_unix(admin: Arc<Admin>, listener: tokio::net::UnixListener) {
-    while let Ok((s, _)) = listener.accept().await {
+    let errors = admin.inputs.stats.accept_errors("admin");
+    let mut acceptor = Acceptor::new(listener, "admin", errors);
+    loop {
+        let (s, _) = acceptor.accept().await;
         tokio::spawn(serve_conn(admin.clone(), s));
     }
 }
 
-/// Serve the admin TCP listener.
+/// Serve the admin TCP listener until the task is aborted, as [`serve_unix`].
 pub async fn serve_tcp(admin: Arc<Admin>, listener: tokio::net::TcpListener) {
-    while let Ok((s, _)) = listener.accept().await {
+    let errors = admin.inputs.stats.accept_errors("admin");
+    let mut acceptor = Acceptor::new(listener, "admin", errors);
+    loop {
+        let (s, _) = acceptor.accept().await;
         tokio::spawn(serve_conn(admin.clone(), s));
     }
 }
@@ -162,6 +173,7 @@ mod tests {
             ready: rx,
             node: "node-a".into(),
             fingerprint: Arc::default(),
+            node_stats: Arc::default(),
         }
     }
 
@@ -183,6 +195,80 @@ mod tests {
         let text = String::from_utf8_lossy(&body);
         assert!(text.contains("aether_mesh_answers_total"), "{text}");
         assert!(text.contains("aether_model_generation 1"), "{text}");
+        assert!(text.contains("aether_registry_files_held 0"), "{text}");
+    }
+
+    /// One GET over a connected socket; the response's text, or what went wrong.
+    async fn get<S: AsyncRead + AsyncWrite + Unpin>(mut s: S, path: &str) -> String {
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        let request = format!("GET {path} HTTP/1.1\r\nHost: admin\r\nConnection: close\r\n\r\n");
+        if let Err(e) = s.write_all(request.as_bytes()).await {
+            return format!("write: {e}");
+        }
+        let mut out = Vec::new();
+        match tokio::time::timeout(std::time::Duration::from_secs(5), s.read_to_end(&mut out)).await
+        {
+            Ok(Ok(_)) => String::from_utf8_lossy(&out).into_owned(),
+            Ok(Err(e)) => format!("read: {e}"),
+            Err(_) => "no answer within 5 s".to_owned(),
+        }
+    }
+
+    #[test]
+    fn both_admin_listeners_answer_again_after_the_process_ran_out_of_descriptors() {
+        use crate::test_util::fds;
+        use socket2::{Domain, SockAddr, Socket, Type};
+        if !fds::in_child(concat!(
+            module_path!(),
+            "::both_admin_listeners_answer_again_after_the_process_ran_out_of_descriptors"
+        )) {
+            return;
+        }
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap();
+        rt.block_on(async {
+            let path = std::env::temp_dir().join(format!("aether-admin-{}.sock", std::process::id()));
+            let _ = std::fs::remove_file(&path);
+            let admin = Arc::new(admin(true));
+            let unix = tokio::net::UnixListener::bind(&path).unwrap();
+            let tcp = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+            let tcp_addr = tcp.local_addr().unwrap();
+            let counter = admin.inputs.stats.accept_errors("admin");
+            tokio::spawn(serve_unix(admin.clone(), unix));
+            tokio::spawn(serve_tcp(admin.clone(), tcp));
+            // The clients' sockets exist before the descriptors run out; their connections then
+            // wait in the listeners' backlogs, which the servers cannot take them from.
+            let unix_client = Socket::new(Domain::UNIX, Type::STREAM, None).unwrap();
+            let tcp_client = Socket::new(Domain::IPV4, Type::STREAM, None).unwrap();
+            let exhausted = fds::exhaust();
+            unix_client.connect(&SockAddr::unix(&path).unwrap()).unwrap();
+            tcp_client.connect(&tcp_addr.into()).unwrap();
+            tokio::time::sleep(std::time::Duration::from_millis(300)).await;
+            drop(exhausted);
+            for s in [&unix_client, &tcp_client] {
+                s.set_nonblocking(true).unwrap();
+            }
+            let unix_stream = tokio::net::UnixStream::from_std(std::os::unix::net::UnixStream::from(
+                std::os::fd::OwnedFd::from(unix_client),
+            ))
+            .unwrap();
+            let tcp_stream = tokio::net::TcpStream::from_std(tcp_client.into()).unwrap();
+            let unix_answer = get(unix_stream, "/live").await;
+            let tcp_answer = get(tcp_stream, "/live").await;
+            assert!(
+                unix_answer.starts_with("HTTP/1.1 200"),
+                "the admin unix socket no longer answers once descriptors are free again: {unix_answer}"
+            );
+            assert!(
+                tcp_answer.starts_with("HTTP/1.1 200"),
+                "the admin TCP listener no longer answers once descriptors are free again: {tcp_answer}"
+            );
+            // Each listener failed at least once, and each failure was counted.
+            assert!(counter.get() >= 2, "accept errors counted: {}", counter.get());
+            let _ = std::fs::remove_file(&path);
+        });
     }
 
     #[tokio::test]

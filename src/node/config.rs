@@ -96,6 +96,17 @@ pub struct NodeConfig {
     /// Sources whose plaintext reaches a pod's declared ports in both inbound modes, besides
     /// loopback, the pod's default gateway and its node's addresses (kubelet probes).
     pub inbound_trusted_sources: Vec<ipnet::IpNet>,
+    /// The most UDP flows (client address, dialled address) open at once for one pod on port
+    /// 18082; a datagram that would open another is dropped and counted. Default 1024.
+    pub udp_max_flows_per_pod: usize,
+    /// A UDP flow with no datagram either way for this long is closed, in seconds. Default 60.
+    pub udp_idle_secs: u64,
+    /// The most DNS-over-TCP connections open at once to one pod's mesh DNS; a new one over it
+    /// is closed at once and counted. Default 64.
+    pub dns_tcp_max_clients: usize,
+    /// A DNS query over TCP must arrive whole within this long of its first byte, or the
+    /// connection is closed and counted; in milliseconds. Default 5000.
+    pub dns_tcp_query_timeout_ms: u64,
 }
 
 impl Default for NodeConfig {
@@ -127,6 +138,10 @@ impl Default for NodeConfig {
             handshake_timeout_ms: 10_000,
             inbound_mode_default: InboundMode::Permissive,
             inbound_trusted_sources: Vec::new(),
+            udp_max_flows_per_pod: 1024,
+            udp_idle_secs: 60,
+            dns_tcp_max_clients: 64,
+            dns_tcp_query_timeout_ms: 5000,
         }
     }
 }
@@ -201,12 +216,16 @@ impl NodeConfig {
             }
         }
         for (setting, value) in [
-            ("max_connections", self.max_connections),
-            ("max_connections_per_pod", self.max_connections_per_pod),
+            ("max_connections", self.max_connections as u64),
             (
-                "handshake_timeout_ms",
-                usize::try_from(self.handshake_timeout_ms).unwrap_or(usize::MAX),
+                "max_connections_per_pod",
+                self.max_connections_per_pod as u64,
             ),
+            ("handshake_timeout_ms", self.handshake_timeout_ms),
+            ("udp_max_flows_per_pod", self.udp_max_flows_per_pod as u64),
+            ("udp_idle_secs", self.udp_idle_secs),
+            ("dns_tcp_max_clients", self.dns_tcp_max_clients as u64),
+            ("dns_tcp_query_timeout_ms", self.dns_tcp_query_timeout_ms),
         ] {
             if value == 0 {
                 return Err(ConfigError::Invalid {

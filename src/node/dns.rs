@@ -19,6 +19,10 @@ pub struct DnsShared {
     pub table: Arc<ArcSwap<DnsTable>>,
     /// Where names that are not the mesh's go.
     pub upstreams: Vec<SocketAddr>,
+    /// Failed TCP accepts of every pod's server (`aether_accept_errors{listener="dns"}`).
+    pub accept_errors: crate::proxy::Counter,
+    /// Each pod's server's TCP limits, with the daemon's counters (shared by every pod).
+    pub tcp: crate::dns::TcpLimits,
 }
 
 /// Start the DNS server of one pod.
@@ -39,6 +43,8 @@ pub fn serve(
             net.udp_socket(SocketAddr::new(any, 0), false)
                 .map_err(std::io::Error::other)
         });
-    let server = DnsServer::new(shared.table.clone(), shared.upstreams.clone(), factory);
+    let server = DnsServer::new(shared.table.clone(), shared.upstreams.clone(), factory)
+        .with_accept_errors(shared.accept_errors.clone())
+        .with_tcp_limits(shared.tcp.clone());
     vec![tokio::spawn(server.run(udp, tcp)).abort_handle()]
 }

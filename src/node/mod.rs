@@ -6,9 +6,10 @@ pub mod config;
 pub mod dns;
 pub mod handoff;
 pub mod pods;
+pub mod stats;
 pub mod tls;
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeMap, BTreeSet};
 use std::path::Path;
 use std::sync::Arc;
 use std::time::Duration;
@@ -24,10 +25,11 @@ use crate::model::names::Domains;
 use crate::model::{Model, NodeContext, compile, registrar};
 use crate::netns::Netns;
 use crate::proxy::{Inputs, ProxySettings};
-use crate::registry::file::load_dir;
+use crate::registry::file::{LastGood, load_dir_keeping};
 use crate::state::ModelHandle;
 pub use config::NodeConfig;
 use pods::{CniPods, Pods, Shared};
+use stats::NodeStats;
 
 /// The daemon could not start.
 #[derive(Debug, thiserror::Error)]
@@ -95,8 +97,12 @@ fn context(config: &NodeConfig) -> NodeContext {
 
 /// Load and compile the registry. `previous` is the model being replaced and its retention
 /// state: HTTP entries whose rows vanished with no evidence are retained (model.md §10).
+/// `last` holds each manifest file's last content that read whole: a file read half written,
+/// or damaged, is replaced by it, so that its pods stay in the mesh (issue #8, finding 8).
 fn load(
     config: &NodeConfig,
+    last: &mut LastGood,
+    stats: &NodeStats,
     previous: Option<(&Model, &[crate::model::snapshot::RetainedPort])>,
 ) -> Result<Loaded, NodeError> {
     // Taken first: if the directory changes while it is read, the fingerprint is the older one
@@ -107,13 +113,22 @@ fn load(
             source,
         }
     })?;
-    let loaded = load_dir(&config.registry).map_err(|source| NodeError::Registry {
-        path: config.registry.clone(),
-        source,
-    })?;
+    let loaded =
+        load_dir_keeping(&config.registry, last).map_err(|source| NodeError::Registry {
+            path: config.registry.clone(),
+            source,
+        })?;
     for problem in &loaded.problems {
         warn!(%problem, "registry document skipped");
     }
+    for fault in &loaded.faults {
+        stats.registry_file_errors.inc();
+        warn!(%fault, "registry file not whole");
+    }
+    let held = loaded.faults.iter().filter(|f| f.kept_last_good).count();
+    stats
+        .registry_files_held
+        .set(i64::try_from(held).unwrap_or(i64::MAX));
     let ctx = context(config);
     let mut snapshot = loaded.snapshot;
     let report = registrar::complete_snapshot_except(
@@ -148,7 +163,9 @@ pub async fn run(config: NodeConfig) -> Result<(), NodeError> {
         source,
     })?;
     let home = Arc::new(Netns::current()?);
-    let first = load(&config, None)?;
+    let node_stats = Arc::new(NodeStats::default());
+    let last_good = Arc::new(Mutex::new(LastGood::default()));
+    let first = load(&config, &mut *last_good.lock().await, &node_stats, None)?;
     let mut retained = first.retained.clone();
     info!(node = %config.node_name, registry = %config.registry.display(),
         pods = first.model.pods().count(), "registry loaded");
@@ -182,6 +199,8 @@ pub async fn run(config: NodeConfig) -> Result<(), NodeError> {
             max_connections: config.max_connections,
             max_connections_per_pod: config.max_connections_per_pod,
             handshake_timeout: Duration::from_millis(config.handshake_timeout_ms),
+            udp_idle: Duration::from_secs(config.udp_idle_secs),
+            udp_max_flows_per_pod: config.udp_max_flows_per_pod,
             ..ProxySettings::default()
         },
         pool: crate::proxy::hop::Pool::default(),
@@ -207,6 +226,13 @@ pub async fn run(config: NodeConfig) -> Result<(), NodeError> {
         dns: dns::DnsShared {
             table: dns_table.clone(),
             upstreams,
+            accept_errors: inputs.stats.accept_errors("dns"),
+            tcp: crate::dns::TcpLimits {
+                max_clients: config.dns_tcp_max_clients,
+                query_timeout: Duration::from_millis(config.dns_tcp_query_timeout_ms),
+                refused: node_stats.dns_tcp_refused.clone(),
+                timeouts: node_stats.dns_tcp_timeouts.clone(),
+            },
         },
     };
 
@@ -242,7 +268,9 @@ pub async fn run(config: NodeConfig) -> Result<(), NodeError> {
             }
         }
     };
-    let all_served = reconcile(&config, &shared, &pods, &cni_pods).await;
+    let all_served = reconcile(&config, &shared, &pods, &cni_pods)
+        .await
+        .is_empty();
     let _ = ready_tx.send(all_served);
     let mut retry = tokio::time::interval(Duration::from_secs(2));
     retry.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
@@ -254,6 +282,7 @@ pub async fn run(config: NodeConfig) -> Result<(), NodeError> {
         ready: ready_rx,
         node: config.node_name.clone(),
         fingerprint: fingerprint.clone(),
+        node_stats: node_stats.clone(),
     };
     let admin = Arc::new(admin);
     let admin_sock = state_dir.join("admin.sock");
@@ -277,7 +306,11 @@ pub async fn run(config: NodeConfig) -> Result<(), NodeError> {
     let cni_sock = state_dir.join("cni.sock");
     let cni_listener = cni::bind(&cni_sock)?;
     let (cni_tx, mut cni_rx) = mpsc::channel::<CniRequest>(64);
-    tokio::spawn(cni::serve(cni_listener, cni_tx));
+    tokio::spawn(cni::serve(
+        cni_listener,
+        cni_tx,
+        inputs.stats.accept_errors("cni"),
+    ));
 
     // Registry changes.
     let (changed_tx, mut changed_rx) = mpsc::channel::<()>(1);
@@ -328,8 +361,9 @@ pub async fn run(config: NodeConfig) -> Result<(), NodeError> {
                 // Reading and compiling is blocking work: off the data plane's threads.
                 let previous = handle.load();
                 let (cfg, kept) = (config.clone(), retained.clone());
+                let (last, stats) = (last_good.clone(), node_stats.clone());
                 let loaded = tokio::task::spawn_blocking(move || {
-                    load(&cfg, Some((&previous, &kept)))
+                    load(&cfg, &mut last.blocking_lock(), &stats, Some((&previous, &kept)))
                 })
                 .await;
                 let loaded = match loaded {
@@ -346,7 +380,7 @@ pub async fn run(config: NodeConfig) -> Result<(), NodeError> {
                         let generation = handle.publish(l.model);
                         dns_table.store(Arc::new(l.dns));
                         info!(generation, "model published");
-                        let ok = reconcile(&config, &shared, &pods, &cni_pods).await;
+                        let ok = reconcile(&config, &shared, &pods, &cni_pods).await.is_empty();
                         let _ = ready_tx.send(ok);
                         // Published and reconciled: what `/model` reports as loaded.
                         fingerprint.store(l.fingerprint, std::sync::atomic::Ordering::Release);
@@ -361,7 +395,7 @@ pub async fn run(config: NodeConfig) -> Result<(), NodeError> {
                     let _ = changed_tx.try_send(());
                 }
                 if !*ready_tx.borrow() {
-                    let ok = reconcile(&config, &shared, &pods, &cni_pods).await;
+                    let ok = reconcile(&config, &shared, &pods, &cni_pods).await.is_empty();
                     let _ = ready_tx.send(ok);
                     if ok && !offering {
                         hand_over_done(&mut predecessor, &pods).await;
@@ -371,20 +405,11 @@ pub async fn run(config: NodeConfig) -> Result<(), NodeError> {
                 }
             }
             Some(req) = cni_rx.recv() => {
-                let outcome = {
-                    let mut known = cni_pods.lock().await;
-                    match &req.command {
-                        CniCommand::Add { namespace, pod, netns } => {
-                            known.insert((namespace.clone(), pod.clone()), netns.clone());
-                        }
-                        CniCommand::Del { namespace, pod, .. } => {
-                            known.remove(&(namespace.clone(), pod.clone()));
-                        }
-                    }
-                    Ok(())
-                };
-                let ok = reconcile(&config, &shared, &pods, &cni_pods).await;
-                let _ = ready_tx.send(ok);
+                let (outcome, ok) =
+                    handle_cni(&req.command, &config, &shared, &pods, &cni_pods, &node_stats).await;
+                if let Some(ok) = ok {
+                    let _ = ready_tx.send(ok);
+                }
                 let _ = req.reply.send(outcome);
             }
         }
@@ -466,13 +491,69 @@ fn serve_handoff(path: &Path, pods: Arc<Mutex<Pods>>, handed: mpsc::Sender<()>) 
     });
 }
 
-/// Reconcile the local pods with the current model; whether every one is served.
+/// Handle one CNI request (issue #8, finding 11). An ADD's namespace must exist and be a
+/// pod's ([`Netns::open_pod`]); the reply waits for the reconcile, and is an error with the
+/// reason when the pod is then not served (the ADD is then forgotten, as the runtime will
+/// retry or tear down). A DEL forgets the pod. Returns the reply and, when it reconciled,
+/// whether every local pod is served.
+async fn handle_cni(
+    command: &CniCommand,
+    config: &NodeConfig,
+    shared: &Shared,
+    pods: &Arc<Mutex<Pods>>,
+    cni_pods: &Arc<Mutex<CniPods>>,
+    stats: &NodeStats,
+) -> (Result<(), String>, Option<bool>) {
+    match command {
+        CniCommand::Add {
+            namespace,
+            pod,
+            netns,
+        } => {
+            let refuse = |reason: String| {
+                stats.cni_refused.inc();
+                warn!(namespace = %namespace, pod = %pod, %reason, "CNI ADD refused");
+                reason
+            };
+            if let Err(e) = Netns::open_pod(netns, &shared.home) {
+                let reason = refuse(crate::DisplayChain(&e).to_string());
+                return (Err(reason), None);
+            }
+            let key = (namespace.clone(), pod.clone());
+            let before = cni_pods.lock().await.insert(key.clone(), netns.clone());
+            let failed = reconcile(config, shared, pods, cni_pods).await;
+            match failed.get(&key) {
+                Some(reason) => {
+                    let mut known = cni_pods.lock().await;
+                    match before {
+                        Some(path) => known.insert(key, path),
+                        None => known.remove(&key),
+                    };
+                    let reason = refuse(format!("pod {namespace}/{pod} is not served: {reason}"));
+                    (Err(reason), Some(false))
+                }
+                None => (Ok(()), Some(failed.is_empty())),
+            }
+        }
+        CniCommand::Del { namespace, pod, .. } => {
+            cni_pods
+                .lock()
+                .await
+                .remove(&(namespace.clone(), pod.clone()));
+            let failed = reconcile(config, shared, pods, cni_pods).await;
+            (Ok(()), Some(failed.is_empty()))
+        }
+    }
+}
+
+/// Reconcile the local pods with the current model; the pods not served, with the reason
+/// (each logged; every local pod is served when it is empty).
 async fn reconcile(
     config: &NodeConfig,
     shared: &Shared,
     pods: &Arc<Mutex<Pods>>,
     cni_pods: &Arc<Mutex<CniPods>>,
-) -> bool {
+) -> BTreeMap<(String, String), String> {
     let model = shared.inputs.model.load();
     let known = cni_pods.lock().await.clone();
     let want = pods::desired(
@@ -483,11 +564,14 @@ async fn reconcile(
         &config.inbound_trusted_sources,
     );
     let failed = pods.lock().await.reconcile(shared, want).await;
-    let all = failed.is_empty();
-    for ((ns, pod), e) in failed {
-        error!(namespace = %ns, pod = %pod, error = %crate::DisplayChain(&e), "pod not served; retrying");
-    }
-    all
+    failed
+        .into_iter()
+        .map(|((ns, pod), e)| {
+            let reason = crate::DisplayChain(&e).to_string();
+            error!(namespace = %ns, pod = %pod, error = %reason, "pod not served; retrying");
+            ((ns, pod), reason)
+        })
+        .collect()
 }
 
 /// Stop accepting, then wait (bounded) for connections to finish.
@@ -527,3 +611,6 @@ fn watch_registry(dir: &Path, tx: mpsc::Sender<()>) -> Option<notify::Recommende
         .ok()?;
     Some(watcher)
 }
+
+#[cfg(test)]
+mod tests;

@@ -308,7 +308,9 @@ async fn serve_pod(
     d: &Desired,
     inherited: &mut Inherited,
 ) -> Result<(Vec<AbortHandle>, Arc<PodCtx>, Vec<(ListenerId, OwnedFd)>), PodError> {
-    let netns = Arc::new(Netns::open(&d.netns)?);
+    // Never the daemon's or the host's own namespace, whatever the CNI ADD or the
+    // `aether.io/netns` annotation says.
+    let netns = Arc::new(Netns::open_pod(&d.netns, &shared.home)?);
     let net = PodNet {
         netns,
         home: shared.home.clone(),

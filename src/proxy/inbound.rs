@@ -22,7 +22,7 @@ use hyper_util::rt::{TokioExecutor, TokioIo};
 use tokio::io::AsyncReadExt;
 use tokio::net::{TcpListener, TcpStream};
 use tokio_rustls::LazyConfigAcceptor;
-use tracing::{debug, warn};
+use tracing::debug;
 
 use super::hop::{HOP_SERVICES, HOP_VERSION, parse_server_name};
 use super::{
@@ -43,15 +43,10 @@ fn hop_class(alpn: Option<&[u8]>) -> Option<PortProtocol> {
 
 /// Serve the inbound mesh hop of one pod on `<pod IP>:18008`.
 pub async fn serve_inbound(inputs: Arc<Inputs>, pod: Arc<PodCtx>, listener: TcpListener) {
+    let errors = inputs.stats.accept_errors("hop");
+    let mut acceptor = crate::accept::Acceptor::new(listener, "hop", errors);
     loop {
-        let (tcp, peer_addr) = match listener.accept().await {
-            Ok(c) => c,
-            Err(e) => {
-                warn!(error = %e, pod = %pod.name, "inbound accept failed");
-                tokio::time::sleep(std::time::Duration::from_millis(50)).await;
-                continue;
-            }
-        };
+        let (tcp, peer_addr) = acceptor.accept().await;
         let Some(active) = super::Active::admit(&inputs, &pod) else {
             continue;
         };

@@ -111,7 +111,8 @@ pub struct ProxySettings {
     pub connect_timeout: Duration,
     /// The largest HTTP/1 request head accepted.
     pub max_header_bytes: usize,
-    /// Idle UDP flows are forgotten after this long.
+    /// A UDP flow (client address, dialled address) with no datagram either way for this long
+    /// is closed: its socket and task are released (node setting `udp_idle_secs`, default 60 s).
     pub udp_idle: Duration,
     /// Connections open at once through this daemon (captured, loopback and inbound hop
     /// together); a connection above it is closed at accept and counted.
@@ -122,6 +123,10 @@ pub struct ProxySettings {
     /// The TLS handshake of the mesh hop, either side: a peer that does not finish it in this
     /// long is closed (and counted).
     pub handshake_timeout: Duration,
+    /// The most UDP flows open at once for one pod; a datagram that would open another is
+    /// dropped and counted in `aether_udp_flows_refused_total`, while the open flows keep
+    /// working (node setting `udp_max_flows_per_pod`, default 1024).
+    pub udp_max_flows_per_pod: usize,
 }
 
 impl Default for ProxySettings {
@@ -137,6 +142,7 @@ impl Default for ProxySettings {
             max_connections: 100_000,
             max_connections_per_pod: 20_000,
             handshake_timeout: Duration::from_secs(10),
+            udp_max_flows_per_pod: 1024,
         }
     }
 }
@@ -202,6 +208,13 @@ pub struct Stats {
     /// Captured connections closed because they dialled a reserved port of the daemon
     /// (a direct connection to the capture listener, model.md §12.5 item 4).
     pub reserved_dials: Counter,
+    /// Failed accepts, by listener (`admin`, `cni`, `dns`, `capture`, ...): each is waited out
+    /// with a backoff ([`crate::accept`]).
+    pub accept_errors: Family<[(&'static str, &'static str); 1], Counter>,
+    /// UDP flows open now, over every pod.
+    pub udp_flows: Gauge,
+    /// Datagrams dropped because their pod had `udp_max_flows_per_pod` flows open.
+    pub udp_flows_refused: Counter,
 }
 
 impl Stats {
@@ -293,11 +306,35 @@ impl Stats {
             "Connections open now",
             self.active.clone(),
         );
+        registry.register(
+            "aether_udp_flows",
+            "UDP flows open now",
+            self.udp_flows.clone(),
+        );
+        registry.register(
+            "aether_udp_flows_refused",
+            "UDP datagrams dropped: their pod had udp_max_flows_per_pod flows open",
+            self.udp_flows_refused.clone(),
+        );
+        registry.register(
+            "aether_accept_errors",
+            "Failed accepts, by listener; each is retried after a backoff",
+            self.accept_errors.clone(),
+        );
+    }
+
+    /// The accept-error counter of one listener (a fixed name: `admin`, `cni`, `dns`, ...).
+    pub fn accept_errors(&self, listener: &'static str) -> Counter {
+        self.accept_errors
+            .get_or_create(&[("listener", listener)])
+            .clone()
     }
 }
 
 /// A counter.
 pub type Counter = prometheus_client::metrics::counter::Counter;
+/// A family of metrics by label set.
+pub type Family<L, M> = prometheus_client::metrics::family::Family<L, M>;
 /// A gauge.
 pub type Gauge = prometheus_client::metrics::gauge::Gauge;
 

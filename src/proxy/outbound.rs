@@ -17,57 +17,43 @@ use crate::resolve::{classify_connection, resolve_sniffed};
 
 /// Accept captured connections of one pod.
 pub async fn serve_capture(inputs: Arc<Inputs>, pod: Arc<PodCtx>, listener: TcpListener) {
+    let errors = inputs.stats.accept_errors("capture");
+    let mut acceptor = crate::accept::Acceptor::new(listener, "capture", errors);
     loop {
-        match listener.accept().await {
-            Ok((stream, _)) => {
-                count(&inputs.stats.captured);
-                let Some(active) = super::Active::admit(&inputs, &pod) else {
-                    continue;
-                };
-                let inputs = inputs.clone();
-                let pod = pod.clone();
-                tokio::spawn(async move {
-                    pod.clone()
-                        .until_retired(captured(inputs, pod, stream))
-                        .await;
-                    drop(active);
-                });
-            }
-            Err(e) => {
-                warn!(error = %e, pod = %pod.name, "capture accept failed");
-                tokio::time::sleep(std::time::Duration::from_millis(50)).await;
-            }
-        }
+        let (stream, _) = acceptor.accept().await;
+        count(&inputs.stats.captured);
+        let Some(active) = super::Active::admit(&inputs, &pod) else {
+            continue;
+        };
+        let inputs = inputs.clone();
+        let pod = pod.clone();
+        tokio::spawn(async move {
+            pod.clone()
+                .until_retired(captured(inputs, pod, stream))
+                .await;
+            drop(active);
+        });
     }
 }
 
 /// Accept on the loopback proxy port of one pod.
 pub async fn serve_loopback(inputs: Arc<Inputs>, pod: Arc<PodCtx>, listener: TcpListener) {
+    let errors = inputs.stats.accept_errors("loopback");
+    let mut acceptor = crate::accept::Acceptor::new(listener, "loopback", errors);
     loop {
-        match listener.accept().await {
-            Ok((stream, _)) => {
-                let Some(active) = super::Active::admit(&inputs, &pod) else {
-                    continue;
-                };
-                let _ = stream.set_nodelay(true);
-                let inputs = inputs.clone();
-                let pod = pod.clone();
-                tokio::spawn(async move {
-                    let _active = active;
-                    let serve = super::http::serve(
-                        inputs.clone(),
-                        pod.clone(),
-                        stream,
-                        HttpEntry::Loopback,
-                    );
-                    pod.until_retired(serve).await;
-                });
-            }
-            Err(e) => {
-                warn!(error = %e, pod = %pod.name, "loopback accept failed");
-                tokio::time::sleep(std::time::Duration::from_millis(50)).await;
-            }
-        }
+        let (stream, _) = acceptor.accept().await;
+        let Some(active) = super::Active::admit(&inputs, &pod) else {
+            continue;
+        };
+        let _ = stream.set_nodelay(true);
+        let inputs = inputs.clone();
+        let pod = pod.clone();
+        tokio::spawn(async move {
+            let _active = active;
+            let serve =
+                super::http::serve(inputs.clone(), pod.clone(), stream, HttpEntry::Loopback);
+            pod.until_retired(serve).await;
+        });
     }
 }
 

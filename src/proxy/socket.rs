@@ -326,7 +326,11 @@ impl LoopbackNet {
         TcpListener::from_std(s.into()).map_err(io_err("register listener", addr))
     }
 
+    /// A UDP socket bound to `addr`, or where [`LoopbackNet::reach`] says `addr` really goes:
+    /// the reply socket of a UDP flow binds the dialled address, which in the test world is
+    /// the listener's own.
     fn udp_socket(&self, addr: SocketAddr) -> Result<UdpSocket, SocketError> {
+        let addr = self.reaches.get(&addr).map_or(addr, |r| *r);
         let s = std::net::UdpSocket::bind(addr)
             .and_then(|s| {
                 s.set_nonblocking(true)?;

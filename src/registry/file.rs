@@ -6,9 +6,16 @@
 //! Invariants:
 //! - Every `*.yaml`/`*.yml` file under the directory is read, recursively, in sorted path order,
 //!   and the documents of a file in order, so one directory always gives one snapshot.
-//! - A bad document is reported as a [`ManifestProblem`] (file, 1-based document index, kind and
-//!   name when known, what was wrong) and skipped; it never stops the load. Only a directory or
-//!   file that cannot be read is a [`FileError`].
+//! - A file is used whole or not at all (issue #8, finding 8). It is *whole* when it is UTF-8,
+//!   every YAML document in it parses, and it is not empty where it had content (a file
+//!   truncated to be rewritten in place). A file that is not whole is replaced by its last
+//!   content that was ([`LastGood`], kept by the caller across loads, see
+//!   [`load_dir_keeping`]), or skipped when it never was, and reported as a [`FileFault`]: a
+//!   file read while it is being written never takes its objects out of the registry. Writers
+//!   should still replace files atomically (write elsewhere, then rename; docs/node.md).
+//! - A bad document of a whole file is reported as a [`ManifestProblem`] (file, 1-based
+//!   document index, kind and name when known, what was wrong) and skipped; it never stops the
+//!   load. Only a directory that cannot be listed is a [`FileError`].
 //! - The later of two objects with the same (kind, namespace, name) is a problem and skipped.
 //! - Pods carry `status.podIP`; readiness is the `Ready` condition when given, otherwise Ready
 //!   (spec/model.md §3.5). A missing `metadata.namespace` means `default`, as with `kubectl`.
@@ -58,6 +65,83 @@ pub struct FileLoad {
     pub snapshot: Snapshot,
     /// Documents that were reported and skipped, in file and document order.
     pub problems: Vec<ManifestProblem>,
+    /// Files that did not read whole, in path order: each was replaced by its last good
+    /// content, or skipped when it never read whole.
+    pub faults: Vec<FileFault>,
+}
+
+/// The last content of each manifest file that read whole, by path: what a file that does not
+/// read whole is replaced by ([`load_dir_keeping`]). The daemon keeps one across reloads; it
+/// holds no more than the directory's text.
+#[derive(Clone, Debug, Default)]
+pub struct LastGood {
+    files: BTreeMap<PathBuf, String>,
+}
+
+impl LastGood {
+    /// How many files it holds.
+    pub fn len(&self) -> usize {
+        self.files.len()
+    }
+
+    /// Whether it holds none.
+    pub fn is_empty(&self) -> bool {
+        self.files.is_empty()
+    }
+}
+
+/// One manifest file that did not read whole this time, and what was used instead.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct FileFault {
+    /// The file.
+    pub file: PathBuf,
+    /// Why it is not whole.
+    pub issue: FileIssue,
+    /// Whether its last good content was used (`false`: it never read whole, and is skipped).
+    pub kept_last_good: bool,
+}
+
+impl fmt::Display for FileFault {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}: {}; ", self.file.display(), self.issue)?;
+        if self.kept_last_good {
+            write!(
+                f,
+                "its last content that read whole is used until it reads whole again"
+            )
+        } else {
+            write!(f, "skipped: it never read whole")
+        }
+    }
+}
+
+/// Why a manifest file is not whole (it is being written, or it is damaged).
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum FileIssue {
+    /// It could not be read.
+    #[error("cannot be read ({message})")]
+    Unreadable {
+        /// The IO error.
+        message: String,
+    },
+    /// It is not UTF-8 text.
+    #[error("not UTF-8 (the first bad byte is at offset {offset})")]
+    NotUtf8 {
+        /// Bytes before the first that is not UTF-8.
+        offset: usize,
+    },
+    /// A YAML document of it does not parse.
+    #[error("document {document} is not valid YAML ({message})")]
+    Syntax {
+        /// The 1-based index of the first document that does not parse.
+        document: usize,
+        /// The parser's message.
+        message: String,
+    },
+    /// It is empty where it had content: the state of a file truncated to be rewritten in
+    /// place. Delete the file to remove its objects.
+    #[error("empty (a file truncated to be rewritten in place)")]
+    Emptied,
 }
 
 /// One document that could not be used, and why.
@@ -92,7 +176,8 @@ impl fmt::Display for ManifestProblem {
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
 pub enum ManifestIssue {
     /// The YAML does not parse. The parser cannot resynchronise, so the rest of the file is not
-    /// read either.
+    /// read either. Only reading texts directly (tests) reports this; a directory load reports
+    /// the file as a [`FileFault`] ([`FileIssue::Syntax`]) and does not use it in part.
     #[error("yaml syntax error ({message}); the rest of the file is not read")]
     Syntax {
         /// The parser's message.
@@ -170,8 +255,84 @@ pub enum FileError {
 }
 
 /// Reads every manifest under `dir` and converts it into a [`Snapshot`] (see the module doc).
+/// A file that does not read whole is skipped and reported in [`FileLoad::faults`].
 pub fn load_dir(dir: &Path) -> Result<FileLoad, FileError> {
-    Ok(load_texts(&read_manifests(dir)?))
+    load_dir_keeping(dir, &mut LastGood::default())
+}
+
+/// [`load_dir`] for a reader that keeps `last` across loads: a file that does not read whole
+/// is replaced by its content in `last`, and `last` is updated with every file that does.
+pub fn load_dir_keeping(dir: &Path, last: &mut LastGood) -> Result<FileLoad, FileError> {
+    let mut paths = Vec::new();
+    collect_files(dir, &mut paths)?;
+    paths.sort();
+    let mut files = Vec::with_capacity(paths.len());
+    let mut faults = Vec::new();
+    let mut present = std::collections::BTreeSet::new();
+    for path in paths {
+        let read = match std::fs::read(&path) {
+            // Removed since the directory was listed: gone, like a file never listed.
+            Err(e) if e.kind() == io::ErrorKind::NotFound => continue,
+            Err(e) => Err(FileIssue::Unreadable {
+                message: e.to_string(),
+            }),
+            Ok(bytes) => read_whole(bytes, last.files.get(&path)),
+        };
+        present.insert(path.clone());
+        match read {
+            Ok((text, documents)) => {
+                last.files.insert(path.clone(), text);
+                files.push((path, documents));
+            }
+            Err(issue) => {
+                let kept = last.files.get(&path).map(|text| split_documents(text).0);
+                faults.push(FileFault {
+                    file: path.clone(),
+                    issue,
+                    kept_last_good: kept.is_some(),
+                });
+                if let Some(documents) = kept {
+                    files.push((path, documents));
+                }
+            }
+        }
+    }
+    last.files.retain(|path, _| present.contains(path));
+    let mut load = load_documents(files, Vec::new());
+    load.faults = faults;
+    Ok(load)
+}
+
+/// A file's bytes as text and documents, if it is whole: UTF-8, every document parses, and
+/// not emptied where its `last` good content had some.
+fn read_whole(
+    bytes: Vec<u8>,
+    last: Option<&String>,
+) -> Result<(String, Vec<YamlValue>), FileIssue> {
+    let text = String::from_utf8(bytes).map_err(|e| FileIssue::NotUtf8 {
+        offset: e.utf8_error().valid_up_to(),
+    })?;
+    if text.is_empty() && last.is_some_and(|t| !t.is_empty()) {
+        return Err(FileIssue::Emptied);
+    }
+    match split_documents(&text) {
+        (documents, None) => Ok((text, documents)),
+        (_, Some((document, message))) => Err(FileIssue::Syntax { document, message }),
+    }
+}
+
+/// A file's YAML documents (empty ones as `Null`) up to the first that does not parse, and
+/// that one's 1-based index and the parser's message.
+fn split_documents(text: &str) -> (Vec<YamlValue>, Option<(usize, String)>) {
+    let mut documents = Vec::new();
+    for (i, document) in serde_yaml::Deserializer::from_str(text).enumerate() {
+        match YamlValue::deserialize(document) {
+            Ok(v) => documents.push(v),
+            // The parser repeats the same error for every later document: stop here.
+            Err(e) => return (documents, Some((i + 1, e.to_string()))),
+        }
+    }
+    (documents, None)
 }
 
 /// Every `.yaml`/`.yml` file under `dir` (recursively), sorted by path, with its text.
@@ -193,12 +354,25 @@ pub fn read_manifests(dir: &Path) -> Result<Vec<(PathBuf, String)>, FileError> {
 /// A fingerprint of the manifests under `dir` (their paths and contents), so that a caller
 /// that changed the directory can tell when a daemon has loaded exactly that state. Stable
 /// within one build of aether (both sides run the same binary); not a security hash.
+///
+/// It reads bytes: a file that is not UTF-8 or cannot be read is part of the state (by its
+/// bytes, or the kind of its error), never a reason to fail.
 pub fn fingerprint(dir: &Path) -> Result<u64, FileError> {
     use std::hash::{Hash, Hasher};
     let mut hasher = std::hash::DefaultHasher::new();
-    for (path, text) in read_manifests(dir)? {
+    let mut paths = Vec::new();
+    collect_files(dir, &mut paths)?;
+    paths.sort();
+    for path in paths {
+        let read = match std::fs::read(&path) {
+            Err(e) if e.kind() == io::ErrorKind::NotFound => continue,
+            other => other,
+        };
         path.strip_prefix(dir).unwrap_or(&path).hash(&mut hasher);
-        text.hash(&mut hasher);
+        match read {
+            Ok(bytes) => bytes.hash(&mut hasher),
+            Err(e) => e.kind().hash(&mut hasher),
+        }
     }
     Ok(hasher.finish())
 }
@@ -263,14 +437,38 @@ impl Origin {
     }
 }
 
-/// Parses and converts already-read files (pure).
+/// Parses and converts already-read files (pure). Unlike [`load_dir`], a file with a syntax
+/// error gives the documents before it (and a [`ManifestIssue::Syntax`] problem).
+#[cfg(test)]
 fn load_texts(texts: &[(PathBuf, String)]) -> FileLoad {
     let mut problems = Vec::new();
+    let mut files = Vec::new();
+    for (path, text) in texts {
+        let (documents, error) = split_documents(text);
+        if let Some((document, message)) = error {
+            problems.push(ManifestProblem {
+                file: path.clone(),
+                document,
+                kind: None,
+                name: None,
+                issue: ManifestIssue::Syntax { message },
+            });
+        }
+        files.push((path.clone(), documents));
+    }
+    load_documents(files, problems)
+}
+
+/// Converts the documents of every file, in order (pure); `problems` are reported first.
+fn load_documents(
+    files: Vec<(PathBuf, Vec<YamlValue>)>,
+    mut problems: Vec<ManifestProblem>,
+) -> FileLoad {
     let mut manifests = Vec::new();
     // (kind, "namespace/name"): the namespace is already part of the origin's name.
     let mut seen: BTreeMap<(String, String), (PathBuf, usize)> = BTreeMap::new();
-    for (path, text) in texts {
-        for (origin, manifest) in parse_documents(path, text, &mut problems) {
+    for (path, documents) in files {
+        for (origin, manifest) in read_documents(&path, documents, &mut problems) {
             let key = (
                 origin.kind.clone().unwrap_or_default(),
                 origin.name.clone().unwrap_or_default(),
@@ -287,32 +485,26 @@ fn load_texts(texts: &[(PathBuf, String)]) -> FileLoad {
         }
     }
     let snapshot = convert_manifests(&manifests, &mut problems);
-    FileLoad { snapshot, problems }
+    FileLoad {
+        snapshot,
+        problems,
+        faults: Vec::new(),
+    }
 }
 
-/// Splits one file into documents and reads each as a typed manifest.
-fn parse_documents(
+/// Reads each document of one file as a typed manifest.
+fn read_documents(
     path: &Path,
-    text: &str,
+    documents: Vec<YamlValue>,
     problems: &mut Vec<ManifestProblem>,
 ) -> Vec<(Origin, Manifest)> {
     let mut out = Vec::new();
-    for (i, document) in serde_yaml::Deserializer::from_str(text).enumerate() {
+    for (i, value) in documents.into_iter().enumerate() {
         let mut origin = Origin {
             file: path.to_path_buf(),
             document: i + 1,
             kind: None,
             name: None,
-        };
-        let value = match YamlValue::deserialize(document) {
-            Ok(v) => v,
-            Err(e) => {
-                // The parser repeats the same error for every later document: stop here.
-                problems.push(origin.problem(ManifestIssue::Syntax {
-                    message: e.to_string(),
-                }));
-                break;
-            }
         };
         if value.is_null() {
             continue; // An empty document (a trailing `---`, a comment-only file).

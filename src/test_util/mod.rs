@@ -9,6 +9,7 @@
 //! addressing rule decides (where a request goes, or which answer it gets) and drop what only
 //! explains it (`Why`, filter descriptions, pod names).
 
+pub mod fds;
 pub mod needs_root;
 pub mod reference;
 
@@ -18,6 +19,22 @@ use std::net::IpAddr;
 use crate::resolve::decision::{
     ConnDecision, Fallback, HoldFor, HttpEntry, RequestDecision, SniffPlan, TcpBackend, TcpChoice,
 };
+
+/// A mesh hop TLS for tests that open no hop: no server configuration, no peer.
+#[derive(Debug)]
+pub struct NoTls;
+
+impl crate::proxy::HopTls for NoTls {
+    fn client(&self, _: &str, _: &str, _: &[u8]) -> std::sync::Arc<rustls::ClientConfig> {
+        unreachable!("this test opens no mesh hop")
+    }
+    fn server(&self, _: &str, _: &str) -> Option<std::sync::Arc<rustls::ServerConfig>> {
+        None
+    }
+    fn peer(&self, _: &[rustls::pki_types::CertificateDer<'_>]) -> Option<crate::proxy::Peer> {
+        None
+    }
+}
 
 /// A Service or mesh service, as (namespace, name).
 pub type Key = (String, String);

@@ -90,6 +90,15 @@ impl Drop for Running {
 }
 
 async fn start(snapshot: &Snapshot, upstreams: Vec<SocketAddr>, timeout: Duration) -> Running {
+    start_with(snapshot, upstreams, timeout, TcpLimits::default()).await
+}
+
+async fn start_with(
+    snapshot: &Snapshot,
+    upstreams: Vec<SocketAddr>,
+    timeout: Duration,
+    limits: TcpLimits,
+) -> Running {
     let domains = Domains {
         mesh: "aether.internal".to_owned(),
         cluster: "cluster.local".to_owned(),
@@ -100,7 +109,9 @@ async fn start(snapshot: &Snapshot, upstreams: Vec<SocketAddr>, timeout: Duratio
     let udp = UdpSocket::bind("127.0.0.1:0").await.unwrap();
     let tcp = TcpListener::bind("127.0.0.1:0").await.unwrap();
     let (udp_addr, tcp_addr) = (udp.local_addr().unwrap(), tcp.local_addr().unwrap());
-    let server = DnsServer::new(table, upstreams, host_socket()).with_forward_timeout(timeout);
+    let server = DnsServer::new(table, upstreams, host_socket())
+        .with_forward_timeout(timeout)
+        .with_tcp_limits(limits);
     let stats = server.stats();
     let task = tokio::spawn(server.run(udp, tcp));
     Running {
@@ -322,6 +333,168 @@ async fn queries_over_tcp_are_answered_in_order_on_one_connection() {
         stream.read_exact(&mut reply).await.unwrap();
         assert_eq!(addresses(&Message::from_vec(&reply).unwrap()), [want]);
     }
+}
+
+/// One query over a TCP stream: the answer's addresses, or what went wrong.
+async fn tcp_exchange(stream: &mut TcpStream, name: &str) -> Result<Vec<IpAddr>, String> {
+    let q = query(name, RecordType::A).to_vec().unwrap();
+    let len = u16::try_from(q.len()).unwrap().to_be_bytes();
+    stream
+        .write_all(&len)
+        .await
+        .map_err(|e| format!("write: {e}"))?;
+    stream
+        .write_all(&q)
+        .await
+        .map_err(|e| format!("write: {e}"))?;
+    let mut len = [0u8; 2];
+    tokio::time::timeout(WAIT, stream.read_exact(&mut len))
+        .await
+        .map_err(|_| "no answer in time".to_owned())?
+        .map_err(|e| format!("read: {e}"))?;
+    let mut reply = vec![0u8; usize::from(u16::from_be_bytes(len))];
+    stream
+        .read_exact(&mut reply)
+        .await
+        .map_err(|e| format!("read: {e}"))?;
+    Ok(addresses(&Message::from_vec(&reply).unwrap()))
+}
+
+#[test]
+fn the_tcp_accept_loop_waits_between_failed_accepts_and_serves_again() {
+    use crate::test_util::fds;
+    use socket2::{Domain, Socket, Type};
+    if !fds::in_child(concat!(
+        module_path!(),
+        "::the_tcp_accept_loop_waits_between_failed_accepts_and_serves_again"
+    )) {
+        return;
+    }
+    // The clock is paused: it moves only when every task waits. An accept loop that retries at
+    // once never waits, so the test's own sleep below would never end; this watchdog (real
+    // time) then fails the test.
+    std::thread::spawn(|| {
+        std::thread::sleep(Duration::from_secs(20));
+        #[allow(clippy::print_stderr)] // The only way out of a runtime that never idles.
+        {
+            eprintln!(
+                "the mesh DNS TCP accept loop never let the runtime idle: it spins on accept errors"
+            );
+        }
+        std::process::exit(3);
+    });
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .start_paused(true)
+        .build()
+        .unwrap();
+    rt.block_on(async {
+        let s = snapshot();
+        let server = start(&s, Vec::new(), FORWARD_TIMEOUT).await;
+        // The client's socket exists before the descriptors run out; its connection then
+        // waits in the backlog, which the server cannot take it from.
+        let client = Socket::new(Domain::IPV4, Type::STREAM, None).unwrap();
+        let exhausted = fds::exhaust();
+        client.connect(&server.tcp.into()).unwrap();
+        tokio::time::sleep(Duration::from_secs(3)).await;
+        drop(exhausted);
+        client.set_nonblocking(true).unwrap();
+        let mut stream = TcpStream::from_std(client.into()).unwrap();
+        assert_eq!(
+            tcp_exchange(&mut stream, "mp-multi.mp.aether.internal.").await,
+            Ok(vec![cluster_ip(&s, "mp", "mp-multi")]),
+            "mesh DNS over TCP answers again once descriptors are free"
+        );
+    });
+}
+
+/// What the server does next on `stream`: `"closed"`, `"open"` (nothing within 1 s) or an
+/// error.
+async fn next_event(stream: &mut TcpStream) -> String {
+    let mut byte = [0u8; 1];
+    match tokio::time::timeout(Duration::from_secs(1), stream.read(&mut byte)).await {
+        Ok(Ok(0)) => "closed".to_owned(),
+        Ok(Ok(_)) => "data".to_owned(),
+        Ok(Err(e)) if e.kind() == io::ErrorKind::ConnectionReset => "closed".to_owned(),
+        Ok(Err(e)) => format!("error: {e}"),
+        Err(_) => "open".to_owned(),
+    }
+}
+
+#[tokio::test]
+async fn over_its_tcp_client_cap_the_server_closes_new_connections_and_serves_the_open_ones() {
+    let s = snapshot();
+    let refused = Counter::default();
+    let server = start_with(
+        &s,
+        Vec::new(),
+        FORWARD_TIMEOUT,
+        TcpLimits {
+            max_clients: 2,
+            refused: refused.clone(),
+            ..TcpLimits::default()
+        },
+    )
+    .await;
+    let mut first = TcpStream::connect(server.tcp).await.unwrap();
+    let mut second = TcpStream::connect(server.tcp).await.unwrap();
+    // Both are served (so both hold their place) before the third comes.
+    for stream in [&mut first, &mut second] {
+        assert_eq!(
+            tcp_exchange(stream, "mp-multi.mp.aether.internal.").await,
+            Ok(vec![cluster_ip(&s, "mp", "mp-multi")])
+        );
+    }
+    let mut third = TcpStream::connect(server.tcp).await.unwrap();
+    assert_eq!(
+        next_event(&mut third).await,
+        "closed",
+        "a connection over dns_tcp_max_clients (2) was not closed"
+    );
+    assert_eq!(refused.get(), 1);
+    assert_eq!(
+        tcp_exchange(&mut first, "mp-nine.mp.aether.internal.").await,
+        Ok(vec![cluster_ip(&s, "mp", "mp-nine")])
+    );
+    // A place freed is a place for the next client.
+    drop(second);
+    let mut fourth = TcpStream::connect(server.tcp).await.unwrap();
+    assert_eq!(
+        tcp_exchange(&mut fourth, "mp-multi.mp.aether.internal.").await,
+        Ok(vec![cluster_ip(&s, "mp", "mp-multi")])
+    );
+}
+
+#[tokio::test]
+async fn a_tcp_query_that_does_not_arrive_whole_in_time_closes_the_connection() {
+    let s = snapshot();
+    let timeouts = Counter::default();
+    let server = start_with(
+        &s,
+        Vec::new(),
+        FORWARD_TIMEOUT,
+        TcpLimits {
+            query_timeout: Duration::from_millis(200),
+            timeouts: timeouts.clone(),
+            ..TcpLimits::default()
+        },
+    )
+    .await;
+    let mut stream = TcpStream::connect(server.tcp).await.unwrap();
+    // The length says 40 bytes; 3 come, then nothing.
+    stream.write_all(&[0, 40, 1, 2, 3]).await.unwrap();
+    let deadline = crate::time::now() + WAIT;
+    let event = loop {
+        let e = next_event(&mut stream).await;
+        if e != "open" || crate::time::now() > deadline {
+            break e;
+        }
+    };
+    assert_eq!(
+        event, "closed",
+        "a query cut short kept its connection past dns_tcp_query_timeout (200 ms)"
+    );
+    assert_eq!(timeouts.get(), 1);
 }
 
 #[tokio::test]

@@ -415,6 +415,213 @@ fn load_dir_on_a_missing_directory_is_a_file_error() {
     }
 }
 
+/// A Pod document in flow style, so that a cut inside it is a YAML syntax error.
+fn pod(name: &str, ip: &str) -> String {
+    format!(
+        "apiVersion: v1\nkind: Pod\nmetadata: {{name: {name}, namespace: shop}}\nspec: {{serviceAccountName: echo, nodeName: node-a}}\nstatus: {{podIP: {ip}}}\n---\n"
+    )
+}
+
+/// The pods of a load, as `name=ip`.
+fn pods_of(l: &FileLoad) -> Vec<String> {
+    let mut out: Vec<String> = l
+        .snapshot
+        .pods
+        .iter()
+        .map(|p| {
+            format!(
+                "{}={}",
+                p.name,
+                p.ips.first().map(ToString::to_string).unwrap_or_default()
+            )
+        })
+        .collect();
+    out.sort();
+    out
+}
+
+#[test]
+fn a_file_read_half_written_keeps_its_last_good_content_and_other_files_still_update() {
+    let dir = temp_dir("half-written");
+    let a = format!("{}{}", pod("a-0", "10.0.0.1"), pod("a-1", "10.0.0.2"));
+    std::fs::write(dir.join("a.yaml"), &a).unwrap();
+    std::fs::write(dir.join("b.yaml"), pod("b-0", "10.0.1.1")).unwrap();
+    let mut last = LastGood::default();
+    let l = load_dir_keeping(&dir, &mut last).unwrap();
+    assert_eq!(
+        pods_of(&l),
+        ["a-0=10.0.0.1", "a-1=10.0.0.2", "b-0=10.0.1.1"]
+    );
+    assert_eq!(l.faults, []);
+
+    // a.yaml is being rewritten in place: read with the second pod cut in its metadata. b.yaml
+    // changes at the same time.
+    let cut = a.find("a-1").unwrap() + 2;
+    std::fs::write(dir.join("a.yaml"), &a[..cut]).unwrap();
+    std::fs::write(
+        dir.join("b.yaml"),
+        format!("{}{}", pod("b-0", "10.0.1.1"), pod("b-1", "10.0.1.2")),
+    )
+    .unwrap();
+    let l = load_dir_keeping(&dir, &mut last).unwrap();
+    assert_eq!(
+        pods_of(&l),
+        [
+            "a-0=10.0.0.1",
+            "a-1=10.0.0.2",
+            "b-0=10.0.1.1",
+            "b-1=10.0.1.2"
+        ],
+        "a half-written file took its pods out of the registry"
+    );
+    assert_eq!(l.faults.len(), 1, "{:?}", l.faults);
+    assert_eq!(l.faults[0].file, dir.join("a.yaml"));
+    assert!(l.faults[0].kept_last_good);
+    assert!(
+        matches!(l.faults[0].issue, FileIssue::Syntax { document: 2, .. }),
+        "{:?}",
+        l.faults[0]
+    );
+    assert!(
+        l.faults[0]
+            .to_string()
+            .contains("last content that read whole is used"),
+        "{}",
+        l.faults[0]
+    );
+
+    // Truncated to be rewritten: empty, still the last good content.
+    std::fs::write(dir.join("a.yaml"), "").unwrap();
+    let l = load_dir_keeping(&dir, &mut last).unwrap();
+    assert_eq!(pods_of(&l).len(), 4);
+    assert_eq!(l.faults[0].issue, FileIssue::Emptied);
+
+    // Whole again: what it says now is used, and nothing is reported.
+    std::fs::write(dir.join("a.yaml"), pod("a-0", "10.0.0.1")).unwrap();
+    let l = load_dir_keeping(&dir, &mut last).unwrap();
+    assert_eq!(
+        pods_of(&l),
+        ["a-0=10.0.0.1", "b-0=10.0.1.1", "b-1=10.0.1.2"]
+    );
+    assert_eq!(l.faults, []);
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+#[test]
+fn a_syntax_error_in_the_middle_of_a_file_keeps_the_whole_last_good_file() {
+    let dir = temp_dir("syntax-middle");
+    std::fs::write(
+        dir.join("a.yaml"),
+        format!("{}{}", pod("a-0", "10.0.0.1"), pod("a-1", "10.0.0.2")),
+    )
+    .unwrap();
+    let mut last = LastGood::default();
+    load_dir_keeping(&dir, &mut last).unwrap();
+    // A broken document between the two pods, and a-1 moved: the file is not taken in part.
+    std::fs::write(
+        dir.join("a.yaml"),
+        format!(
+            "{}foo: [\n---\n{}",
+            pod("a-0", "10.0.0.1"),
+            pod("a-1", "10.0.0.9")
+        ),
+    )
+    .unwrap();
+    let l = load_dir_keeping(&dir, &mut last).unwrap();
+    assert_eq!(
+        pods_of(&l),
+        ["a-0=10.0.0.1", "a-1=10.0.0.2"],
+        "the documents after a syntax error were dropped (or the file taken in part)"
+    );
+    assert!(
+        matches!(
+            &l.faults[..],
+            [FileFault {
+                issue: FileIssue::Syntax { document: 2, .. },
+                kept_last_good: true,
+                ..
+            }]
+        ),
+        "{:?}",
+        l.faults
+    );
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+#[test]
+fn a_non_utf8_file_is_held_and_every_other_file_still_updates() {
+    let dir = temp_dir("non-utf8");
+    std::fs::write(dir.join("a.yaml"), pod("a-0", "10.0.0.1")).unwrap();
+    std::fs::write(dir.join("b.yaml"), pod("b-0", "10.0.1.1")).unwrap();
+    let mut last = LastGood::default();
+    load_dir_keeping(&dir, &mut last).unwrap();
+    let mut bytes = pod("a-0", "10.0.0.7").into_bytes();
+    bytes.insert(10, 0xff);
+    std::fs::write(dir.join("a.yaml"), &bytes).unwrap();
+    // A new file that was never whole: skipped, reported.
+    std::fs::write(dir.join("c.yaml"), [0xfe, 0xff, b'\n']).unwrap();
+    std::fs::write(dir.join("b.yaml"), pod("b-0", "10.0.1.2")).unwrap();
+    let l = load_dir_keeping(&dir, &mut last)
+        .unwrap_or_else(|e| panic!("one non-UTF-8 file blocked the whole load: {e}"));
+    assert_eq!(pods_of(&l), ["a-0=10.0.0.1", "b-0=10.0.1.2"]);
+    assert_eq!(
+        l.faults,
+        [
+            FileFault {
+                file: dir.join("a.yaml"),
+                issue: FileIssue::NotUtf8 { offset: 10 },
+                kept_last_good: true,
+            },
+            FileFault {
+                file: dir.join("c.yaml"),
+                issue: FileIssue::NotUtf8 { offset: 0 },
+                kept_last_good: false,
+            },
+        ]
+    );
+    assert!(
+        l.faults[1]
+            .to_string()
+            .ends_with("skipped: it never read whole")
+    );
+    // The fingerprint reads bytes: it does not fail on the file, and it sees it change.
+    let before = fingerprint(&dir).unwrap();
+    std::fs::write(dir.join("c.yaml"), [0xfe, 0xfe, b'\n']).unwrap();
+    assert_ne!(fingerprint(&dir).unwrap(), before);
+    // A deleted file is forgotten: its last good content is not used again.
+    std::fs::remove_file(dir.join("a.yaml")).unwrap();
+    let l = load_dir_keeping(&dir, &mut last).unwrap();
+    assert_eq!(pods_of(&l), ["b-0=10.0.1.2"]);
+    assert_eq!(last.len(), 1);
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+#[test]
+fn without_a_last_good_content_a_file_that_does_not_read_whole_is_skipped_whole() {
+    let dir = temp_dir("never-whole");
+    std::fs::write(
+        dir.join("a.yaml"),
+        format!("{}foo: [\n", pod("a-0", "10.0.0.1")),
+    )
+    .unwrap();
+    std::fs::write(dir.join("b.yaml"), pod("b-0", "10.0.1.1")).unwrap();
+    let l = load_dir(&dir).unwrap();
+    assert_eq!(pods_of(&l), ["b-0=10.0.1.1"]);
+    assert!(
+        matches!(
+            &l.faults[..],
+            [FileFault {
+                issue: FileIssue::Syntax { document: 2, .. },
+                kept_last_good: false,
+                ..
+            }]
+        ),
+        "{:?}",
+        l.faults
+    );
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
 mod never_panics {
     use proptest::prelude::*;
 

@@ -401,7 +401,8 @@ fn endpoint_slice_converts_ports_addresses_and_pods() {
             SliceEndpoint {
                 addresses: vec!["10.244.2.21".parse().unwrap()],
                 pod: Some("api-7d9f8c6b5-m8n2p".into()),
-                ready: true,
+                // `conditions.ready: false` in the fixture.
+                ready: false,
             },
         ]
     );

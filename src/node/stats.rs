@@ -1,0 +1,55 @@
+//! Counters of the daemon's control side (registry, CNI, mesh DNS), exported on `/metrics`
+//! beside the data plane's [`crate::proxy::Stats`].
+
+use crate::proxy::{Counter, Gauge};
+
+/// The control side's counters; one per daemon, shared by its tasks.
+#[derive(Debug, Default)]
+pub struct NodeStats {
+    /// Manifest files that did not read whole, counted at every load that found one so
+    /// (`aether_registry_file_errors_total`).
+    pub registry_file_errors: Counter,
+    /// Manifest files served from their last good content now
+    /// (`aether_registry_files_held`).
+    pub registry_files_held: Gauge,
+    /// CNI ADDs answered with an error: a namespace that does not exist or is not a pod's, or
+    /// a pod that could not be served (`aether_cni_refused_total`).
+    pub cni_refused: Counter,
+    /// DNS-over-TCP connections closed at once because their pod's server had
+    /// `dns_tcp_max_clients` open (`aether_dns_tcp_refused_total`).
+    pub dns_tcp_refused: Counter,
+    /// DNS-over-TCP connections closed because a query did not arrive whole within
+    /// `dns_tcp_query_timeout_ms` (`aether_dns_tcp_timeouts_total`).
+    pub dns_tcp_timeouts: Counter,
+}
+
+impl NodeStats {
+    /// Register every metric.
+    pub fn register(&self, registry: &mut prometheus_client::registry::Registry) {
+        registry.register(
+            "aether_registry_file_errors",
+            "Manifest files that did not read whole (being written, not UTF-8, invalid YAML), per load",
+            self.registry_file_errors.clone(),
+        );
+        registry.register(
+            "aether_registry_files_held",
+            "Manifest files served from their last content that read whole",
+            self.registry_files_held.clone(),
+        );
+        registry.register(
+            "aether_cni_refused",
+            "CNI ADDs answered with an error (no such namespace, not a pod's, pod not served)",
+            self.cni_refused.clone(),
+        );
+        registry.register(
+            "aether_dns_tcp_refused",
+            "Mesh DNS TCP connections closed at once: the pod's server had dns_tcp_max_clients open",
+            self.dns_tcp_refused.clone(),
+        );
+        registry.register(
+            "aether_dns_tcp_timeouts",
+            "Mesh DNS TCP connections closed: a query did not arrive whole in time",
+            self.dns_tcp_timeouts.clone(),
+        );
+    }
+}
