@@ -52,6 +52,11 @@ fn sniff_tls(prefix: &[u8]) -> Verdict {
         return Verdict::NeedMore;
     }
     let len = usize::from(u16::from_be_bytes([prefix[3], prefix[4]]));
+    if len == 0 {
+        // No ClientHello in an empty record (TLS forbids empty handshake fragments); the
+        // next byte would be the next record's, not a handshake type.
+        return Verdict::Known(Sniffed::Other);
+    }
     if prefix.len() < 5 + len {
         return Verdict::NeedMore;
     }
@@ -237,6 +242,16 @@ mod tests {
                 whole.len()
             );
         }
+    }
+
+    /// A handshake record of length 0 holds no ClientHello (TLS forbids empty handshake
+    /// fragments), and the byte after it belongs to the next record: "not TLS" however many
+    /// bytes follow. Found by the `sniff` fuzz target (tests/fuzz/corpus/sniff/tls-empty-record).
+    #[test]
+    fn an_empty_handshake_record_is_not_tls() {
+        assert_eq!(known(b"\x16\x03\x01\x00\x00"), Sniffed::Other);
+        assert_eq!(known(b"\x16\x03\x01\x00\x00\x01\x00"), Sniffed::Other);
+        assert_eq!(known(b"\x16\x03\x01\x00\x00\x16\x03"), Sniffed::Other);
     }
 
     #[test]
