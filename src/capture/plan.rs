@@ -431,10 +431,14 @@ impl CapturePlan {
         let mut s = String::new();
         let pod = &self.pod;
         // Writing to a String cannot fail; the results are ignored through `let _`.
+        // The names are data: escaped, so that a line end in one cannot end the comment and
+        // make the rest of the name a rule (the file registry takes names as written).
         let _ = writeln!(
             s,
             "# aether capture for pod {}/{} ({} mode), spec/model.md §12.1",
-            pod.namespace, pod.name, pod.mode
+            pod.namespace.escape_debug(),
+            pod.name.escape_debug(),
+            pod.mode
         );
         let _ = writeln!(
             s,

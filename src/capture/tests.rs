@@ -99,6 +99,30 @@ fn golden_redirect_all_ipv4() {
     golden("redirect_all_v4.routes", &routes_text(&p));
 }
 
+/// A name is data in the ruleset's opening comment, never a rule: a line end in a pod's name
+/// (the file registry takes names as written) stays in the comment. Found by the `annotations`
+/// fuzz target (tests/fuzz/corpus/annotations/name-with-line-end).
+#[test]
+fn a_name_with_a_line_end_stays_in_the_comment() {
+    let p = plan::plan(&PodCapture {
+        namespace: "mp\r".into(),
+        name: "web-0\nflush ruleset\n#".into(),
+        ..redirect_all_v4()
+    });
+    let ruleset = p.ruleset();
+    let mut lines = ruleset.lines();
+    assert_eq!(
+        lines.next(),
+        Some(
+            r"# aether capture for pod mp\r/web-0\nflush ruleset\n# (redirect-all mode), spec/model.md §12.1"
+        )
+    );
+    assert!(
+        lines.all(|l| l.trim() != "flush ruleset"),
+        "the name became a rule:\n{ruleset}"
+    );
+}
+
 #[test]
 fn golden_scoped_dual_stack_with_exclusions_and_udp() {
     let p = plan::plan(&scoped_dual_stack());

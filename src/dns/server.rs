@@ -150,9 +150,9 @@ impl std::fmt::Debug for DnsServer {
     }
 }
 
-/// What to do with one incoming message.
+/// What to do with one incoming message: [`handle`]'s verdict.
 #[derive(Debug)]
-enum Handled {
+pub enum Handled {
     /// Send back these bytes, an answer from the table.
     Answer(Vec<u8>),
     /// Send back these bytes, a FORMERR or NOTIMP.
@@ -369,7 +369,10 @@ impl DnsServer {
 }
 
 /// Decides the answer to one message from the table (steps 1 to 3 of the module doc).
-fn handle(table: &DnsTable, bytes: &[u8]) -> Handled {
+///
+/// Pure: the server's per-message decision without its sockets, public so that the fuzz
+/// target (tests/fuzz.rs) feeds it any bytes.
+pub fn handle(table: &DnsTable, bytes: &[u8]) -> Handled {
     let Ok(message) = Message::from_vec(bytes) else {
         return unparsable(bytes);
     };

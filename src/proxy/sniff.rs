@@ -52,6 +52,11 @@ fn sniff_tls(prefix: &[u8]) -> Verdict {
         return Verdict::NeedMore;
     }
     let len = usize::from(u16::from_be_bytes([prefix[3], prefix[4]]));
+    if len == 0 {
+        // No ClientHello in an empty record (TLS forbids empty handshake fragments); the
+        // next byte would be the next record's, not a handshake type.
+        return Verdict::Known(Sniffed::Other);
+    }
     if prefix.len() < 5 + len {
         return Verdict::NeedMore;
     }
@@ -121,9 +126,19 @@ impl<'a> Reader<'a> {
     }
 }
 
+/// The longest method the sniffer waits for before calling the bytes "not HTTP".
+pub const MAX_METHOD: usize = 32;
+
 /// An HTTP/1.x request line: `METHOD SP target SP HTTP/1.d CRLF`, method a token.
+///
+/// The bounds ([`MAX_REQUEST_LINE`], [`MAX_METHOD`]) hold whether or not the line is complete:
+/// the caller stops peeking at the first `Known`, so the verdict on a prefix must be the
+/// verdict on every longer input, however the bytes were cut into segments.
 fn sniff_http1(prefix: &[u8]) -> Verdict {
-    let line_end = prefix.iter().position(|&b| b == b'\n');
+    let line_end = prefix
+        .iter()
+        .take(MAX_REQUEST_LINE)
+        .position(|&b| b == b'\n');
     let line = match line_end {
         Some(end) => &prefix[..end],
         None if prefix.len() >= MAX_REQUEST_LINE => return Verdict::Known(Sniffed::Other),
@@ -131,12 +146,12 @@ fn sniff_http1(prefix: &[u8]) -> Verdict {
     };
     // The method: 1+ token characters followed by a space.
     let method_len = line.iter().take_while(|&&b| is_token(b)).count();
-    if method_len == 0 {
+    if method_len == 0 || method_len > MAX_METHOD {
         return Verdict::Known(Sniffed::Other);
     }
     if method_len == line.len() {
         // Still inside the method (or a complete line without a space).
-        return if line_end.is_some() || method_len > 32 {
+        return if line_end.is_some() {
             Verdict::Known(Sniffed::Other)
         } else {
             Verdict::NeedMore
@@ -203,6 +218,40 @@ mod tests {
         assert_eq!(sniff(b"GET /abc"), Verdict::NeedMore);
         assert_eq!(sniff(b"PRI * HT"), Verdict::NeedMore);
         assert_eq!(sniff(b"\x16\x03\x01"), Verdict::NeedMore);
+    }
+
+    /// The proxy stops peeking at the first `Known`, so a verdict must not depend on how the
+    /// bytes were cut into segments: what a prefix decided, the whole says too. Found by the
+    /// `sniff` fuzz target (tests/fuzz/corpus/sniff/long-method, long-request-line).
+    #[test]
+    fn a_verdict_is_the_same_however_the_bytes_arrive() {
+        let long_method = format!("{} / HTTP/1.1\r\n\r\n", "G".repeat(33));
+        let long_line = format!("GET /{} HTTP/1.1\r\n\r\n", "a".repeat(MAX_REQUEST_LINE));
+        for whole in [long_method.as_bytes(), long_line.as_bytes()] {
+            let mut first = None;
+            for cut in 1..=whole.len() {
+                if let Verdict::Known(v) = sniff(&whole[..cut]) {
+                    first.get_or_insert((cut, v));
+                }
+            }
+            let (cut, early) = first.expect("decided");
+            assert_eq!(
+                known(whole),
+                early,
+                "the first {cut} bytes were {early:?}, all {} bytes differ",
+                whole.len()
+            );
+        }
+    }
+
+    /// A handshake record of length 0 holds no ClientHello (TLS forbids empty handshake
+    /// fragments), and the byte after it belongs to the next record: "not TLS" however many
+    /// bytes follow. Found by the `sniff` fuzz target (tests/fuzz/corpus/sniff/tls-empty-record).
+    #[test]
+    fn an_empty_handshake_record_is_not_tls() {
+        assert_eq!(known(b"\x16\x03\x01\x00\x00"), Sniffed::Other);
+        assert_eq!(known(b"\x16\x03\x01\x00\x00\x01\x00"), Sniffed::Other);
+        assert_eq!(known(b"\x16\x03\x01\x00\x00\x16\x03"), Sniffed::Other);
     }
 
     #[test]

@@ -1,0 +1,256 @@
+//! `http_head`: the first bytes of an HTTP connection, through what the daemon does with
+//! them before and after hyper: the sniffer, the first-head check, and the resolver.
+//!
+//! The first-head check (`precheck` in src/proxy/http/serve.rs) is private and async (it peeks
+//! a socket), so it is mirrored here step by step: `sniff`, then `httparse` with 128 header
+//! slots (a partial head, too many headers, or a parse error is the mesh's own answer), then
+//! what hyper builds from a complete head (method, `http::Uri`, header names and values; any
+//! of those failing is hyper's 400), then the request's facts as `serve.rs` reads them (the
+//! absolute-form authority, every `Host`, the path, the headers without `x-aether-*`), then
+//! `resolve_request` on every entry path the fixture's dials reach for these bytes
+//! (`classify_connection` and `resolve_sniffed` with the sniffed verdict), for each caller.
+//!
+//! Properties, beyond "no panic":
+//! - the resolver is deterministic (the same facts twice give the same decision);
+//! - the loopback listener never passes a request through (it is nobody's destination);
+//! - with the discovery hold run out, the resolver never holds again;
+//! - a mesh answer renders as an HTTP/1.1 response that parses, with the reason's status,
+//!   `x-aether-error` and a `content-length` that is the body's;
+//! - a redirect's `Location` is a valid header value (the data plane drops an invalid one).
+
+use aether::model::filters::is_mesh_header;
+use aether::model::names::{AuthorityInput, HttpVersion};
+use aether::proxy::sniff::{H2_PREFACE, Verdict, sniff};
+use aether::resolve::decision::{
+    AfterSniff, ConnDecision, HttpEntry, RequestDecision, RequestFacts, Sniffed,
+};
+use aether::resolve::{classify_connection, resolve_request, resolve_sniffed};
+
+use crate::engine::{Target, fnv};
+use crate::{fixture, outcome};
+
+pub(crate) const TARGET: Target = Target {
+    name: "http_head",
+    max_len: 16 * 1024,
+    dict: &[
+        b"GET ",
+        b"POST ",
+        b"CONNECT ",
+        b"OPTIONS * HTTP/1.1\r\n",
+        b" HTTP/1.1\r\n",
+        b" HTTP/1.0\r\n",
+        b"http://",
+        b"Host: ",
+        b"host:",
+        b"HOST: mp-multi\r\n",
+        b"Host: mp-multi.mp.aether.internal:8080\r\n",
+        b"mp-multi.mp.aether.internal",
+        b"mp-httponly.mp.svc.cluster.local",
+        b"mp-multi.mp",
+        b":8080",
+        b":18081",
+        b":0",
+        b"[::1]",
+        b"user@",
+        b"x-aether-error: ",
+        b"x-tier: gold\r\n",
+        b"x-version: v2\r\n",
+        b"/exact",
+        b"/api/v1/",
+        b"/search?q=a%20b&page=12",
+        b"/old/x",
+        b"/items/12/ab",
+        b"Transfer-Encoding: chunked\r\n",
+        b"Content-Length: 0\r\n",
+        b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n",
+    ],
+    run,
+};
+
+/// What hyper would hand the service for a complete first head.
+struct Head {
+    method: String,
+    version: HttpVersion,
+    authority: Option<String>,
+    hosts: Vec<String>,
+    path: Option<String>,
+    headers: Vec<(String, String)>,
+}
+
+/// The first-head check and hyper's parse, as far as they decide; `Err` names the outcome.
+fn head(input: &[u8], sniffed: &Sniffed) -> Result<Head, &'static str> {
+    if *sniffed != Sniffed::Http {
+        return Err("not-http");
+    }
+    if input.starts_with(H2_PREFACE) {
+        return Err("h2");
+    }
+    let mut slots = [httparse::EMPTY_HEADER; 128];
+    let mut req = httparse::Request::new(&mut slots);
+    match req.parse(input) {
+        Ok(httparse::Status::Complete(_)) => {}
+        Ok(httparse::Status::Partial) => return Err("partial"),
+        Err(httparse::Error::TooManyHeaders) => return Err("headers-too-large"),
+        Err(_) => return Err("bad-request"),
+    }
+    let (Some(method), Some(target), Some(version)) = (req.method, req.path, req.version) else {
+        return Err("incomplete");
+    };
+    let method = http::Method::from_bytes(method.as_bytes()).map_err(|_| "hyper-method")?;
+    let uri: http::Uri = target.parse().map_err(|_| "hyper-uri")?;
+    let mut headers = Vec::new();
+    let mut hosts = Vec::new();
+    for h in req.headers.iter() {
+        let name = http::HeaderName::from_bytes(h.name.as_bytes()).map_err(|_| "hyper-name")?;
+        let value = http::HeaderValue::from_bytes(h.value).map_err(|_| "hyper-value")?;
+        let value = String::from_utf8_lossy(value.as_bytes()).into_owned();
+        if name == http::header::HOST {
+            hosts.push(value.clone());
+        }
+        if !is_mesh_header(name.as_str()) {
+            headers.push((name.as_str().to_owned(), value));
+        }
+    }
+    let connect = method == http::Method::CONNECT;
+    Ok(Head {
+        version: if version == 0 {
+            HttpVersion::Http10
+        } else {
+            HttpVersion::Http11
+        },
+        authority: (!connect)
+            .then(|| uri.authority().map(|a| a.as_str().to_owned()))
+            .flatten(),
+        hosts,
+        path: (!connect).then(|| {
+            uri.path_and_query()
+                .map_or_else(|| "/".to_owned(), |p| p.as_str().to_owned())
+        }),
+        headers,
+        method: method.as_str().to_owned(),
+    })
+}
+
+fn decision_sig(d: &RequestDecision) -> String {
+    match d {
+        RequestDecision::Answer(a, _) => format!("answer {}", a.reason.code()),
+        RequestDecision::Passthrough(_) => "passthrough".to_owned(),
+        RequestDecision::Hold(h, _) => format!("hold {h:?}"),
+        RequestDecision::Redirect { status, .. } => format!("redirect {status}"),
+        RequestDecision::Deliver(d) => format!(
+            "deliver {}:{:?} rule {:?}",
+            d.backend.service,
+            d.backend.port,
+            d.rule.as_ref().map(|r| r.index)
+        ),
+    }
+}
+
+fn check_answer(d: &RequestDecision) {
+    match d {
+        RequestDecision::Answer(answer, _) => {
+            let reason = answer.reason;
+            let bytes = answer.render().to_http1(reason.status_text());
+            let mut slots = [httparse::EMPTY_HEADER; 8];
+            let mut resp = httparse::Response::new(&mut slots);
+            let parsed = resp.parse(&bytes);
+            assert!(
+                matches!(parsed, Ok(httparse::Status::Complete(_))),
+                "the answer does not parse: {parsed:?}: {:?}",
+                String::from_utf8_lossy(&bytes)
+            );
+            assert_eq!(resp.code, Some(reason.status()));
+            let header = |name: &str| {
+                resp.headers
+                    .iter()
+                    .find(|h| h.name.eq_ignore_ascii_case(name))
+                    .map(|h| String::from_utf8_lossy(h.value).into_owned())
+            };
+            assert_eq!(header("x-aether-error").as_deref(), Some(reason.code()));
+            assert_eq!(
+                header("content-length"),
+                Some(answer.body().len().to_string())
+            );
+        }
+        RequestDecision::Redirect { location, .. } => {
+            assert!(
+                http::HeaderValue::from_str(location).is_ok(),
+                "the redirect's Location {location:?} is not a header value: the client \
+                 would get a redirect without one"
+            );
+        }
+        RequestDecision::Passthrough(_)
+        | RequestDecision::Hold(..)
+        | RequestDecision::Deliver(_) => {}
+    }
+}
+
+fn run(input: &[u8]) -> u64 {
+    let fx = fixture::get();
+    let verdict = sniff(input);
+    let sniffed = match &verdict {
+        Verdict::Known(s) => s.clone(),
+        Verdict::NeedMore => Sniffed::Timeout,
+    };
+    let parsed = head(input, &sniffed);
+    let mut sig: Vec<String> = vec![format!("{verdict:?}")];
+    let head = match parsed {
+        Ok(h) => h,
+        Err(why) => {
+            sig.push(why.to_owned());
+            return outcome(&sig);
+        }
+    };
+
+    let mut entries = Vec::new();
+    for caller in &fx.callers {
+        entries.push((caller, HttpEntry::Loopback));
+        for &dial in &fx.dials {
+            if let ConnDecision::Sniff(plan) = classify_connection(&fx.model, caller, dial)
+                && let AfterSniff::Http(entry) = resolve_sniffed(&plan, &sniffed)
+            {
+                entries.push((caller, entry));
+            }
+        }
+    }
+    let hosts: Vec<&str> = head.hosts.iter().map(String::as_str).collect();
+    for (caller, entry) in entries {
+        let facts = |hold_expired| RequestFacts {
+            entry,
+            authority: AuthorityInput {
+                version: head.version,
+                absolute: head.authority.as_deref(),
+                h2_authority: None,
+                hosts: &hosts,
+            },
+            method: &head.method,
+            path_and_query: head.path.as_deref(),
+            headers: &head.headers,
+            hold_expired,
+            entropy: fnv(input),
+        };
+        let first = resolve_request(&fx.model, caller, &facts(false));
+        assert_eq!(
+            first,
+            resolve_request(&fx.model, caller, &facts(false)),
+            "the same request resolved twice"
+        );
+        if entry == HttpEntry::Loopback {
+            assert!(
+                !matches!(first, RequestDecision::Passthrough(_)),
+                "the loopback listener passed a request through: {first:?}"
+            );
+        }
+        check_answer(&first);
+        let last = resolve_request(&fx.model, caller, &facts(true));
+        assert!(
+            !matches!(last, RequestDecision::Hold(..)),
+            "held again after the hold ran out: {last:?}"
+        );
+        check_answer(&last);
+        sig.push(decision_sig(&first));
+    }
+    sig.sort();
+    sig.dedup();
+    outcome(&sig)
+}
