@@ -14,6 +14,8 @@
 
 #[path = "direct/client.rs"]
 mod client;
+#[path = "direct/http.rs"]
+mod http_hardening;
 #[path = "direct/world.rs"]
 mod world;
 
