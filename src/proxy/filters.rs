@@ -141,24 +141,30 @@ pub fn strip_mesh_headers(headers: &mut HeaderMap) {
     }
 }
 
-/// Apply a Gateway API header modifier to a header map.
+/// A header value as the modifier sees it: the wire value of a received header, or the value a
+/// modifier writes (`None` when its text is not a valid field value; it is not written).
+struct Wire(Option<HeaderValue>);
+
+impl From<&str> for Wire {
+    fn from(text: &str) -> Self {
+        Self(HeaderValue::from_str(text).ok())
+    }
+}
+
+/// Apply a Gateway API header modifier to a header map ([`apply_header_modifier`]). The headers
+/// it does not touch keep their bytes, UTF-8 or not.
 pub fn modify_headers(headers: &mut HeaderMap, modifier: &HeaderModifier) {
     if modifier.set.is_empty() && modifier.add.is_empty() && modifier.remove.is_empty() {
         return;
     }
-    let mut pairs: Vec<(String, String)> = headers
+    let mut pairs: Vec<(String, Wire)> = headers
         .iter()
-        .map(|(k, v)| {
-            (
-                k.as_str().to_owned(),
-                String::from_utf8_lossy(v.as_bytes()).into(),
-            )
-        })
+        .map(|(k, v)| (k.as_str().to_owned(), Wire(Some(v.clone()))))
         .collect();
     apply_header_modifier(modifier, &mut pairs);
     headers.clear();
-    for (k, v) in pairs {
-        if let (Ok(k), Ok(v)) = (HeaderName::try_from(k), HeaderValue::try_from(v)) {
+    for (k, Wire(v)) in pairs {
+        if let (Ok(k), Some(v)) = (HeaderName::try_from(k), v) {
             headers.append(k, v);
         }
     }
@@ -422,6 +428,33 @@ mod tests {
             h.get(AUTHZ_CALLER).unwrap(),
             "spiffe://cluster.local/ns/mp/sa/client"
         );
+    }
+
+    #[test]
+    fn a_header_modifier_keeps_the_bytes_of_the_headers_it_does_not_touch() {
+        let latin1 = HeaderValue::from_bytes(b"caf\xe9").unwrap();
+        let mut h = HeaderMap::new();
+        h.insert("x-name", latin1.clone());
+        h.append("x-multi", HeaderValue::from_bytes(b"\xff1").unwrap());
+        h.append("x-multi", HeaderValue::from_static("2"));
+        h.insert("x-drop", HeaderValue::from_static("1"));
+        modify_headers(
+            &mut h,
+            &HeaderModifier {
+                set: vec![("x-set".into(), "v".into())],
+                add: vec![("x-multi".into(), "3".into())],
+                remove: vec!["x-drop".into()],
+            },
+        );
+        assert_eq!(h.get("x-name"), Some(&latin1), "{h:?}");
+        let multi: Vec<&[u8]> = h
+            .get_all("x-multi")
+            .iter()
+            .map(HeaderValue::as_bytes)
+            .collect();
+        assert_eq!(multi, [&b"\xff1"[..], b"2", b"3"]);
+        assert_eq!(h.get("x-set").unwrap(), "v");
+        assert!(!h.contains_key("x-drop"));
     }
 
     #[test]
