@@ -14,6 +14,8 @@
 
 #[path = "direct/client.rs"]
 mod client;
+#[path = "direct/http.rs"]
+mod http_hardening;
 #[path = "direct/world.rs"]
 mod world;
 
@@ -221,11 +223,12 @@ async fn on_drain_a_request_in_flight_finishes_and_an_idle_connection_is_closed(
     );
     idle.write_all(req.as_bytes()).await.unwrap();
     assert_eq!(read_one(&mut idle).await.body, "mp-multi:8080\n");
-    // A request in flight: the application answers it 300 ms after it arrives.
+    // A request in flight: its service-level authorization check is answered 300 ms after it
+    // arrives (the check carries the request's `x-authz-delay-ms`).
     let mut busy = TcpStream::connect(w.loopback()).await.unwrap();
     let req = format!(
-        "GET / HTTP/1.1\r\nhost: {}\r\nx-authz-service: mp/test\r\nx-authz-delay-ms: 300\r\n\r\n",
-        name("mp-slow", Some(9191))
+        "GET / HTTP/1.1\r\nhost: {}\r\nx-authz-delay-ms: 300\r\n\r\n",
+        name("mp-guarded", Some(8080))
     );
     busy.write_all(req.as_bytes()).await.unwrap();
     let app = SocketAddr::new(IpAddr::V4(w.ip(SLOW)), 9191);
@@ -245,7 +248,7 @@ async fn on_drain_a_request_in_flight_finishes_and_an_idle_connection_is_closed(
         .expect("the connection in flight closes after its answer")
         .unwrap();
     let a = parse(&rest);
-    assert_eq!((a.status, a.body.as_str()), (200, "mp-slow:9191\n"));
+    assert_eq!((a.status, a.body.as_str()), (200, "mp-guarded:8080\n"));
     let mut buf = [0u8; 64];
     let n = tokio::time::timeout(five, idle.read(&mut buf))
         .await

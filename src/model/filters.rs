@@ -42,7 +42,14 @@ pub fn is_mesh_header(name: &str) -> bool {
 /// - `remove` drops every value of the name.
 ///
 /// Entries naming an `x-aether-` header are ignored ([`is_mesh_header`]).
-pub fn apply_header_modifier(modifier: &HeaderModifier, headers: &mut Vec<(String, String)>) {
+///
+/// The values are of any type a modifier's text converts into (`V::from(&str)`): the data plane
+/// passes the wire bytes of each header, so a header the modifier does not touch keeps its
+/// bytes exactly, whether or not they are UTF-8.
+pub fn apply_header_modifier<V>(modifier: &HeaderModifier, headers: &mut Vec<(String, V)>)
+where
+    V: for<'a> From<&'a str>,
+{
     for (name, value) in &modifier.set {
         if is_mesh_header(name) {
             continue;
@@ -60,15 +67,15 @@ pub fn apply_header_modifier(modifier: &HeaderModifier, headers: &mut Vec<(Strin
                     keep
                 });
                 if let Some(slot) = headers.get_mut(first) {
-                    *slot = (lower, value.clone());
+                    *slot = (lower, V::from(value.as_str()));
                 }
             }
-            None => headers.push((lower, value.clone())),
+            None => headers.push((lower, V::from(value.as_str()))),
         }
     }
     for (name, value) in &modifier.add {
         if !is_mesh_header(name) {
-            headers.push((name.to_ascii_lowercase(), value.clone()));
+            headers.push((name.to_ascii_lowercase(), V::from(value.as_str())));
         }
     }
     for name in &modifier.remove {

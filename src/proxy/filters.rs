@@ -26,6 +26,102 @@ pub const AUTHZ_SERVICE: &str = "x-authz-service";
 /// Authorization check header: the caller's SPIFFE ID.
 pub const AUTHZ_CALLER: &str = "x-authz-caller";
 
+/// A client's copy of the header that proves a workload certificate to an application. The mesh
+/// never sets it, so a client's copy is a forgery: removed at entry.
+pub const FORWARDED_CLIENT_CERT: &str = "x-forwarded-client-cert";
+
+/// Headers only the mesh may write besides the `x-aether-` ones: the two headers of an
+/// authorization check and the client-certificate header. A client's copies are removed when
+/// the daemon reads its request ([`strip_client_request`]), like the `x-aether-` headers (I12).
+pub const MESH_ONLY: [&str; 3] = [AUTHZ_SERVICE, AUTHZ_CALLER, FORWARDED_CLIENT_CERT];
+
+/// The hop-by-hop fields that are not named in `Connection` (RFC 9110 §7.6.1, with the fields
+/// older practice adds: `Keep-Alive`, `Proxy-Connection`, `Transfer-Encoding`, `Trailer`,
+/// and `HTTP2-Settings` of an `h2c` upgrade, RFC 7540 §3.2.1).
+const HOP_BY_HOP: [&str; 8] = [
+    "connection",
+    "keep-alive",
+    "proxy-connection",
+    "te",
+    "transfer-encoding",
+    "trailer",
+    "upgrade",
+    "http2-settings",
+];
+
+/// What [`remove_hop_by_hop`] removed that a proxy may set again on its own terms.
+#[derive(Debug, Default)]
+pub struct HopByHop {
+    /// The `Upgrade` field, when there was one.
+    pub upgrade: Option<HeaderValue>,
+    /// `upgrade` was among the `Connection` options.
+    pub connection_upgrade: bool,
+    /// `trailers` was among the `TE` codings (what gRPC needs on HTTP/2).
+    pub te_trailers: bool,
+}
+
+fn tokens(v: &HeaderValue) -> impl Iterator<Item = &[u8]> {
+    v.as_bytes()
+        .split(|b| *b == b',')
+        .map(<[u8]>::trim_ascii)
+        .filter(|t| !t.is_empty())
+}
+
+/// Remove a message's hop-by-hop fields (RFC 9110 §7.6.1): `Connection`, every field it names
+/// (but `Host`, which says where the request goes, never a connection option), and the fixed
+/// list ([`HOP_BY_HOP`]). A proxy removes them before it forwards a message; the daemon does it
+/// once, when it reads a client's request, before it adds anything of its own, so that no
+/// client field can name (and so remove, on a later hop) a header the mesh sets.
+pub fn remove_hop_by_hop(headers: &mut HeaderMap) -> HopByHop {
+    let mut named: Vec<HeaderName> = Vec::new();
+    let mut kept = HopByHop::default();
+    for v in headers.get_all(http::header::CONNECTION) {
+        for t in tokens(v) {
+            if t.eq_ignore_ascii_case(b"upgrade") {
+                kept.connection_upgrade = true;
+            }
+            if let Ok(name) = HeaderName::from_bytes(t)
+                && name != http::header::HOST
+            {
+                named.push(name);
+            }
+        }
+    }
+    kept.te_trailers = headers
+        .get_all(http::header::TE)
+        .iter()
+        .flat_map(tokens)
+        .any(|t| {
+            let coding = t.split(|b| *b == b';').next().unwrap_or_default();
+            coding.trim_ascii().eq_ignore_ascii_case(b"trailers")
+        });
+    kept.upgrade = headers.get(http::header::UPGRADE).cloned();
+    for name in named {
+        headers.remove(name);
+    }
+    for name in HOP_BY_HOP {
+        headers.remove(name);
+    }
+    kept
+}
+
+/// Make a request a client sent fit to enter the mesh, before anything reads it or adds to it:
+/// remove its hop-by-hop fields ([`remove_hop_by_hop`]), its `x-aether-` headers (I12) and its
+/// copies of the headers only the mesh writes ([`MESH_ONLY`]). `TE: trailers` is set again
+/// when the client offered it (an HTTP/2 gRPC backend needs it). The client's protocol switch,
+/// as received, is returned for the caller to carry or not (addressing.md I11).
+pub fn strip_client_request(headers: &mut HeaderMap) -> HopByHop {
+    let kept = remove_hop_by_hop(headers);
+    strip_mesh_headers(headers);
+    for name in MESH_ONLY {
+        headers.remove(name);
+    }
+    if kept.te_trailers {
+        headers.insert(http::header::TE, HeaderValue::from_static("trailers"));
+    }
+    kept
+}
+
 /// Remove every `x-aether-` header (addressing.md I12).
 pub fn strip_mesh_headers(headers: &mut HeaderMap) {
     // The common case, none, allocates nothing.
@@ -45,24 +141,30 @@ pub fn strip_mesh_headers(headers: &mut HeaderMap) {
     }
 }
 
-/// Apply a Gateway API header modifier to a header map.
+/// A header value as the modifier sees it: the wire value of a received header, or the value a
+/// modifier writes (`None` when its text is not a valid field value; it is not written).
+struct Wire(Option<HeaderValue>);
+
+impl From<&str> for Wire {
+    fn from(text: &str) -> Self {
+        Self(HeaderValue::from_str(text).ok())
+    }
+}
+
+/// Apply a Gateway API header modifier to a header map ([`apply_header_modifier`]). The headers
+/// it does not touch keep their bytes, UTF-8 or not.
 pub fn modify_headers(headers: &mut HeaderMap, modifier: &HeaderModifier) {
     if modifier.set.is_empty() && modifier.add.is_empty() && modifier.remove.is_empty() {
         return;
     }
-    let mut pairs: Vec<(String, String)> = headers
+    let mut pairs: Vec<(String, Wire)> = headers
         .iter()
-        .map(|(k, v)| {
-            (
-                k.as_str().to_owned(),
-                String::from_utf8_lossy(v.as_bytes()).into(),
-            )
-        })
+        .map(|(k, v)| (k.as_str().to_owned(), Wire(Some(v.clone()))))
         .collect();
     apply_header_modifier(modifier, &mut pairs);
     headers.clear();
-    for (k, v) in pairs {
-        if let (Ok(k), Ok(v)) = (HeaderName::try_from(k), HeaderValue::try_from(v)) {
+    for (k, Wire(v)) in pairs {
+        if let (Ok(k), Some(v)) = (HeaderName::try_from(k), v) {
             headers.append(k, v);
         }
     }
@@ -127,6 +229,43 @@ pub async fn authorize<B>(
     }
 }
 
+/// The check request of an `ext_authz` filter, built from scratch (docs/mesh-filter.md): the
+/// method and path of `req`, its end-to-end headers (without its hop-by-hop fields, which name
+/// connection options of another hop, without `Host`, `Content-Length` and `Expect`, which
+/// describe its own body, and without the `x-aether-` headers and a copy of the check's own two),
+/// then `Host: <server>` and the check's `x-authz-service` and `x-authz-caller`; no body.
+fn check_request<B>(
+    req: &Request<B>,
+    server: &str,
+    service: &ServiceKey,
+    peer: &Peer,
+) -> Option<Request<Body>> {
+    let mut headers = req.headers().clone();
+    remove_hop_by_hop(&mut headers);
+    strip_mesh_headers(&mut headers);
+    for name in [AUTHZ_SERVICE, AUTHZ_CALLER] {
+        headers.remove(name);
+    }
+    for name in [
+        http::header::HOST,
+        http::header::CONTENT_LENGTH,
+        http::header::EXPECT,
+    ] {
+        headers.remove(name);
+    }
+    headers.insert(http::header::HOST, HeaderValue::from_str(server).ok()?);
+    let asking = format!("{}/{}", service.namespace, service.name);
+    headers.insert(AUTHZ_SERVICE, HeaderValue::from_str(&asking).ok()?);
+    headers.insert(AUTHZ_CALLER, HeaderValue::from_str(&peer.id).ok()?);
+    let mut check = Request::builder()
+        .method(req.method())
+        .uri(req.uri().path_and_query().map_or("/", |p| p.as_str()))
+        .body(respond::empty())
+        .ok()?;
+    *check.headers_mut() = headers;
+    Some(check)
+}
+
 /// One external authorization check (docs/mesh-filter.md): the request's method, path and
 /// headers, plus the asking Service and the caller, to the authorization server through the
 /// mesh. 2xx allows; a 4xx (or another non-2xx status that is not an error) denies, with
@@ -144,27 +283,7 @@ async fn ext_authz<B>(
     let Some(server) = ext.server.as_deref() else {
         return Some(respond::reason(Reason::AuthzUnavailable));
     };
-    let mut check = Request::builder()
-        .method(req.method())
-        .uri(req.uri().path_and_query().map_or("/", |p| p.as_str()));
-    for (k, v) in req.headers() {
-        if k != http::header::HOST
-            && !k.as_str().starts_with(MESH_HEADER_PREFIX)
-            && k.as_str() != AUTHZ_SERVICE
-            && k.as_str() != AUTHZ_CALLER
-        {
-            check = check.header(k, v);
-        }
-    }
-    let check = check
-        .header(http::header::HOST, server)
-        .header(
-            AUTHZ_SERVICE,
-            format!("{}/{}", service.namespace, service.name),
-        )
-        .header(AUTHZ_CALLER, peer.id.as_str())
-        .body(respond::empty());
-    let Ok(check) = check else {
+    let Some(check) = check_request(req, server, service, peer) else {
         return Some(respond::reason(Reason::AuthzUnavailable));
     };
     let timeout = Duration::from_millis(ext.timeout_ms.max(1));
@@ -239,6 +358,103 @@ mod tests {
             principals: vec![],
         };
         assert!(!rbac_allows(&nobody, &peer("mp", "mp-client")));
+    }
+
+    #[test]
+    fn a_clients_hop_by_hop_fields_and_mesh_only_headers_are_removed_at_entry() {
+        let mut h = HeaderMap::new();
+        for (k, v) in [
+            (
+                "connection",
+                "x-aether-hop-services, Upgrade, x-secret, host",
+            ),
+            ("connection", "te"),
+            ("x-secret", "1"),
+            ("host", "a:80"),
+            ("keep-alive", "timeout=5"),
+            ("proxy-connection", "keep-alive"),
+            ("te", "trailers;q=1, deflate"),
+            ("upgrade", "websocket"),
+            ("http2-settings", "AAMAAABkAARAAAAAAAIAAAAA"),
+            ("trailer", "x-sum"),
+            ("transfer-encoding", "chunked"),
+            ("x-authz-caller", "spiffe://forged"),
+            ("x-forwarded-client-cert", "forged"),
+            ("x-aether-hop-services", "mp/x"),
+            ("x-keep", "1"),
+        ] {
+            h.append(k, HeaderValue::from_static(v));
+        }
+        let kept = strip_client_request(&mut h);
+        assert!(kept.connection_upgrade && kept.te_trailers);
+        assert_eq!(kept.upgrade.unwrap(), "websocket");
+        let mut names: Vec<&str> = h.keys().map(HeaderName::as_str).collect();
+        names.sort_unstable();
+        // `Host` is never a connection option; `TE: trailers` is set again by the mesh.
+        assert_eq!(names, ["host", "te", "x-keep"]);
+        assert_eq!(h.get("te").unwrap(), "trailers");
+    }
+
+    #[test]
+    fn a_check_request_is_built_from_scratch_without_body_or_connection_fields() {
+        let req = Request::post("/pay?x=1")
+            .header("host", "shop:8080")
+            .header("connection", "upgrade, x-authz-service")
+            .header("upgrade", "websocket")
+            .header("content-length", "5")
+            .header("expect", "100-continue")
+            .header("x-authz-service", "forged/forged")
+            .header("x-aether-hop-services", "mp/x")
+            .header("x-tenant", "a")
+            .body(())
+            .unwrap();
+        let service = ServiceKey {
+            namespace: "mp".into(),
+            name: "shop".into(),
+        };
+        let check = check_request(&req, "authz:9191", &service, &peer("mp", "client")).unwrap();
+        assert_eq!(check.method(), http::Method::POST);
+        assert_eq!(check.uri(), "/pay?x=1");
+        let h = check.headers();
+        let mut names: Vec<&str> = h.keys().map(HeaderName::as_str).collect();
+        names.sort_unstable();
+        assert_eq!(
+            names,
+            ["host", "x-authz-caller", "x-authz-service", "x-tenant"]
+        );
+        assert_eq!(h.get("host").unwrap(), "authz:9191");
+        assert_eq!(h.get(AUTHZ_SERVICE).unwrap(), "mp/shop");
+        assert_eq!(
+            h.get(AUTHZ_CALLER).unwrap(),
+            "spiffe://cluster.local/ns/mp/sa/client"
+        );
+    }
+
+    #[test]
+    fn a_header_modifier_keeps_the_bytes_of_the_headers_it_does_not_touch() {
+        let latin1 = HeaderValue::from_bytes(b"caf\xe9").unwrap();
+        let mut h = HeaderMap::new();
+        h.insert("x-name", latin1.clone());
+        h.append("x-multi", HeaderValue::from_bytes(b"\xff1").unwrap());
+        h.append("x-multi", HeaderValue::from_static("2"));
+        h.insert("x-drop", HeaderValue::from_static("1"));
+        modify_headers(
+            &mut h,
+            &HeaderModifier {
+                set: vec![("x-set".into(), "v".into())],
+                add: vec![("x-multi".into(), "3".into())],
+                remove: vec!["x-drop".into()],
+            },
+        );
+        assert_eq!(h.get("x-name"), Some(&latin1), "{h:?}");
+        let multi: Vec<&[u8]> = h
+            .get_all("x-multi")
+            .iter()
+            .map(HeaderValue::as_bytes)
+            .collect();
+        assert_eq!(multi, [&b"\xff1"[..], b"2", b"3"]);
+        assert_eq!(h.get("x-set").unwrap(), "v");
+        assert!(!h.contains_key("x-drop"));
     }
 
     #[test]

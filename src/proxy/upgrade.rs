@@ -13,7 +13,7 @@
 //! tested over in-memory streams.
 
 use http::header::{CONNECTION, UPGRADE};
-use http::{Request, Response, StatusCode, Version};
+use http::{HeaderValue, Request, Response, StatusCode, Version};
 use http_body_util::BodyExt;
 use hyper::upgrade::OnUpgrade;
 use hyper_util::rt::TokioIo;
@@ -50,6 +50,49 @@ pub fn is_upgrade<B>(req: &Request<B>) -> bool {
                     .any(|t| t.trim().eq_ignore_ascii_case("upgrade"))
             })
         })
+}
+
+/// The protocols of a client's `Upgrade` field that the mesh carries (addressing.md I11), as the
+/// field to send on; `None` when none is left. Every protocol is carried but HTTP itself
+/// (`h2c`, `h2`, `HTTP/<version>`): after such a switch the client's bytes would be requests
+/// the mesh must route one by one (I5), not a stream to relay, so the request is served as the
+/// plain HTTP/1.1 request it also is (docs/decisions.md).
+pub fn relayed_protocols(upgrade: &HeaderValue) -> Option<HeaderValue> {
+    let kept: Vec<&[u8]> = upgrade
+        .as_bytes()
+        .split(|b| *b == b',')
+        .map(<[u8]>::trim_ascii)
+        .filter(|p| !p.is_empty() && !is_http(p))
+        .collect();
+    if kept.is_empty() {
+        return None;
+    }
+    HeaderValue::from_bytes(&kept.join(&b", "[..])).ok()
+}
+
+/// Whether an `Upgrade` protocol is HTTP (`h2c`, `h2`, `HTTP/2.0`, ...).
+fn is_http(protocol: &[u8]) -> bool {
+    let name = protocol.split(|b| *b == b'/').next().unwrap_or_default();
+    [&b"h2c"[..], b"h2", b"http"]
+        .iter()
+        .any(|h| name.eq_ignore_ascii_case(h))
+}
+
+/// Set the fields of a protocol switch the mesh carries on a request whose hop-by-hop fields
+/// were removed (`filters::strip_client_request`): `Upgrade` with the carried protocols and
+/// `Connection: upgrade`. Whether the request switches: an HTTP/1.1 request whose client asked
+/// (`upgrade` among its `Connection` options) for a protocol the mesh carries.
+pub fn carry<B>(req: &mut Request<B>, upgrade: Option<&HeaderValue>, asked: bool) -> bool {
+    let Some(protocols) = upgrade
+        .filter(|_| asked && req.version() == Version::HTTP_11)
+        .and_then(relayed_protocols)
+    else {
+        return false;
+    };
+    req.headers_mut().insert(UPGRADE, protocols);
+    req.headers_mut()
+        .insert(CONNECTION, HeaderValue::from_static("upgrade"));
+    true
 }
 
 /// Send the upgrade request `req` on a fresh HTTP/1.1 connection over `io` and return the

@@ -41,6 +41,11 @@ pub(crate) const MULTI: u8 = 2;
 pub(crate) const LOCKED: u8 = 3;
 /// `mp-slow-0`: 9191 HTTP, the echo's authz listener (answers a check after `x-authz-delay-ms`).
 pub(crate) const SLOW: u8 = 4;
+/// `mp-guarded-0`: 8080 HTTP, the echo; its Service has a service-level `ext_authz` whose server
+/// is mp-slow's authz listener (a check is denied when the request carries `x-authz-deny`), and
+/// an HTTPRoute whose rule `/via-multi` sends its requests to mp-multi:8080 (so the addressed
+/// Service is not the endpoint's own mesh service).
+pub(crate) const GUARDED: u8 = 5;
 /// An address outside the mesh (no pod has it): a passthrough's destination.
 pub(crate) const OUTSIDE: u8 = 50;
 
@@ -127,6 +132,42 @@ status:
   podIP: {B}.4
   podIPs: [{ip: {B}.4}]
   conditions: [{type: Ready, status: "True"}]
+---
+apiVersion: v1
+kind: ServiceAccount
+metadata: {name: mp-guarded, namespace: mp}
+---
+apiVersion: v1
+kind: Pod
+metadata:
+  name: mp-guarded-0
+  namespace: mp
+  annotations:
+    endpoint.aether.io/port: "8080"
+    endpoint.aether.io/protocol: "http"
+spec: {serviceAccountName: mp-guarded, nodeName: node-a}
+status:
+  podIP: {B}.5
+  podIPs: [{ip: {B}.5}]
+  conditions: [{type: Ready, status: "True"}]
+---
+apiVersion: aether.io/v1alpha1
+kind: MeshFilter
+metadata: {name: mp-guarded-ext-authz, namespace: mp}
+spec:
+  targetRefs: [{group: "", kind: Service, name: mp-guarded}]
+  extAuthz: {server: "mp-slow.mp.aether.internal:9191", timeout: "2s"}
+---
+apiVersion: gateway.networking.k8s.io/v1
+kind: HTTPRoute
+metadata: {name: mp-guarded, namespace: mp}
+spec:
+  parentRefs: [{group: "", kind: Service, name: mp-guarded, port: 8080}]
+  rules:
+  - matches: [{path: {type: PathPrefix, value: /via-multi}}]
+    backendRefs: [{group: "", kind: Service, name: mp-multi, port: 8080}]
+  - matches: [{path: {type: PathPrefix, value: /}}]
+    backendRefs: [{group: "", kind: Service, name: mp-guarded, port: 8080}]
 "#;
 
 /// One daemon's data plane and its pods.
@@ -171,7 +212,8 @@ fn snapshot(block: [u8; 3]) -> Snapshot {
     snapshot
 }
 
-fn echo(workload: &str, pod: &str, ip: Ipv4Addr, listeners: &[(ListenerKind, u16)]) {
+/// Start an echo on `ip`; the port of its first listener (port 0 binds any free port).
+fn echo(workload: &str, pod: &str, ip: Ipv4Addr, listeners: &[(ListenerKind, u16)]) -> u16 {
     let mut opts = EchoOptions::new(workload);
     for (kind, port) in listeners {
         opts = opts.with(*kind, *port);
@@ -180,7 +222,9 @@ fn echo(workload: &str, pod: &str, ip: Ipv4Addr, listeners: &[(ListenerKind, u16
     opts.namespace = "mp".into();
     opts.addrs = vec![IpAddr::V4(ip)];
     let echo = Echo::bind(&opts).expect("bind the echo");
+    let port = echo.bound()[0].addr.port();
     tokio::spawn(echo.run());
+    port
 }
 
 impl World {
@@ -235,6 +279,12 @@ impl World {
                 "mp-slow-0",
                 "mp-slow",
                 &[(ListenerKind::Authz, 9191)][..],
+            ),
+            (
+                GUARDED,
+                "mp-guarded-0",
+                "mp-guarded",
+                &[(ListenerKind::Http, 8080)][..],
             ),
         ] {
             let net = LoopbackNet::new(ip(host));
@@ -311,6 +361,18 @@ impl World {
     /// Connections from the client to `dialled` (a passthrough's) really go to `to`.
     pub(crate) fn reach(&self, dialled: SocketAddr, to: SocketAddr) {
         self.client_net.reach(dialled, to);
+    }
+
+    /// An HTTP echo outside the mesh (workload `outside`) on the [`OUTSIDE`] address: what a
+    /// passthrough reaches when [`World::reach`] points a dialled address at it.
+    pub(crate) fn outside_echo(&self) -> SocketAddr {
+        let port = echo(
+            "outside",
+            "outside-0",
+            self.ip(OUTSIDE),
+            &[(ListenerKind::Http, 0)],
+        );
+        SocketAddr::new(IpAddr::V4(self.ip(OUTSIDE)), port)
     }
 
     /// The daemon drains (SIGTERM): HTTP connections close once idle, requests in flight

@@ -113,7 +113,7 @@ fn the_conformance_multiple_modifier_case_gives_the_expected_headers() {
 
 #[test]
 fn remove_wins_over_set_and_add_of_the_same_name() {
-    let mut h = Vec::new();
+    let mut h: Vec<(String, String)> = Vec::new();
     apply_header_modifier(&modifier(&[("a", "1")], &[("a", "2")], &["A"]), &mut h);
     assert!(h.is_empty());
 }

@@ -4,9 +4,11 @@
 //! ([`super::deliver`]).
 //!
 //! May import: `super::deliver`, `super::upstream`, `respond`, `sniff`, `upgrade`, `filters`
-//! (header stripping only), `resolve`. Invariants: every `x-aether-` header a client sent is
-//! removed before anything reads the request (I12); a request held for the model is resolved
-//! again, never answered from the older value.
+//! (header stripping only), `resolve`. Invariants: every `x-aether-` header a client sent, its
+//! hop-by-hop fields and its copies of the mesh's own headers are removed before anything reads
+//! the request or adds to it (I12), so no field a client sends can name a header the mesh sets;
+//! only the protocol switches the mesh carries are spliced (I11); a request held for the model
+//! is resolved again, never answered from the older value.
 
 use std::convert::Infallible;
 use std::sync::Arc;
@@ -23,7 +25,7 @@ use tracing::{debug, info};
 use super::deliver::deliver;
 use super::upstream::passthrough;
 use crate::model::names::{AuthorityInput, HttpVersion};
-use crate::proxy::filters::strip_mesh_headers;
+use crate::proxy::filters::strip_client_request;
 use crate::proxy::{Body, BoxError, Inputs, PodCtx, count, respond, sniff, upgrade};
 use crate::resolve::answer::{HEADER_ERROR, MeshAnswer, Reason};
 use crate::resolve::decision::{HttpEntry, RequestDecision, RequestFacts};
@@ -205,9 +207,13 @@ async fn answer_request(
     mut req: Request<Body>,
 ) -> Response<Body> {
     count(&inputs.stats.requests);
+    // Before anything reads the request or adds to it: its hop-by-hop fields, `x-aether-`
+    // headers (I12) and copies of the mesh's own headers go; a protocol switch the mesh carries
+    // (I11) is set again on the mesh's terms.
+    let switch = strip_client_request(req.headers_mut());
+    let switches = upgrade::carry(&mut req, switch.upgrade.as_ref(), switch.connection_upgrade);
+    let client_upgrade = switches.then(|| hyper::upgrade::on(&mut req));
     let facts = Facts::of(&req);
-    let client_upgrade = upgrade::is_upgrade(&req).then(|| hyper::upgrade::on(&mut req));
-    strip_mesh_headers(req.headers_mut());
     let caller = pod.caller();
     let host_refs: Vec<&str> = facts.hosts.iter().map(String::as_str).collect();
     let mut hold_expired = false;

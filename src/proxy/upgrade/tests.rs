@@ -225,3 +225,31 @@ fn only_http11_requests_with_the_upgrade_token_switch() {
         Some("websocket")
     )));
 }
+
+#[test]
+fn every_protocol_but_http_itself_is_carried() {
+    let carried = |v: &'static str| relayed_protocols(&HeaderValue::from_static(v));
+    assert_eq!(carried("websocket").unwrap(), "websocket");
+    assert_eq!(carried("echo").unwrap(), "echo");
+    assert_eq!(carried("h2c"), None);
+    assert_eq!(carried("H2C, HTTP/2.0, h2"), None);
+    assert_eq!(carried("h2c, websocket").unwrap(), "websocket");
+    let mut req = Request::get("/").header(UPGRADE, "h2c").body(()).unwrap();
+    assert!(!carry(
+        &mut req,
+        Some(&HeaderValue::from_static("h2c")),
+        true
+    ));
+    assert!(!carry(
+        &mut req,
+        Some(&HeaderValue::from_static("echo")),
+        false
+    ));
+    assert!(carry(
+        &mut req,
+        Some(&HeaderValue::from_static("echo")),
+        true
+    ));
+    assert_eq!(req.headers()[CONNECTION], "upgrade");
+    assert_eq!(req.headers()[UPGRADE], "echo");
+}
