@@ -66,7 +66,7 @@ pub(super) fn passthrough_targets(
                 }
             }
             // Slices and their endpoints come in any order: the list does not depend on it.
-            endpoints.sort_by(|a, b| (a.address, a.port).cmp(&(b.address, b.port)));
+            endpoints.sort_by_key(|e| (e.address, e.port));
             endpoints.dedup();
             for &vip in &u.cluster_ips {
                 let same_family: Vec<L4Endpoint> = endpoints

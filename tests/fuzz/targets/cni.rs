@@ -83,7 +83,11 @@ fn server() -> &'static Server {
                     let _ = req.reply.send(outcome);
                 }
             });
-            tokio::spawn(serve(listener, tx));
+            tokio::spawn(serve(
+                listener,
+                tx,
+                prometheus_client::metrics::counter::Counter::default(),
+            ));
         });
         Server { runtime, path }
     })
