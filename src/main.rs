@@ -104,6 +104,24 @@ struct NodeArgs {
     /// Quiet time after a registry change before recompiling, in milliseconds.
     #[arg(long, env = "AETHER_WATCH_DEBOUNCE_MS")]
     watch_debounce_ms: Option<u64>,
+    /// The time a client has to send a whole HTTP/1 request head, in milliseconds.
+    #[arg(long, env = "AETHER_HEADER_READ_TIMEOUT_MS")]
+    header_read_timeout_ms: Option<u64>,
+    /// Close an HTTP connection with no request in flight after this long, in seconds.
+    #[arg(long, env = "AETHER_HTTP_IDLE_TIMEOUT_SECS")]
+    http_idle_timeout_secs: Option<u64>,
+    /// The most concurrent streams of one HTTP/2 connection.
+    #[arg(long, env = "AETHER_HTTP2_MAX_CONCURRENT_STREAMS")]
+    http2_max_concurrent_streams: Option<u32>,
+    /// The largest HTTP/2 request header list, in bytes.
+    #[arg(long, env = "AETHER_MAX_HEADER_LIST_SIZE")]
+    max_header_list_size: Option<u32>,
+    /// The largest HTTP/1 request head, in bytes.
+    #[arg(long, env = "AETHER_MAX_HEADER_BYTES")]
+    max_header_bytes: Option<usize>,
+    /// The most header fields of an HTTP/1 request head.
+    #[arg(long, env = "AETHER_MAX_HEADERS")]
+    max_headers: Option<usize>,
 }
 
 #[derive(Debug, clap::Args)]
@@ -641,7 +659,13 @@ fn node_config(args: &NodeArgs) -> anyhow::Result<aether::node::NodeConfig> {
         dns_upstreams,
         dns_kubernetes_names,
         cert_lifetime_hours,
-        watch_debounce_ms
+        watch_debounce_ms,
+        header_read_timeout_ms,
+        http_idle_timeout_secs,
+        http2_max_concurrent_streams,
+        max_header_list_size,
+        max_header_bytes,
+        max_headers
     );
     macro_rules! set_opt {
         ($($field:ident),*) => {$(

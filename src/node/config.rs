@@ -71,6 +71,19 @@ pub struct NodeConfig {
     pub log_format: LogFormat,
     /// Log filter (tracing-subscriber `EnvFilter` syntax).
     pub log_level: String,
+    /// How long a client may take to send a whole HTTP/1 request head, from its first byte (the
+    /// first head: from the accept), in milliseconds; a late head closes the connection.
+    pub header_read_timeout_ms: u64,
+    /// An HTTP connection with no request in flight is closed after this long, in seconds.
+    pub http_idle_timeout_secs: u64,
+    /// The most concurrent streams of one HTTP/2 connection.
+    pub http2_max_concurrent_streams: u32,
+    /// The largest HTTP/2 request header list, in bytes.
+    pub max_header_list_size: u32,
+    /// The largest HTTP/1 request head, in bytes.
+    pub max_header_bytes: usize,
+    /// The most header fields of an HTTP/1 request head.
+    pub max_headers: usize,
 }
 
 impl Default for NodeConfig {
@@ -97,6 +110,12 @@ impl Default for NodeConfig {
             watch_debounce_ms: 200,
             log_format: LogFormat::Text,
             log_level: "info".into(),
+            header_read_timeout_ms: 10_000,
+            http_idle_timeout_secs: 300,
+            http2_max_concurrent_streams: 200,
+            max_header_list_size: 64 * 1024,
+            max_header_bytes: 64 * 1024,
+            max_headers: 100,
         }
     }
 }
@@ -170,6 +189,39 @@ impl NodeConfig {
                 });
             }
         }
+        for (setting, value) in [
+            ("header_read_timeout_ms", self.header_read_timeout_ms),
+            ("http_idle_timeout_secs", self.http_idle_timeout_secs),
+            (
+                "http2_max_concurrent_streams",
+                u64::from(self.http2_max_concurrent_streams),
+            ),
+            (
+                "max_headers",
+                u64::try_from(self.max_headers).unwrap_or(u64::MAX),
+            ),
+        ] {
+            if value == 0 {
+                return Err(ConfigError::Invalid {
+                    setting,
+                    message: "must be at least 1".into(),
+                });
+            }
+        }
+        for (setting, value) in [
+            (
+                "max_header_list_size",
+                usize::try_from(self.max_header_list_size).unwrap_or(usize::MAX),
+            ),
+            ("max_header_bytes", self.max_header_bytes),
+        ] {
+            if value < 1024 {
+                return Err(ConfigError::Invalid {
+                    setting,
+                    message: format!("{value} is under 1024 bytes: no real request fits"),
+                });
+            }
+        }
         if self.cert_lifetime_hours == 0 {
             return Err(ConfigError::Invalid {
                 setting: "cert_lifetime_hours",
@@ -205,5 +257,31 @@ mod tests {
         c.mesh_domain = ".x".into();
         assert!(c.validate().is_err());
         std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[test]
+    fn http_limits_that_would_refuse_every_request_are_refused() {
+        let ok = NodeConfig {
+            node_name: "n".into(),
+            ..NodeConfig::default()
+        };
+        ok.validate().unwrap();
+        type Break = fn(&mut NodeConfig);
+        let cases: [(&str, Break); 6] = [
+            ("header_read_timeout_ms", |c| c.header_read_timeout_ms = 0),
+            ("http_idle_timeout_secs", |c| c.http_idle_timeout_secs = 0),
+            ("http2_max_concurrent_streams", |c| {
+                c.http2_max_concurrent_streams = 0;
+            }),
+            ("max_headers", |c| c.max_headers = 0),
+            ("max_header_list_size", |c| c.max_header_list_size = 100),
+            ("max_header_bytes", |c| c.max_header_bytes = 100),
+        ];
+        for (setting, break_it) in cases {
+            let mut c = ok.clone();
+            break_it(&mut c);
+            let err = c.validate().unwrap_err().to_string();
+            assert!(err.contains(setting), "{err}");
+        }
     }
 }

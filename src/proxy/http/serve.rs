@@ -13,16 +13,18 @@
 use std::convert::Infallible;
 use std::sync::Arc;
 
+use bytes::{Bytes, BytesMut};
 use http::header::HOST;
 use http::{Method, Request, Response, Version};
 use http_body_util::BodyExt;
 use hyper::body::Incoming;
-use hyper_util::rt::{TokioExecutor, TokioIo};
-use tokio::io::AsyncWriteExt;
+use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 use tracing::{debug, info};
 
 use super::deliver::deliver;
+use super::limits::{self, Proto, Watch, Watched, track};
 use super::upstream::passthrough;
 use crate::model::names::{AuthorityInput, HttpVersion};
 use crate::proxy::filters::strip_client_request;
@@ -31,40 +33,69 @@ use crate::resolve::answer::{HEADER_ERROR, MeshAnswer, Reason};
 use crate::resolve::decision::{HttpEntry, RequestDecision, RequestFacts};
 use crate::resolve::resolve_request;
 
-/// Serve HTTP on an accepted connection. The first request head is checked before hyper sees
-/// it, so that bytes that are not HTTP (loopback), a head the parser rejects, or an oversized
-/// head get the mesh's own answer with its reason (addressing.md §11.1).
+/// Serve HTTP on an accepted connection. The first request head is read and checked before
+/// hyper sees it, so that bytes that are not HTTP (loopback), a head the parser rejects, or an
+/// oversized head get the mesh's own answer with its reason (addressing.md §11.1), and a head
+/// that does not arrive whole within the header read timeout of the accept, however it is
+/// dripped, closes the connection. Then every request is served with the head and idle
+/// deadlines of [`limits`].
 pub async fn serve(inputs: Arc<Inputs>, pod: Arc<PodCtx>, mut stream: TcpStream, entry: HttpEntry) {
-    if let Some(reason) = precheck(&inputs, &stream, entry).await {
-        let rendered = MeshAnswer::bare(reason).render();
-        let _ = stream
-            .write_all(&rendered.to_http1(reason.status_text()))
-            .await;
-        let _ = stream.shutdown().await;
-        count(&inputs.stats.answers);
-        return;
-    }
-    let drain = inputs.drain.clone();
-    let service = hyper::service::service_fn(move |req: Request<Incoming>| {
-        let inputs = inputs.clone();
-        let pod = pod.clone();
-        async move {
-            let req = req.map(|b| b.map_err(BoxError::from).boxed());
-            Ok::<_, Infallible>(handle(&inputs, &pod, entry, req).await)
+    let accepted = tokio::time::Instant::now();
+    let deadline = accepted + inputs.settings.header_read_timeout;
+    let (prefix, proto) = match precheck(&inputs, &mut stream, entry, deadline).await {
+        First::Serve(prefix, proto) => (prefix, proto),
+        First::Answer(reason) => {
+            let rendered = MeshAnswer::bare(reason).render();
+            let _ = stream
+                .write_all(&rendered.to_http1(reason.status_text()))
+                .await;
+            let _ = stream.shutdown().await;
+            count(&inputs.stats.answers);
+            return;
         }
-    });
-    let mut builder = hyper_util::server::conn::auto::Builder::new(TokioExecutor::new());
-    builder.http1().timer(hyper_util::rt::TokioTimer::new());
-    builder.http2().timer(hyper_util::rt::TokioTimer::new());
-    let conn = builder.serve_connection_with_upgrades(TokioIo::new(stream), service);
-    let mut conn = std::pin::pin!(conn);
-    let mut draining = drain.subscribe();
-    // Until the daemon drains; then in-flight requests finish and idle connections close.
-    let served = tokio::select! {
-        out = conn.as_mut() => out,
-        () = async { drop(draining.wait_for(|d| *d).await) } => {
-            conn.as_mut().graceful_shutdown();
-            conn.await
+        First::Close => return,
+    };
+    let watch = Watch::new(proto, &inputs.settings, Some(accepted));
+    let io = TokioIo::new(Watched::new(stream, prefix, watch.clone()));
+    let settings = &inputs.settings;
+    let service = {
+        let inputs = inputs.clone();
+        let watch = watch.clone();
+        hyper::service::service_fn(move |req: Request<Incoming>| {
+            let inputs = inputs.clone();
+            let pod = pod.clone();
+            let in_flight = watch.begin(&inputs.stats);
+            async move {
+                let req = req.map(|b| track(b.map_err(BoxError::from).boxed(), &in_flight));
+                let resp = handle(&inputs, &pod, entry, req).await;
+                Ok::<_, Infallible>(resp.map(|b| track(b, &in_flight)))
+            }
+        })
+    };
+    let served = match proto {
+        Proto::Http1 => {
+            let mut builder = hyper::server::conn::http1::Builder::new();
+            builder
+                .timer(TokioTimer::new())
+                // The head deadline is `limits`': hyper's also runs while a kept connection
+                // waits for its next request, which is the idle deadline's business.
+                .header_read_timeout(None)
+                .max_header_size(settings.max_header_bytes);
+            if settings.max_headers != HYPER_MAX_HEADERS {
+                builder.max_headers(settings.max_headers);
+            }
+            let conn = builder.serve_connection(io, service).with_upgrades();
+            let conn = std::pin::pin!(conn);
+            limits::serve(conn, |c| c.graceful_shutdown(), &watch, &inputs).await
+        }
+        Proto::Http2 => {
+            let conn = hyper::server::conn::http2::Builder::new(TokioExecutor::new())
+                .timer(TokioTimer::new())
+                .max_concurrent_streams(settings.http2_max_concurrent_streams)
+                .max_header_list_size(settings.max_header_list_size)
+                .serve_connection(io, service);
+            let conn = std::pin::pin!(conn);
+            limits::serve(conn, |c| c.graceful_shutdown(), &watch, &inputs).await
         }
     };
     if let Err(e) = served {
@@ -72,47 +103,95 @@ pub async fn serve(inputs: Arc<Inputs>, pod: Arc<PodCtx>, mut stream: TcpStream,
     }
 }
 
-/// The first request head: `None` lets hyper serve the connection.
-async fn precheck(inputs: &Inputs, stream: &TcpStream, entry: HttpEntry) -> Option<Reason> {
+/// hyper's own limit of header fields in an HTTP/1 head (kept on the stack; another value costs
+/// an allocation per request).
+const HYPER_MAX_HEADERS: usize = 100;
+
+/// What the first request head of a connection gets.
+enum First {
+    /// hyper serves the connection: the bytes read so far and the protocol.
+    Serve(Bytes, Proto),
+    /// The mesh answers and closes.
+    Answer(Reason),
+    /// Closed without an answer: the client sent nothing and closed, or the head was late.
+    Close,
+}
+
+/// Read the first request head, up to `deadline` (not extended by each byte that arrives):
+/// bytes are read, not peeked, so the client's end of stream is seen at once.
+async fn precheck(
+    inputs: &Inputs,
+    stream: &mut TcpStream,
+    entry: HttpEntry,
+    deadline: tokio::time::Instant,
+) -> First {
     let limit = inputs.settings.max_header_bytes;
-    let mut buf = vec![0u8; limit + 1];
-    // tokio's clock (std's in the daemon), so that a test with a paused clock sees the bound.
-    let deadline = tokio::time::Instant::now() + inputs.settings.sniff_bound;
+    let mut buf = BytesMut::new();
     loop {
-        let n = match tokio::time::timeout_at(deadline, stream.peek(&mut buf)).await {
-            Ok(Ok(0)) | Ok(Err(_)) => return None,
-            Ok(Ok(n)) => n,
-            // Silence: hyper applies its own header timeout.
-            Err(_) => return None,
-        };
-        let bytes = &buf[..n];
-        match sniff::sniff(bytes) {
-            sniff::Verdict::Known(crate::resolve::decision::Sniffed::Http) => {}
-            sniff::Verdict::Known(_) => {
-                return matches!(entry, HttpEntry::Loopback).then_some(Reason::NotHttp);
-            }
-            sniff::Verdict::NeedMore => {
-                if n > limit {
-                    return Some(Reason::HeadersTooLarge);
-                }
-                tokio::time::sleep(std::time::Duration::from_millis(2)).await;
-                continue;
-            }
+        if !buf.is_empty()
+            && let Some(first) = judge(&buf, entry, &inputs.settings)
+        {
+            return match first {
+                Judged::Http(proto) => First::Serve(buf.freeze(), proto),
+                Judged::Answer(reason) => First::Answer(reason),
+            };
         }
-        if bytes.starts_with(sniff::H2_PREFACE) {
-            return None;
-        }
-        let mut headers = [httparse::EMPTY_HEADER; 128];
-        let mut req = httparse::Request::new(&mut headers);
-        match req.parse(bytes) {
-            Ok(httparse::Status::Complete(_)) => return None,
-            Ok(httparse::Status::Partial) if n > limit => return Some(Reason::HeadersTooLarge),
-            Ok(httparse::Status::Partial) => {
-                tokio::time::sleep(std::time::Duration::from_millis(2)).await;
+        // At most one byte over the limit is read: enough to know the head is too large.
+        let room = (limit + 1).saturating_sub(buf.len());
+        buf.reserve(room.min(16 * 1024));
+        let mut window = (&mut *stream).take(u64::try_from(room).unwrap_or(u64::MAX));
+        match tokio::time::timeout_at(deadline, window.read_buf(&mut buf)).await {
+            Err(_) => {
+                count(&inputs.stats.header_timeouts);
+                debug!(entry = ?entry, "first request head not received in time: closed");
+                return First::Close;
             }
-            Err(httparse::Error::TooManyHeaders) => return Some(Reason::HeadersTooLarge),
-            Err(_) => return Some(Reason::BadRequest),
+            Ok(Ok(0)) if buf.is_empty() => return First::Close,
+            // Half a head, then the end of the client's stream.
+            Ok(Ok(0)) => return First::Answer(Reason::BadRequest),
+            Ok(Err(_)) => return First::Close,
+            Ok(Ok(_)) => {}
         }
+    }
+}
+
+/// What the bytes of a first head say so far.
+enum Judged {
+    Http(Proto),
+    Answer(Reason),
+}
+
+/// Judge the bytes of a first head; `None` while more are needed.
+fn judge(bytes: &[u8], entry: HttpEntry, settings: &crate::proxy::ProxySettings) -> Option<Judged> {
+    let limit = settings.max_header_bytes;
+    match sniff::sniff(bytes) {
+        sniff::Verdict::Known(crate::resolve::decision::Sniffed::Http) => {}
+        sniff::Verdict::Known(_) => {
+            return Some(match entry {
+                HttpEntry::Loopback => Judged::Answer(Reason::NotHttp),
+                _ => Judged::Http(Proto::Http1),
+            });
+        }
+        sniff::Verdict::NeedMore => {
+            return (bytes.len() > limit).then_some(Judged::Answer(Reason::HeadersTooLarge));
+        }
+    }
+    if bytes.starts_with(sniff::H2_PREFACE) {
+        return Some(Judged::Http(Proto::Http2));
+    }
+    let mut headers = vec![httparse::EMPTY_HEADER; settings.max_headers];
+    let mut req = httparse::Request::new(&mut headers);
+    match req.parse(bytes) {
+        Ok(httparse::Status::Complete(len)) if len > limit => {
+            Some(Judged::Answer(Reason::HeadersTooLarge))
+        }
+        Ok(httparse::Status::Complete(_)) => Some(Judged::Http(Proto::Http1)),
+        Ok(httparse::Status::Partial) if bytes.len() > limit => {
+            Some(Judged::Answer(Reason::HeadersTooLarge))
+        }
+        Ok(httparse::Status::Partial) => None,
+        Err(httparse::Error::TooManyHeaders) => Some(Judged::Answer(Reason::HeadersTooLarge)),
+        Err(_) => Some(Judged::Answer(Reason::BadRequest)),
     }
 }
 
