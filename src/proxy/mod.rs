@@ -194,6 +194,13 @@ pub struct Stats {
     pub idle_closed: Counter,
     /// Times an HTTP/2 connection reached [`ProxySettings::http2_max_concurrent_streams`].
     pub http2_stream_limit: Counter,
+    /// `400 bad-request` answers: a head the parser rejects, conflicting framing, or a body the
+    /// client broke.
+    pub bad_requests: Counter,
+    /// `431 headers-too-large` answers: a head over [`ProxySettings::max_header_bytes`] or
+    /// [`ProxySettings::max_headers`], a header list over
+    /// [`ProxySettings::max_header_list_size`].
+    pub headers_too_large: Counter,
 }
 
 impl Stats {
@@ -265,6 +272,16 @@ impl Stats {
                 "aether_http2_stream_limit",
                 "Times an HTTP/2 connection reached http2_max_concurrent_streams",
                 &self.http2_stream_limit,
+            ),
+            (
+                "aether_http_bad_requests",
+                "400 bad-request answers: a rejected head, conflicting framing, a broken body",
+                &self.bad_requests,
+            ),
+            (
+                "aether_http_headers_too_large",
+                "431 headers-too-large answers: max_header_bytes, max_headers, max_header_list_size",
+                &self.headers_too_large,
             ),
         ];
         for (name, help, c) in counters {

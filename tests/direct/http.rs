@@ -270,6 +270,112 @@ async fn te_trailers_from_an_http2_client_still_reaches_the_application() {
     assert!(body.lines().any(|l| l == "te: trailers"), "{body}");
 }
 
+// ---- framing and heads the parser rejects (finding 12) ------------------------------------
+
+#[tokio::test]
+async fn a_head_with_both_content_length_and_transfer_encoding_is_refused_400_bad_request() {
+    let w = World::start().await;
+    let raw = format!(
+        "POST / HTTP/1.1\r\nhost: {}\r\ncontent-length: 5\r\ntransfer-encoding: chunked\r\n\
+         connection: close\r\n\r\n5\r\nhello\r\n0\r\n\r\n",
+        name("mp-multi", 8080)
+    );
+    for dial in [w.loopback(), w.capture_service("mp-multi", 8080)] {
+        let a = parse(&exchange(dial, raw.as_bytes()).await);
+        assert_eq!((a.status, a.reason()), (400, Some("bad-request")), "{a:?}");
+        assert_eq!(a.body, "bad-request\nservice: -\nports:\n");
+    }
+    assert_eq!(w.inputs.stats.bad_requests.get(), 2);
+    assert_eq!(w.inputs.stats.deliveries.get(), 0);
+}
+
+#[tokio::test]
+async fn a_malformed_chunked_body_is_the_clients_fault_400_bad_request_not_503() {
+    let w = World::start().await;
+    let raw = format!(
+        "POST / HTTP/1.1\r\nhost: {}\r\ntransfer-encoding: chunked\r\nconnection: close\r\n\r\n\
+         zz\r\nhello\r\n0\r\n\r\n",
+        name("mp-multi", 8080)
+    );
+    let a = parse(&exchange(w.loopback(), raw.as_bytes()).await);
+    assert_eq!((a.status, a.reason()), (400, Some("bad-request")), "{a:?}");
+    assert_eq!(w.inputs.stats.bad_requests.get(), 1);
+}
+
+#[tokio::test]
+async fn a_body_cut_short_of_its_content_length_is_the_clients_fault_400_bad_request() {
+    let w = World::start().await;
+    let raw = format!(
+        "POST / HTTP/1.1\r\nhost: {}\r\ncontent-length: 100\r\n\r\nhello",
+        name("mp-multi", 8080)
+    );
+    let mut s = TcpStream::connect(w.loopback()).await.unwrap();
+    s.write_all(raw.as_bytes()).await.unwrap();
+    s.shutdown().await.unwrap();
+    let got = until_closed(&mut s).await;
+    assert!(!got.is_empty(), "closed without an answer");
+    let a = parse(&got);
+    assert_eq!((a.status, a.reason()), (400, Some("bad-request")), "{a:?}");
+}
+
+#[tokio::test]
+async fn a_first_head_the_parser_would_reject_gets_the_mesh_answer_with_its_reason() {
+    let w = World::start().await;
+    let host = name("mp-multi", 8080);
+    let many: String = (0..101).map(|i| format!("x-h{i}: v\r\n")).collect();
+    let cases = [
+        (
+            format!("GET / HTTP/1.1\r\nhost: {host}\r\n{many}\r\n"),
+            431,
+            "headers-too-large",
+        ),
+        (
+            format!("POST / HTTP/1.1\r\nhost: {host}\r\ncontent-length: abc\r\n\r\n"),
+            400,
+            "bad-request",
+        ),
+        (
+            format!(
+                "POST / HTTP/1.1\r\nhost: {host}\r\ncontent-length: 1\r\ncontent-length: 2\r\n\r\nab"
+            ),
+            400,
+            "bad-request",
+        ),
+        (
+            format!("POST / HTTP/1.1\r\nhost: {host}\r\ntransfer-encoding: gzip\r\n\r\n"),
+            400,
+            "bad-request",
+        ),
+    ];
+    for (raw, status, reason) in cases {
+        let a = parse(&exchange(w.loopback(), raw.as_bytes()).await);
+        assert_eq!(
+            (a.status, a.reason()),
+            (status, Some(reason)),
+            "{raw:?}: {a:?}"
+        );
+    }
+    assert_eq!(w.inputs.stats.headers_too_large.get(), 1);
+    assert_eq!(w.inputs.stats.bad_requests.get(), 3);
+}
+
+#[tokio::test]
+async fn an_http2_header_list_over_the_limit_is_answered_431_headers_too_large() {
+    let w = World::start().await;
+    let req = http::Request::builder()
+        .uri(format!("http://{}/", name("mp-multi", 8080)))
+        .header("x-big", "a".repeat(80 * 1024))
+        .body(Full::new(Bytes::new()))
+        .unwrap();
+    let (parts, body, _conn) = h2(w.loopback(), req).await;
+    assert_eq!(parts.status, 431, "{body:?}");
+    assert_eq!(
+        parts.headers.get("x-aether-error").map(|v| v.as_bytes()),
+        Some(&b"headers-too-large"[..])
+    );
+    assert_eq!(w.inputs.stats.headers_too_large.get(), 1);
+}
+
 // ---- deadlines (finding 4) ---------------------------------------------------------------
 
 #[tokio::test(start_paused = true)]

@@ -45,6 +45,11 @@ pub async fn serve(inputs: Arc<Inputs>, pod: Arc<PodCtx>, mut stream: TcpStream,
     let (prefix, proto) = match precheck(&inputs, &mut stream, entry, deadline).await {
         First::Serve(prefix, proto) => (prefix, proto),
         First::Answer(reason) => {
+            match reason {
+                Reason::BadRequest => count(&inputs.stats.bad_requests),
+                Reason::HeadersTooLarge => count(&inputs.stats.headers_too_large),
+                _ => {}
+            }
             let rendered = MeshAnswer::bare(reason).render();
             let _ = stream
                 .write_all(&rendered.to_http1(reason.status_text()))
@@ -92,7 +97,9 @@ pub async fn serve(inputs: Arc<Inputs>, pod: Arc<PodCtx>, mut stream: TcpStream,
             let conn = hyper::server::conn::http2::Builder::new(TokioExecutor::new())
                 .timer(TokioTimer::new())
                 .max_concurrent_streams(settings.http2_max_concurrent_streams)
-                .max_header_list_size(settings.max_header_list_size)
+                // Up to twice the limit reaches `handle`, which answers `431
+                // headers-too-large` with its reason; h2 itself refuses what is larger.
+                .max_header_list_size(settings.max_header_list_size.saturating_mul(2))
                 .serve_connection(io, service);
             let conn = std::pin::pin!(conn);
             limits::serve(conn, |c| c.graceful_shutdown(), &watch, &inputs).await
@@ -167,10 +174,10 @@ fn judge(bytes: &[u8], entry: HttpEntry, settings: &crate::proxy::ProxySettings)
     match sniff::sniff(bytes) {
         sniff::Verdict::Known(crate::resolve::decision::Sniffed::Http) => {}
         sniff::Verdict::Known(_) => {
-            return Some(match entry {
-                HttpEntry::Loopback => Judged::Answer(Reason::NotHttp),
-                _ => Judged::Http(Proto::Http1),
-            });
+            return Some(Judged::Answer(match entry {
+                HttpEntry::Loopback => Reason::NotHttp,
+                _ => Reason::BadRequest,
+            }));
         }
         sniff::Verdict::NeedMore => {
             return (bytes.len() > limit).then_some(Judged::Answer(Reason::HeadersTooLarge));
@@ -185,13 +192,120 @@ fn judge(bytes: &[u8], entry: HttpEntry, settings: &crate::proxy::ProxySettings)
         Ok(httparse::Status::Complete(len)) if len > limit => {
             Some(Judged::Answer(Reason::HeadersTooLarge))
         }
-        Ok(httparse::Status::Complete(_)) => Some(Judged::Http(Proto::Http1)),
+        Ok(httparse::Status::Complete(_)) => Some(match framing_fault(&req) {
+            Some(fault) => {
+                debug!(fault, "first request head refused");
+                Judged::Answer(Reason::BadRequest)
+            }
+            None => Judged::Http(Proto::Http1),
+        }),
         Ok(httparse::Status::Partial) if bytes.len() > limit => {
             Some(Judged::Answer(Reason::HeadersTooLarge))
         }
         Ok(httparse::Status::Partial) => None,
         Err(httparse::Error::TooManyHeaders) => Some(Judged::Answer(Reason::HeadersTooLarge)),
         Err(_) => Some(Judged::Answer(Reason::BadRequest)),
+    }
+}
+
+/// What is wrong with a complete HTTP/1 head that hyper would refuse, or serve on a framing that
+/// the client may not have meant (RFC 9112 §6.3: a request with both `Content-Length` and
+/// `Transfer-Encoding` is a smuggling attempt or a broken client); `None` when nothing is.
+fn framing_fault(req: &httparse::Request<'_, '_>) -> Option<&'static str> {
+    let field = |name: &'static str| {
+        req.headers
+            .iter()
+            .filter(move |h| h.name.eq_ignore_ascii_case(name))
+            .map(|h| h.value)
+    };
+    if req.path.is_none_or(|p| http::Uri::try_from(p).is_err()) {
+        return Some("request-target");
+    }
+    let mut lengths = field("content-length").peekable();
+    let has_length = lengths.peek().is_some();
+    let mut length = None;
+    for value in lengths {
+        let valid = !value.is_empty() && value.len() <= 19 && value.iter().all(u8::is_ascii_digit);
+        if !valid || length.is_some_and(|l| l != value) {
+            return Some("content-length");
+        }
+        length = Some(value);
+    }
+    let codings: Vec<&[u8]> = field("transfer-encoding")
+        .flat_map(|v| v.split(|b| *b == b','))
+        .map(<[u8]>::trim_ascii)
+        .filter(|c| !c.is_empty())
+        .collect();
+    if let Some(last) = codings.last() {
+        if has_length {
+            return Some("content-length with transfer-encoding");
+        }
+        if req.version == Some(0) {
+            return Some("transfer-encoding in HTTP/1.0");
+        }
+        if !last.eq_ignore_ascii_case(b"chunked") {
+            return Some("transfer-encoding not ending in chunked");
+        }
+    } else if field("transfer-encoding").next().is_some() {
+        return Some("empty transfer-encoding");
+    }
+    None
+}
+
+/// The size of an HTTP/2 request's header list as RFC 9113 §6.5.2 counts it (each field's name
+/// and value, plus 32), pseudo-header fields included.
+fn header_list_size<B>(req: &Request<B>) -> usize {
+    const FIELD: usize = 32;
+    let uri = req.uri();
+    let pseudo = [
+        (":method", req.method().as_str().len()),
+        (":scheme", uri.scheme_str().map_or(0, str::len)),
+        (
+            ":authority",
+            uri.authority().map_or(0, |a| a.as_str().len()),
+        ),
+        (
+            ":path",
+            uri.path_and_query().map_or(0, |p| p.as_str().len()),
+        ),
+    ];
+    let pseudo: usize = pseudo.iter().map(|(n, v)| n.len() + v + FIELD).sum();
+    pseudo
+        + req
+            .headers()
+            .iter()
+            .map(|(n, v)| n.as_str().len() + v.len() + FIELD)
+            .sum::<usize>()
+}
+
+/// A request body that remembers whether it failed: an error of a body hyper reads from the
+/// client is the client's (a malformed chunk, a body cut short of its `Content-Length`).
+struct ClientBody {
+    inner: Body,
+    failed: Arc<std::sync::atomic::AtomicBool>,
+}
+
+impl http_body::Body for ClientBody {
+    type Data = Bytes;
+    type Error = BoxError;
+
+    fn poll_frame(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Option<Result<http_body::Frame<Bytes>, BoxError>>> {
+        let polled = std::pin::Pin::new(&mut self.inner).poll_frame(cx);
+        if let std::task::Poll::Ready(Some(Err(_))) = &polled {
+            self.failed.store(true, std::sync::atomic::Ordering::SeqCst);
+        }
+        polled
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.inner.is_end_stream()
+    }
+
+    fn size_hint(&self) -> http_body::SizeHint {
+        self.inner.size_hint()
     }
 }
 
@@ -272,7 +386,34 @@ pub async fn handle(
     req: Request<Body>,
 ) -> Response<Body> {
     let grpc = respond::is_grpc(req.headers());
-    let mut resp = answer_request(inputs, pod, entry, req).await;
+    let limit = usize::try_from(inputs.settings.max_header_list_size).unwrap_or(usize::MAX);
+    let mut resp = if req.version() == Version::HTTP_2 && header_list_size(&req) > limit {
+        count(&inputs.stats.answers);
+        count(&inputs.stats.headers_too_large);
+        respond::reason(Reason::HeadersTooLarge)
+    } else {
+        let failed = Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let req = req.map(|inner| {
+            ClientBody {
+                inner,
+                failed: failed.clone(),
+            }
+            .boxed()
+        });
+        let resp = answer_request(inputs, pod, entry, req).await;
+        // The client's own body broke the delivery: its fault, not the upstream's
+        // (addressing.md §11.1 `bad-request`), when the answer has not started.
+        let unreachable = resp
+            .headers()
+            .get(HEADER_ERROR)
+            .is_some_and(|r| r == Reason::UpstreamUnreachable.code());
+        if unreachable && failed.load(std::sync::atomic::Ordering::SeqCst) {
+            count(&inputs.stats.bad_requests);
+            respond::reason(Reason::BadRequest)
+        } else {
+            resp
+        }
+    };
     if grpc {
         respond::for_grpc(&mut resp);
     }
@@ -360,5 +501,47 @@ async fn answer_request(
             }
         };
         return resp;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn fault(head: &str) -> Option<&'static str> {
+        let mut headers = [httparse::EMPTY_HEADER; 16];
+        let mut req = httparse::Request::new(&mut headers);
+        assert!(matches!(
+            req.parse(head.as_bytes()),
+            Ok(httparse::Status::Complete(_))
+        ));
+        framing_fault(&req)
+    }
+
+    #[test]
+    fn conflicting_or_invalid_framing_is_a_fault_and_plain_framing_is_not() {
+        let ok = [
+            "GET / HTTP/1.1\r\nhost: a\r\n\r\n",
+            "POST / HTTP/1.1\r\nhost: a\r\ncontent-length: 5\r\ncontent-length: 5\r\n\r\n",
+            "POST / HTTP/1.1\r\nhost: a\r\ntransfer-encoding: gzip, Chunked\r\n\r\n",
+            "OPTIONS * HTTP/1.1\r\nhost: a\r\n\r\n",
+            "CONNECT a:443 HTTP/1.1\r\nhost: a:443\r\n\r\n",
+        ];
+        for head in ok {
+            assert_eq!(fault(head), None, "{head:?}");
+        }
+        let bad = [
+            "POST / HTTP/1.1\r\nhost: a\r\ncontent-length: 5\r\ntransfer-encoding: chunked\r\n\r\n",
+            "POST / HTTP/1.1\r\nhost: a\r\ntransfer-encoding: chunked\r\ncontent-length: 5\r\n\r\n",
+            "POST / HTTP/1.1\r\nhost: a\r\ncontent-length: 5\r\ncontent-length: 6\r\n\r\n",
+            "POST / HTTP/1.1\r\nhost: a\r\ncontent-length: 5, 5\r\n\r\n",
+            "POST / HTTP/1.1\r\nhost: a\r\ncontent-length: -1\r\n\r\n",
+            "POST / HTTP/1.1\r\nhost: a\r\ntransfer-encoding: chunked, gzip\r\n\r\n",
+            "POST / HTTP/1.0\r\nhost: a\r\ntransfer-encoding: chunked\r\n\r\n",
+            "POST / HTTP/1.1\r\nhost: a\r\ntransfer-encoding: \r\n\r\n",
+        ];
+        for head in bad {
+            assert!(fault(head).is_some(), "{head:?}");
+        }
     }
 }
