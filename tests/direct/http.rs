@@ -556,3 +556,20 @@ async fn an_http2_client_at_the_stream_limit_waits_for_a_stream_and_the_limit_is
     }
     assert!(w.inputs.stats.http2_stream_limit.get() >= 1);
 }
+
+// ---- the hop's port (finding 6b, not a defect: docs/decisions.md) -------------------------
+
+#[tokio::test]
+async fn a_pod_ip_dial_is_served_on_the_dialled_port_whatever_port_the_authority_names() {
+    let w = World::start().await;
+    // addressing.md §5.1 Q3 and leg N21 (ii): the hop carries the authority `:9090` to the
+    // pod's port 8080, whose SNI it names; the destination serves 8080, never refuses.
+    let pod = SocketAddr::new(std::net::IpAddr::V4(w.ip(crate::world::MULTI)), 8080);
+    let host = name("mp-multi", 9090);
+    let a = crate::client::get(w.capture(pod), "/", &host, &[]).await;
+    assert_eq!(
+        (a.status, a.reason(), a.body.as_str()),
+        (200, None, "mp-multi:8080\n")
+    );
+    assert_eq!(a.header("x-echo-host"), Some(host.as_str()));
+}
