@@ -131,6 +131,24 @@ struct NodeArgs {
     /// A DNS query over TCP must arrive whole within this long, in milliseconds.
     #[arg(long, env = "AETHER_DNS_TCP_QUERY_TIMEOUT_MS")]
     dns_tcp_query_timeout_ms: Option<u64>,
+    /// The time a client has to send a whole HTTP/1 request head, in milliseconds.
+    #[arg(long, env = "AETHER_HEADER_READ_TIMEOUT_MS")]
+    header_read_timeout_ms: Option<u64>,
+    /// Close an HTTP connection with no request in flight after this long, in seconds.
+    #[arg(long, env = "AETHER_HTTP_IDLE_TIMEOUT_SECS")]
+    http_idle_timeout_secs: Option<u64>,
+    /// The most concurrent streams of one HTTP/2 connection.
+    #[arg(long, env = "AETHER_HTTP2_MAX_CONCURRENT_STREAMS")]
+    http2_max_concurrent_streams: Option<u32>,
+    /// The largest HTTP/2 request header list, in bytes.
+    #[arg(long, env = "AETHER_MAX_HEADER_LIST_SIZE")]
+    max_header_list_size: Option<u32>,
+    /// The largest HTTP/1 request head, in bytes.
+    #[arg(long, env = "AETHER_MAX_HEADER_BYTES")]
+    max_header_bytes: Option<usize>,
+    /// The most header fields of an HTTP/1 request head.
+    #[arg(long, env = "AETHER_MAX_HEADERS")]
+    max_headers: Option<usize>,
 }
 
 #[derive(Debug, clap::Args)]
@@ -684,7 +702,13 @@ fn node_config(args: &NodeArgs) -> anyhow::Result<aether::node::NodeConfig> {
         udp_max_flows_per_pod,
         udp_idle_secs,
         dns_tcp_max_clients,
-        dns_tcp_query_timeout_ms
+        dns_tcp_query_timeout_ms,
+        header_read_timeout_ms,
+        http_idle_timeout_secs,
+        http2_max_concurrent_streams,
+        max_header_list_size,
+        max_header_bytes,
+        max_headers
     );
     macro_rules! set_opt {
         ($($field:ident),*) => {$(

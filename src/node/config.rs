@@ -107,6 +107,19 @@ pub struct NodeConfig {
     /// A DNS query over TCP must arrive whole within this long of its first byte, or the
     /// connection is closed and counted; in milliseconds. Default 5000.
     pub dns_tcp_query_timeout_ms: u64,
+    /// How long a client may take to send a whole HTTP/1 request head, from its first byte (the
+    /// first head: from the accept), in milliseconds; a late head closes the connection.
+    pub header_read_timeout_ms: u64,
+    /// An HTTP connection with no request in flight is closed after this long, in seconds.
+    pub http_idle_timeout_secs: u64,
+    /// The most concurrent streams of one HTTP/2 connection.
+    pub http2_max_concurrent_streams: u32,
+    /// The largest HTTP/2 request header list, in bytes.
+    pub max_header_list_size: u32,
+    /// The largest HTTP/1 request head, in bytes.
+    pub max_header_bytes: usize,
+    /// The most header fields of an HTTP/1 request head.
+    pub max_headers: usize,
 }
 
 impl Default for NodeConfig {
@@ -142,6 +155,12 @@ impl Default for NodeConfig {
             udp_idle_secs: 60,
             dns_tcp_max_clients: 64,
             dns_tcp_query_timeout_ms: 5000,
+            header_read_timeout_ms: 10_000,
+            http_idle_timeout_secs: 300,
+            http2_max_concurrent_streams: 200,
+            max_header_list_size: 64 * 1024,
+            max_header_bytes: 64 * 1024,
+            max_headers: 100,
         }
     }
 }
@@ -226,11 +245,35 @@ impl NodeConfig {
             ("udp_idle_secs", self.udp_idle_secs),
             ("dns_tcp_max_clients", self.dns_tcp_max_clients as u64),
             ("dns_tcp_query_timeout_ms", self.dns_tcp_query_timeout_ms),
+            ("header_read_timeout_ms", self.header_read_timeout_ms),
+            ("http_idle_timeout_secs", self.http_idle_timeout_secs),
+            (
+                "http2_max_concurrent_streams",
+                u64::from(self.http2_max_concurrent_streams),
+            ),
+            (
+                "max_headers",
+                u64::try_from(self.max_headers).unwrap_or(u64::MAX),
+            ),
         ] {
             if value == 0 {
                 return Err(ConfigError::Invalid {
                     setting,
                     message: "must be at least 1".into(),
+                });
+            }
+        }
+        for (setting, value) in [
+            (
+                "max_header_list_size",
+                usize::try_from(self.max_header_list_size).unwrap_or(usize::MAX),
+            ),
+            ("max_header_bytes", self.max_header_bytes),
+        ] {
+            if value < 1024 {
+                return Err(ConfigError::Invalid {
+                    setting,
+                    message: format!("{value} is under 1024 bytes: no real request fits"),
                 });
             }
         }
@@ -269,5 +312,31 @@ mod tests {
         c.mesh_domain = ".x".into();
         assert!(c.validate().is_err());
         std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[test]
+    fn http_limits_that_would_refuse_every_request_are_refused() {
+        let ok = NodeConfig {
+            node_name: "n".into(),
+            ..NodeConfig::default()
+        };
+        ok.validate().unwrap();
+        type Break = fn(&mut NodeConfig);
+        let cases: [(&str, Break); 6] = [
+            ("header_read_timeout_ms", |c| c.header_read_timeout_ms = 0),
+            ("http_idle_timeout_secs", |c| c.http_idle_timeout_secs = 0),
+            ("http2_max_concurrent_streams", |c| {
+                c.http2_max_concurrent_streams = 0;
+            }),
+            ("max_headers", |c| c.max_headers = 0),
+            ("max_header_list_size", |c| c.max_header_list_size = 100),
+            ("max_header_bytes", |c| c.max_header_bytes = 100),
+        ];
+        for (setting, break_it) in cases {
+            let mut c = ok.clone();
+            break_it(&mut c);
+            let err = c.validate().unwrap_err().to_string();
+            assert!(err.contains(setting), "{err}");
+        }
     }
 }

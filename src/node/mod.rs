@@ -201,6 +201,12 @@ pub async fn run(config: NodeConfig) -> Result<(), NodeError> {
             handshake_timeout: Duration::from_millis(config.handshake_timeout_ms),
             udp_idle: Duration::from_secs(config.udp_idle_secs),
             udp_max_flows_per_pod: config.udp_max_flows_per_pod,
+            max_header_bytes: config.max_header_bytes,
+            header_read_timeout: Duration::from_millis(config.header_read_timeout_ms),
+            http_idle_timeout: Duration::from_secs(config.http_idle_timeout_secs),
+            http2_max_concurrent_streams: config.http2_max_concurrent_streams,
+            max_header_list_size: config.max_header_list_size,
+            max_headers: config.max_headers,
             ..ProxySettings::default()
         },
         pool: crate::proxy::hop::Pool::default(),

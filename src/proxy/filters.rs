@@ -38,7 +38,7 @@ pub const MESH_ONLY: [&str; 3] = [AUTHZ_SERVICE, AUTHZ_CALLER, FORWARDED_CLIENT_
 /// The hop-by-hop fields that are not named in `Connection` (RFC 9110 §7.6.1, with the fields
 /// older practice adds: `Keep-Alive`, `Proxy-Connection`, `Transfer-Encoding`, `Trailer`,
 /// and `HTTP2-Settings` of an `h2c` upgrade, RFC 7540 §3.2.1).
-const HOP_BY_HOP: [&str; 8] = [
+pub const HOP_BY_HOP: [&str; 8] = [
     "connection",
     "keep-alive",
     "proxy-connection",

@@ -9,7 +9,7 @@
 //! upgrades through the same destination filters, and spliced with the application's
 //! connection on `101` ([`super::upgrade`]).
 //!
-//! May import: `hop` (names and headers), `filters`, `http::upstream`; nothing imports it but
+//! May import: `hop` (names and headers), `filters`, `http::upstream`, `http::limits`; nothing imports it but
 //! the wiring. Invariants: an SNI the pod does not serve with the hop's class is refused by
 //! closing the handshake; the hop's own `x-aether-` headers never reach the application.
 
@@ -25,6 +25,7 @@ use tokio_rustls::LazyConfigAcceptor;
 use tracing::debug;
 
 use super::hop::{HOP_SERVICES, HOP_VERSION, parse_server_name};
+use super::http::limits::{self, InFlight, Proto, Watch, Watched, track};
 use super::{
     ALPN_H1, ALPN_HTTP, ALPN_L4, ALPN_TCP, Body, BoxError, Inputs, Peer, PodCtx, count, sniff,
 };
@@ -150,7 +151,6 @@ async fn inbound_connection(
         };
         return l4_delivery(inputs, pod, tls, peer, to, class).await;
     }
-    let pod_name = pod.name.clone();
     match class {
         PortProtocol::Tcp => {
             // model.md §12.5 item 2: authorization at connection level, before a byte
@@ -168,43 +168,16 @@ async fn inbound_connection(
             let _ = tokio::io::copy_bidirectional(&mut tls, &mut upstream).await;
         }
         _ => {
-            let h1 = alpn.as_deref() == Some(ALPN_H1);
-            let peer = Arc::new(peer);
-            let drain = inputs.drain.clone();
-            let service = hyper::service::service_fn(move |req| {
-                let inputs = inputs.clone();
-                let pod = pod.clone();
-                let peer = peer.clone();
-                async move {
-                    Ok::<_, std::convert::Infallible>(
-                        inbound_request(&inputs, &pod, &peer, app, client_ip, req).await,
-                    )
-                }
-            });
-            let served = if h1 {
-                hyper::server::conn::http1::Builder::new()
-                    .timer(hyper_util::rt::TokioTimer::new())
-                    .serve_connection(TokioIo::new(tls), service)
-                    .with_upgrades()
-                    .await
-            } else {
-                let conn = hyper::server::conn::http2::Builder::new(TokioExecutor::new())
-                    .timer(hyper_util::rt::TokioTimer::new())
-                    .serve_connection(TokioIo::new(tls), service);
-                let mut conn = std::pin::pin!(conn);
-                let mut draining = drain.subscribe();
-                // On drain: GOAWAY, the streams in flight finish, then the connection closes.
-                tokio::select! {
-                    out = conn.as_mut() => out,
-                    () = async { drop(draining.wait_for(|d| *d).await) } => {
-                        conn.as_mut().graceful_shutdown();
-                        conn.await
-                    }
-                }
-            };
-            if let Err(e) = served {
-                debug!(error = %e, pod = %pod_name, "inbound hop connection ended");
-            }
+            serve_hop_http(
+                inputs,
+                pod,
+                tls,
+                alpn.as_deref() == Some(ALPN_H1),
+                peer,
+                app,
+                client_ip,
+            )
+            .await
         }
     }
 }
@@ -237,6 +210,65 @@ pub fn connection_verdict(
     Ok(())
 }
 
+/// Serve the HTTP of one inbound hop connection (HTTP/2, or HTTP/1.1 for an [`ALPN_H1`] hop)
+/// with the head and idle deadlines of every HTTP server of the daemon ([`limits`]).
+async fn serve_hop_http<T>(
+    inputs: Arc<Inputs>,
+    pod: Arc<PodCtx>,
+    tls: T,
+    h1: bool,
+    peer: Peer,
+    app: SocketAddr,
+    client_ip: IpAddr,
+) where
+    T: tokio::io::AsyncRead + tokio::io::AsyncWrite + Send + Unpin + 'static,
+{
+    let proto = if h1 { Proto::Http1 } else { Proto::Http2 };
+    let watch = Watch::new(proto, &inputs.settings, Some(tokio::time::Instant::now()));
+    let io = TokioIo::new(Watched::new(tls, bytes::Bytes::new(), watch.clone()));
+    let pod_name = pod.name.clone();
+    let peer = Arc::new(peer);
+    let service = {
+        let inputs = inputs.clone();
+        let watch = watch.clone();
+        hyper::service::service_fn(move |req: Request<hyper::body::Incoming>| {
+            let inputs = inputs.clone();
+            let pod = pod.clone();
+            let peer = peer.clone();
+            let in_flight = watch.begin(&inputs.stats);
+            async move {
+                let resp =
+                    inbound_request(&inputs, &pod, &peer, app, client_ip, req, &in_flight).await;
+                Ok::<_, std::convert::Infallible>(resp.map(|b| track(b, &in_flight)))
+            }
+        })
+    };
+    let settings = &inputs.settings;
+    let served = if h1 {
+        let conn = hyper::server::conn::http1::Builder::new()
+            .timer(hyper_util::rt::TokioTimer::new())
+            .header_read_timeout(None)
+            .serve_connection(io, service)
+            .with_upgrades();
+        let conn = std::pin::pin!(conn);
+        limits::serve(conn, |c| c.graceful_shutdown(), &watch, &inputs).await
+    } else {
+        // The source daemon checked the client's head against `max_header_list_size`; the hop
+        // carries it with the mesh's own headers, so it accepts up to twice that.
+        let conn = hyper::server::conn::http2::Builder::new(TokioExecutor::new())
+            .timer(hyper_util::rt::TokioTimer::new())
+            .max_concurrent_streams(settings.http2_max_concurrent_streams)
+            .max_header_list_size(settings.max_header_list_size.saturating_mul(2))
+            .serve_connection(io, service);
+        let conn = std::pin::pin!(conn);
+        // On drain: GOAWAY, the streams in flight finish, then the connection closes.
+        limits::serve(conn, |c| c.graceful_shutdown(), &watch, &inputs).await
+    };
+    if let Err(e) = served {
+        debug!(error = %e, pod = %pod_name, "inbound hop connection ended");
+    }
+}
+
 /// One request arriving over the hop: the destination's filters, then the application. A
 /// request that switches protocols (only on an [`ALPN_H1`] hop) takes the hop's side of the
 /// switch with it, and is spliced with the application's on `101`.
@@ -247,13 +279,14 @@ async fn inbound_request(
     app: SocketAddr,
     client_ip: IpAddr,
     mut req: Request<hyper::body::Incoming>,
+    in_flight: &Arc<InFlight>,
 ) -> Response<Body> {
     let version = match destination_filters(inputs, pod, peer, &mut req).await {
         Ok(v) => v,
         Err(denied) => return denied,
     };
     let client_upgrade = super::upgrade::is_upgrade(&req).then(|| hyper::upgrade::on(&mut req));
-    let req = req.map(|body| body.map_err(BoxError::from).boxed());
+    let req = req.map(|body| track(body.map_err(BoxError::from).boxed(), in_flight));
     super::http::to_app(inputs, pod, app, client_ip, version, req, client_upgrade).await
 }
 

@@ -4,7 +4,7 @@
 //!
 //! Imports inside the data plane run one way (issue #7 §7): `outbound` → `http` (`serve` →
 //! `deliver` → `mirror`, `upstream`) → `filters` → `mesh_call` → `hop` → `socket`; `inbound`
-//! (the hop's destination side) → `filters`, `http::upstream`. `respond`, `sniff`, `upgrade`
+//! (the hop's destination side) → `filters`, `http::upstream`, `http::limits`. `respond`, `sniff`, `upgrade`
 //! and `app_pool` import none of them. Sockets of a pod come from its [`socket`] factory.
 
 pub mod app_pool;
@@ -127,6 +127,20 @@ pub struct ProxySettings {
     /// dropped and counted in `aether_udp_flows_refused_total`, while the open flows keep
     /// working (node setting `udp_max_flows_per_pod`, default 1024).
     pub udp_max_flows_per_pod: usize,
+    /// How long a client may take to send a whole HTTP/1 request head, from its first byte (the
+    /// first head of a connection: from the accept). A late head closes the connection.
+    pub header_read_timeout: Duration,
+    /// An HTTP connection (HTTP/1 keep-alive or HTTP/2) with no request in flight is closed
+    /// after this long; HTTP/2 with GOAWAY.
+    pub http_idle_timeout: Duration,
+    /// The most streams a peer may have open at once on one HTTP/2 connection
+    /// (`SETTINGS_MAX_CONCURRENT_STREAMS`).
+    pub http2_max_concurrent_streams: u32,
+    /// The largest HTTP/2 request header list accepted (RFC 9113 §6.5.2: names, values and 32
+    /// bytes per field).
+    pub max_header_list_size: u32,
+    /// The most header fields an HTTP/1 request head may have.
+    pub max_headers: usize,
 }
 
 impl Default for ProxySettings {
@@ -143,6 +157,11 @@ impl Default for ProxySettings {
             max_connections_per_pod: 20_000,
             handshake_timeout: Duration::from_secs(10),
             udp_max_flows_per_pod: 1024,
+            header_read_timeout: Duration::from_secs(10),
+            http_idle_timeout: Duration::from_secs(300),
+            http2_max_concurrent_streams: 200,
+            max_header_list_size: 64 * 1024,
+            max_headers: 100,
         }
     }
 }
@@ -215,6 +234,20 @@ pub struct Stats {
     pub udp_flows: Gauge,
     /// Datagrams dropped because their pod had `udp_max_flows_per_pod` flows open.
     pub udp_flows_refused: Counter,
+    /// HTTP connections closed because a request head did not arrive whole within
+    /// [`ProxySettings::header_read_timeout`].
+    pub header_timeouts: Counter,
+    /// HTTP connections closed after [`ProxySettings::http_idle_timeout`] with no request.
+    pub idle_closed: Counter,
+    /// Times an HTTP/2 connection reached [`ProxySettings::http2_max_concurrent_streams`].
+    pub http2_stream_limit: Counter,
+    /// `400 bad-request` answers: a head the parser rejects, conflicting framing, or a body the
+    /// client broke.
+    pub bad_requests: Counter,
+    /// `431 headers-too-large` answers: a head over [`ProxySettings::max_header_bytes`] or
+    /// [`ProxySettings::max_headers`], a header list over
+    /// [`ProxySettings::max_header_list_size`].
+    pub headers_too_large: Counter,
 }
 
 impl Stats {
@@ -296,6 +329,31 @@ impl Stats {
                 "aether_upgrades",
                 "Upgraded connections spliced after 101 Switching Protocols",
                 &self.upgrades,
+            ),
+            (
+                "aether_http_header_timeouts",
+                "HTTP connections closed: a request head not received within header_read_timeout",
+                &self.header_timeouts,
+            ),
+            (
+                "aether_http_idle_closed",
+                "HTTP connections closed after http_idle_timeout with no request in flight",
+                &self.idle_closed,
+            ),
+            (
+                "aether_http2_stream_limit",
+                "Times an HTTP/2 connection reached http2_max_concurrent_streams",
+                &self.http2_stream_limit,
+            ),
+            (
+                "aether_http_bad_requests",
+                "400 bad-request answers: a rejected head, conflicting framing, a broken body",
+                &self.bad_requests,
+            ),
+            (
+                "aether_http_headers_too_large",
+                "431 headers-too-large answers: max_header_bytes, max_headers, max_header_list_size",
+                &self.headers_too_large,
             ),
         ];
         for (name, help, c) in counters {

@@ -7,14 +7,18 @@
 //! assertions are about which deadline closed the connection, not about speed.
 
 use std::net::SocketAddr;
+use std::time::Duration;
 
 use bytes::Bytes;
 use http_body_util::{BodyExt, Full};
 use hyper_util::rt::{TokioExecutor, TokioIo};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
+use tokio::time::Instant;
 
 use crate::client::{Answer, exchange, parse};
+use aether::proxy::ProxySettings;
+
 use crate::world::{MESH, World};
 
 fn name(service: &str, port: u16) -> String {
@@ -231,7 +235,7 @@ async fn an_upgrade_the_mesh_carries_is_still_switched_and_spliced() {
 /// dropped) and its task (it ends when the connection closes).
 struct H2Client {
     _send: hyper::client::conn::http2::SendRequest<Full<Bytes>>,
-    _conn: tokio::task::JoinHandle<Result<(), hyper::Error>>,
+    conn: tokio::task::JoinHandle<Result<(), hyper::Error>>,
 }
 
 /// An HTTP/2 (prior knowledge) request to `addr`: the response head and body, and the
@@ -249,14 +253,7 @@ async fn h2(
     let resp = send.send_request(req).await.unwrap();
     let (parts, body) = resp.into_parts();
     let body = body.collect().await.unwrap().to_bytes();
-    (
-        parts,
-        body,
-        H2Client {
-            _send: send,
-            _conn: conn,
-        },
-    )
+    (parts, body, H2Client { _send: send, conn })
 }
 
 #[tokio::test]
@@ -271,4 +268,308 @@ async fn te_trailers_from_an_http2_client_still_reaches_the_application() {
     let body = String::from_utf8_lossy(&body);
     assert_eq!(parts.status, 200, "{body}");
     assert!(body.lines().any(|l| l == "te: trailers"), "{body}");
+}
+
+// ---- framing and heads the parser rejects (finding 12) ------------------------------------
+
+#[tokio::test]
+async fn a_head_with_both_content_length_and_transfer_encoding_is_refused_400_bad_request() {
+    let w = World::start().await;
+    let raw = format!(
+        "POST / HTTP/1.1\r\nhost: {}\r\ncontent-length: 5\r\ntransfer-encoding: chunked\r\n\
+         connection: close\r\n\r\n5\r\nhello\r\n0\r\n\r\n",
+        name("mp-multi", 8080)
+    );
+    for dial in [w.loopback(), w.capture_service("mp-multi", 8080)] {
+        let a = parse(&exchange(dial, raw.as_bytes()).await);
+        assert_eq!((a.status, a.reason()), (400, Some("bad-request")), "{a:?}");
+        assert_eq!(a.body, "bad-request\nservice: -\nports:\n");
+    }
+    assert_eq!(w.inputs.stats.bad_requests.get(), 2);
+    assert_eq!(w.inputs.stats.deliveries.get(), 0);
+}
+
+#[tokio::test]
+async fn a_malformed_chunked_body_is_the_clients_fault_400_bad_request_not_503() {
+    let w = World::start().await;
+    let raw = format!(
+        "POST / HTTP/1.1\r\nhost: {}\r\ntransfer-encoding: chunked\r\nconnection: close\r\n\r\n\
+         zz\r\nhello\r\n0\r\n\r\n",
+        name("mp-multi", 8080)
+    );
+    let a = parse(&exchange(w.loopback(), raw.as_bytes()).await);
+    assert_eq!((a.status, a.reason()), (400, Some("bad-request")), "{a:?}");
+    assert_eq!(w.inputs.stats.bad_requests.get(), 1);
+}
+
+#[tokio::test]
+async fn a_body_cut_short_of_its_content_length_is_the_clients_fault_400_bad_request() {
+    let w = World::start().await;
+    let raw = format!(
+        "POST / HTTP/1.1\r\nhost: {}\r\ncontent-length: 100\r\n\r\nhello",
+        name("mp-multi", 8080)
+    );
+    let mut s = TcpStream::connect(w.loopback()).await.unwrap();
+    s.write_all(raw.as_bytes()).await.unwrap();
+    s.shutdown().await.unwrap();
+    let got = until_closed(&mut s).await;
+    assert!(!got.is_empty(), "closed without an answer");
+    let a = parse(&got);
+    assert_eq!((a.status, a.reason()), (400, Some("bad-request")), "{a:?}");
+}
+
+#[tokio::test]
+async fn a_first_head_the_parser_would_reject_gets_the_mesh_answer_with_its_reason() {
+    let w = World::start().await;
+    let host = name("mp-multi", 8080);
+    let many: String = (0..101).map(|i| format!("x-h{i}: v\r\n")).collect();
+    let cases = [
+        (
+            format!("GET / HTTP/1.1\r\nhost: {host}\r\n{many}\r\n"),
+            431,
+            "headers-too-large",
+        ),
+        (
+            format!("POST / HTTP/1.1\r\nhost: {host}\r\ncontent-length: abc\r\n\r\n"),
+            400,
+            "bad-request",
+        ),
+        (
+            format!(
+                "POST / HTTP/1.1\r\nhost: {host}\r\ncontent-length: 1\r\ncontent-length: 2\r\n\r\nab"
+            ),
+            400,
+            "bad-request",
+        ),
+        (
+            format!("POST / HTTP/1.1\r\nhost: {host}\r\ntransfer-encoding: gzip\r\n\r\n"),
+            400,
+            "bad-request",
+        ),
+    ];
+    for (raw, status, reason) in cases {
+        let a = parse(&exchange(w.loopback(), raw.as_bytes()).await);
+        assert_eq!(
+            (a.status, a.reason()),
+            (status, Some(reason)),
+            "{raw:?}: {a:?}"
+        );
+    }
+    assert_eq!(w.inputs.stats.headers_too_large.get(), 1);
+    assert_eq!(w.inputs.stats.bad_requests.get(), 3);
+}
+
+#[tokio::test]
+async fn an_http2_header_list_over_the_limit_is_answered_431_headers_too_large() {
+    let w = World::start().await;
+    let req = http::Request::builder()
+        .uri(format!("http://{}/", name("mp-multi", 8080)))
+        .header("x-big", "a".repeat(80 * 1024))
+        .body(Full::new(Bytes::new()))
+        .unwrap();
+    let (parts, body, _conn) = h2(w.loopback(), req).await;
+    assert_eq!(parts.status, 431, "{body:?}");
+    assert_eq!(
+        parts.headers.get("x-aether-error").map(|v| v.as_bytes()),
+        Some(&b"headers-too-large"[..])
+    );
+    assert_eq!(w.inputs.stats.headers_too_large.get(), 1);
+}
+
+// ---- deadlines (finding 4) ---------------------------------------------------------------
+
+#[tokio::test(start_paused = true)]
+async fn a_dripped_first_head_is_cut_at_the_header_read_timeout_not_reset_by_each_byte() {
+    let w = World::start().await;
+    let deadline = Duration::from_secs(10);
+    let s = TcpStream::connect(w.loopback()).await.unwrap();
+    let (mut rd, mut wr) = s.into_split();
+    let head = format!(
+        "GET / HTTP/1.1\r\nhost: {}\r\nx-pad: {}\r\n\r\n",
+        name("mp-multi", 8080),
+        "a".repeat(200)
+    );
+    let started = Instant::now();
+    tokio::spawn(async move {
+        for b in head.bytes() {
+            if wr.write_all(&[b]).await.is_err() {
+                return;
+            }
+            tokio::time::sleep(Duration::from_millis(300)).await;
+        }
+    });
+    let mut got = Vec::new();
+    let _ = tokio::time::timeout(Duration::from_secs(600), rd.read_to_end(&mut got)).await;
+    let took = started.elapsed();
+    assert!(
+        took >= deadline && took < deadline + Duration::from_millis(300),
+        "closed after {took:?}"
+    );
+    assert!(got.is_empty(), "{:?}", String::from_utf8_lossy(&got));
+    assert_eq!(w.inputs.stats.header_timeouts.get(), 1);
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_client_that_sends_half_a_head_then_closes_is_answered_and_released_at_once() {
+    let w = World::start().await;
+    let mut s = TcpStream::connect(w.loopback()).await.unwrap();
+    let started = Instant::now();
+    s.write_all(b"GET / HTTP/1.1\r\nhost: mp-mu").await.unwrap();
+    s.shutdown().await.unwrap();
+    let got = tokio::time::timeout(Duration::from_secs(60), until_closed(&mut s))
+        .await
+        .expect("the connection is released");
+    let took = started.elapsed();
+    assert!(took < Duration::from_millis(100), "released after {took:?}");
+    let a = parse(&got);
+    assert_eq!((a.status, a.reason()), (400, Some("bad-request")), "{a:?}");
+}
+
+#[tokio::test(start_paused = true)]
+async fn an_idle_keep_alive_connection_is_closed_at_the_idle_timeout() {
+    let w = World::start().await;
+    let idle = Duration::from_secs(300);
+    let mut s = TcpStream::connect(w.loopback()).await.unwrap();
+    let raw = format!("GET / HTTP/1.1\r\nhost: {}\r\n\r\n", name("mp-multi", 8080));
+    s.write_all(raw.as_bytes()).await.unwrap();
+    let a = response(&mut s).await.expect("an answer");
+    assert_eq!(a.status, 200);
+    let started = Instant::now();
+    let rest = until_closed(&mut s).await;
+    let took = started.elapsed();
+    assert!(
+        took >= idle && took < idle + Duration::from_secs(1),
+        "closed after {took:?}"
+    );
+    assert!(rest.is_empty(), "{:?}", String::from_utf8_lossy(&rest));
+    assert!(w.inputs.stats.idle_closed.get() >= 1);
+    assert_eq!(w.inputs.stats.header_timeouts.get(), 0);
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_slow_later_head_on_a_kept_connection_is_cut_at_the_header_read_timeout() {
+    let w = World::start().await;
+    let deadline = Duration::from_secs(10);
+    let host = name("mp-multi", 8080);
+    let mut s = TcpStream::connect(w.loopback()).await.unwrap();
+    s.write_all(format!("GET / HTTP/1.1\r\nhost: {host}\r\n\r\n").as_bytes())
+        .await
+        .unwrap();
+    assert_eq!(response(&mut s).await.expect("an answer").status, 200);
+    tokio::time::sleep(Duration::from_secs(5)).await;
+    let started = Instant::now();
+    s.write_all(b"GET / HTTP/1.1\r\nhost: ").await.unwrap();
+    let rest = until_closed(&mut s).await;
+    let took = started.elapsed();
+    assert!(
+        took >= deadline && took < deadline + Duration::from_secs(1),
+        "closed {took:?} after the head began"
+    );
+    assert!(rest.is_empty(), "{:?}", String::from_utf8_lossy(&rest));
+    assert_eq!(w.inputs.stats.header_timeouts.get(), 1);
+    assert_eq!(w.inputs.stats.idle_closed.get(), 0);
+}
+
+#[tokio::test(start_paused = true)]
+async fn an_idle_http2_connection_is_closed_at_the_idle_timeout() {
+    let w = World::start().await;
+    let idle = Duration::from_secs(300);
+    let req = http::Request::builder()
+        .uri(format!("http://{}/", name("mp-multi", 8080)))
+        .body(Full::new(Bytes::new()))
+        .unwrap();
+    let (parts, body, conn) = h2(w.loopback(), req).await;
+    assert_eq!(
+        (parts.status.as_u16(), &body[..]),
+        (200, &b"mp-multi:8080\n"[..])
+    );
+    let started = Instant::now();
+    let ended = tokio::time::timeout(Duration::from_secs(3600), conn.conn).await;
+    let took = started.elapsed();
+    assert!(ended.is_ok(), "still open after {took:?}");
+    assert!(
+        took >= idle && took < idle + Duration::from_secs(1),
+        "closed after {took:?}"
+    );
+}
+
+#[tokio::test(start_paused = true)]
+async fn an_idle_mesh_hop_connection_is_closed_by_the_destination_at_the_idle_timeout() {
+    let w = World::start().await;
+    let a = crate::client::get(w.loopback(), "/", &name("mp-multi", 8080), &[]).await;
+    assert_eq!(a.status, 200);
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    // The loopback connection is closed; the pooled hop connection stays open, idle.
+    assert_eq!(w.inputs.stats.active.get(), 1, "the hop connection");
+    tokio::time::sleep(Duration::from_secs(300)).await;
+    assert_eq!(
+        w.inputs.stats.active.get(),
+        0,
+        "the idle hop connection is closed"
+    );
+    assert_eq!(w.inputs.stats.idle_closed.get(), 1);
+    // The next request opens a new one.
+    let a = crate::client::get(w.loopback(), "/", &name("mp-multi", 8080), &[]).await;
+    assert_eq!((a.status, a.body.as_str()), (200, "mp-multi:8080\n"));
+}
+
+#[tokio::test]
+async fn an_http2_client_at_the_stream_limit_waits_for_a_stream_and_the_limit_is_counted() {
+    let w = World::with_settings(ProxySettings {
+        http2_max_concurrent_streams: 2,
+        ..ProxySettings::default()
+    })
+    .await;
+    let stream = TcpStream::connect(w.loopback()).await.unwrap();
+    let (send, conn) =
+        hyper::client::conn::http2::handshake(TokioExecutor::new(), TokioIo::new(stream))
+            .await
+            .unwrap();
+    tokio::spawn(conn);
+    let req = |delay: &str| {
+        http::Request::builder()
+            .uri(format!("http://{}/", name("mp-guarded", 8080)))
+            .header("x-authz-delay-ms", delay)
+            .body(Full::new(Bytes::new()))
+            .unwrap()
+    };
+    // One request first, so that the client has the server's SETTINGS (a stream over the limit
+    // sent before them is refused, RFC 9113 §5.1.2).
+    let mut first = send.clone();
+    assert_eq!(first.send_request(req("0")).await.unwrap().status(), 200);
+    // Each request's authorization check is answered after 200 ms, so they overlap.
+    let requests: Vec<_> = (0..3)
+        .map(|_| {
+            let mut send = send.clone();
+            let req = req("200");
+            tokio::spawn(async move {
+                let resp = send.send_request(req).await.unwrap();
+                let status = resp.status().as_u16();
+                let body = resp.into_body().collect().await.unwrap().to_bytes();
+                (status, body)
+            })
+        })
+        .collect();
+    for r in requests {
+        let (status, body) = r.await.unwrap();
+        assert_eq!((status, &body[..]), (200, &b"mp-guarded:8080\n"[..]));
+    }
+    assert!(w.inputs.stats.http2_stream_limit.get() >= 1);
+}
+
+// ---- the hop's port (finding 6b, not a defect: docs/decisions.md) -------------------------
+
+#[tokio::test]
+async fn a_pod_ip_dial_is_served_on_the_dialled_port_whatever_port_the_authority_names() {
+    let w = World::start().await;
+    // addressing.md §5.1 Q3 and leg N21 (ii): the hop carries the authority `:9090` to the
+    // pod's port 8080, whose SNI it names; the destination serves 8080, never refuses.
+    let pod = SocketAddr::new(std::net::IpAddr::V4(w.ip(crate::world::MULTI)), 8080);
+    let host = name("mp-multi", 9090);
+    let a = crate::client::get(w.capture(pod), "/", &host, &[]).await;
+    assert_eq!(
+        (a.status, a.reason(), a.body.as_str()),
+        (200, None, "mp-multi:8080\n")
+    );
+    assert_eq!(a.header("x-echo-host"), Some(host.as_str()));
 }

@@ -11,11 +11,13 @@
 //! | [`deliver`] | the source side of a delivery: route filters, service header mutation, the hop | `mirror`, `upstream`, `filters`, `hop` |
 //! | [`mirror`] | `RequestMirror` copies, fire-and-forget | [`super::mesh_call`] |
 //! | [`upstream`] | a plain HTTP upstream: passthrough, and the application behind the hop | `app_pool`, `upgrade`, `socket` |
+//! | [`limits`] | the head and idle deadlines of a served connection (also the inbound hop's) | nothing of `http` |
 //!
 //! A request the mesh makes itself (an `ext_authz` check, a mirror copy) is
 //! [`super::mesh_call`], which imports neither this module nor the filters.
 
 pub mod deliver;
+pub mod limits;
 pub mod mirror;
 pub mod serve;
 pub mod upstream;

@@ -13,16 +13,18 @@
 use std::convert::Infallible;
 use std::sync::Arc;
 
+use bytes::{Bytes, BytesMut};
 use http::header::HOST;
 use http::{Method, Request, Response, Version};
 use http_body_util::BodyExt;
 use hyper::body::Incoming;
-use hyper_util::rt::{TokioExecutor, TokioIo};
-use tokio::io::AsyncWriteExt;
+use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 use tracing::{debug, info};
 
 use super::deliver::deliver;
+use super::limits::{self, Proto, Watch, Watched, track};
 use super::upstream::passthrough;
 use crate::model::names::{AuthorityInput, HttpVersion};
 use crate::proxy::filters::strip_client_request;
@@ -31,40 +33,76 @@ use crate::resolve::answer::{HEADER_ERROR, MeshAnswer, Reason};
 use crate::resolve::decision::{HttpEntry, RequestDecision, RequestFacts};
 use crate::resolve::resolve_request;
 
-/// Serve HTTP on an accepted connection. The first request head is checked before hyper sees
-/// it, so that bytes that are not HTTP (loopback), a head the parser rejects, or an oversized
-/// head get the mesh's own answer with its reason (addressing.md §11.1).
+/// Serve HTTP on an accepted connection. The first request head is read and checked before
+/// hyper sees it, so that bytes that are not HTTP (loopback), a head the parser rejects, or an
+/// oversized head get the mesh's own answer with its reason (addressing.md §11.1), and a head
+/// that does not arrive whole within the header read timeout of the accept, however it is
+/// dripped, closes the connection. Then every request is served with the head and idle
+/// deadlines of [`limits`].
 pub async fn serve(inputs: Arc<Inputs>, pod: Arc<PodCtx>, mut stream: TcpStream, entry: HttpEntry) {
-    if let Some(reason) = precheck(&inputs, &stream, entry).await {
-        let rendered = MeshAnswer::bare(reason).render();
-        let _ = stream
-            .write_all(&rendered.to_http1(reason.status_text()))
-            .await;
-        let _ = stream.shutdown().await;
-        count(&inputs.stats.answers);
-        return;
-    }
-    let drain = inputs.drain.clone();
-    let service = hyper::service::service_fn(move |req: Request<Incoming>| {
-        let inputs = inputs.clone();
-        let pod = pod.clone();
-        async move {
-            let req = req.map(|b| b.map_err(BoxError::from).boxed());
-            Ok::<_, Infallible>(handle(&inputs, &pod, entry, req).await)
+    let accepted = tokio::time::Instant::now();
+    let deadline = accepted + inputs.settings.header_read_timeout;
+    let (prefix, proto) = match precheck(&inputs, &mut stream, entry, deadline).await {
+        First::Serve(prefix, proto) => (prefix, proto),
+        First::Answer(reason) => {
+            match reason {
+                Reason::BadRequest => count(&inputs.stats.bad_requests),
+                Reason::HeadersTooLarge => count(&inputs.stats.headers_too_large),
+                _ => {}
+            }
+            let rendered = MeshAnswer::bare(reason).render();
+            let _ = stream
+                .write_all(&rendered.to_http1(reason.status_text()))
+                .await;
+            let _ = stream.shutdown().await;
+            count(&inputs.stats.answers);
+            return;
         }
-    });
-    let mut builder = hyper_util::server::conn::auto::Builder::new(TokioExecutor::new());
-    builder.http1().timer(hyper_util::rt::TokioTimer::new());
-    builder.http2().timer(hyper_util::rt::TokioTimer::new());
-    let conn = builder.serve_connection_with_upgrades(TokioIo::new(stream), service);
-    let mut conn = std::pin::pin!(conn);
-    let mut draining = drain.subscribe();
-    // Until the daemon drains; then in-flight requests finish and idle connections close.
-    let served = tokio::select! {
-        out = conn.as_mut() => out,
-        () = async { drop(draining.wait_for(|d| *d).await) } => {
-            conn.as_mut().graceful_shutdown();
-            conn.await
+        First::Close => return,
+    };
+    let watch = Watch::new(proto, &inputs.settings, Some(accepted));
+    let io = TokioIo::new(Watched::new(stream, prefix, watch.clone()));
+    let settings = &inputs.settings;
+    let service = {
+        let inputs = inputs.clone();
+        let watch = watch.clone();
+        hyper::service::service_fn(move |req: Request<Incoming>| {
+            let inputs = inputs.clone();
+            let pod = pod.clone();
+            let in_flight = watch.begin(&inputs.stats);
+            async move {
+                let req = req.map(|b| track(b.map_err(BoxError::from).boxed(), &in_flight));
+                let resp = handle(&inputs, &pod, entry, req).await;
+                Ok::<_, Infallible>(resp.map(|b| track(b, &in_flight)))
+            }
+        })
+    };
+    let served = match proto {
+        Proto::Http1 => {
+            let mut builder = hyper::server::conn::http1::Builder::new();
+            builder
+                .timer(TokioTimer::new())
+                // The head deadline is `limits`': hyper's also runs while a kept connection
+                // waits for its next request, which is the idle deadline's business.
+                .header_read_timeout(None)
+                .max_header_size(settings.max_header_bytes);
+            if settings.max_headers != HYPER_MAX_HEADERS {
+                builder.max_headers(settings.max_headers);
+            }
+            let conn = builder.serve_connection(io, service).with_upgrades();
+            let conn = std::pin::pin!(conn);
+            limits::serve(conn, |c| c.graceful_shutdown(), &watch, &inputs).await
+        }
+        Proto::Http2 => {
+            let conn = hyper::server::conn::http2::Builder::new(TokioExecutor::new())
+                .timer(TokioTimer::new())
+                .max_concurrent_streams(settings.http2_max_concurrent_streams)
+                // Up to twice the limit reaches `handle`, which answers `431
+                // headers-too-large` with its reason; h2 itself refuses what is larger.
+                .max_header_list_size(settings.max_header_list_size.saturating_mul(2))
+                .serve_connection(io, service);
+            let conn = std::pin::pin!(conn);
+            limits::serve(conn, |c| c.graceful_shutdown(), &watch, &inputs).await
         }
     };
     if let Err(e) = served {
@@ -72,47 +110,202 @@ pub async fn serve(inputs: Arc<Inputs>, pod: Arc<PodCtx>, mut stream: TcpStream,
     }
 }
 
-/// The first request head: `None` lets hyper serve the connection.
-async fn precheck(inputs: &Inputs, stream: &TcpStream, entry: HttpEntry) -> Option<Reason> {
+/// hyper's own limit of header fields in an HTTP/1 head (kept on the stack; another value costs
+/// an allocation per request).
+const HYPER_MAX_HEADERS: usize = 100;
+
+/// What the first request head of a connection gets.
+enum First {
+    /// hyper serves the connection: the bytes read so far and the protocol.
+    Serve(Bytes, Proto),
+    /// The mesh answers and closes.
+    Answer(Reason),
+    /// Closed without an answer: the client sent nothing and closed, or the head was late.
+    Close,
+}
+
+/// Read the first request head, up to `deadline` (not extended by each byte that arrives):
+/// bytes are read, not peeked, so the client's end of stream is seen at once.
+async fn precheck(
+    inputs: &Inputs,
+    stream: &mut TcpStream,
+    entry: HttpEntry,
+    deadline: tokio::time::Instant,
+) -> First {
     let limit = inputs.settings.max_header_bytes;
-    let mut buf = vec![0u8; limit + 1];
-    // tokio's clock (std's in the daemon), so that a test with a paused clock sees the bound.
-    let deadline = tokio::time::Instant::now() + inputs.settings.sniff_bound;
+    let mut buf = BytesMut::new();
     loop {
-        let n = match tokio::time::timeout_at(deadline, stream.peek(&mut buf)).await {
-            Ok(Ok(0)) | Ok(Err(_)) => return None,
-            Ok(Ok(n)) => n,
-            // Silence: hyper applies its own header timeout.
-            Err(_) => return None,
-        };
-        let bytes = &buf[..n];
-        match sniff::sniff(bytes) {
-            sniff::Verdict::Known(crate::resolve::decision::Sniffed::Http) => {}
-            sniff::Verdict::Known(_) => {
-                return matches!(entry, HttpEntry::Loopback).then_some(Reason::NotHttp);
-            }
-            sniff::Verdict::NeedMore => {
-                if n > limit {
-                    return Some(Reason::HeadersTooLarge);
-                }
-                tokio::time::sleep(std::time::Duration::from_millis(2)).await;
-                continue;
-            }
+        if !buf.is_empty()
+            && let Some(first) = judge(&buf, entry, &inputs.settings)
+        {
+            return match first {
+                Judged::Http(proto) => First::Serve(buf.freeze(), proto),
+                Judged::Answer(reason) => First::Answer(reason),
+            };
         }
-        if bytes.starts_with(sniff::H2_PREFACE) {
-            return None;
-        }
-        let mut headers = [httparse::EMPTY_HEADER; 128];
-        let mut req = httparse::Request::new(&mut headers);
-        match req.parse(bytes) {
-            Ok(httparse::Status::Complete(_)) => return None,
-            Ok(httparse::Status::Partial) if n > limit => return Some(Reason::HeadersTooLarge),
-            Ok(httparse::Status::Partial) => {
-                tokio::time::sleep(std::time::Duration::from_millis(2)).await;
+        // At most one byte over the limit is read: enough to know the head is too large.
+        let room = (limit + 1).saturating_sub(buf.len());
+        buf.reserve(room.min(16 * 1024));
+        let mut window = (&mut *stream).take(u64::try_from(room).unwrap_or(u64::MAX));
+        match tokio::time::timeout_at(deadline, window.read_buf(&mut buf)).await {
+            Err(_) => {
+                count(&inputs.stats.header_timeouts);
+                debug!(entry = ?entry, "first request head not received in time: closed");
+                return First::Close;
             }
-            Err(httparse::Error::TooManyHeaders) => return Some(Reason::HeadersTooLarge),
-            Err(_) => return Some(Reason::BadRequest),
+            Ok(Ok(0)) if buf.is_empty() => return First::Close,
+            // Half a head, then the end of the client's stream.
+            Ok(Ok(0)) => return First::Answer(Reason::BadRequest),
+            Ok(Err(_)) => return First::Close,
+            Ok(Ok(_)) => {}
         }
+    }
+}
+
+/// What the bytes of a first head say so far.
+enum Judged {
+    Http(Proto),
+    Answer(Reason),
+}
+
+/// Judge the bytes of a first head; `None` while more are needed.
+fn judge(bytes: &[u8], entry: HttpEntry, settings: &crate::proxy::ProxySettings) -> Option<Judged> {
+    let limit = settings.max_header_bytes;
+    match sniff::sniff(bytes) {
+        sniff::Verdict::Known(crate::resolve::decision::Sniffed::Http) => {}
+        sniff::Verdict::Known(_) => {
+            return Some(Judged::Answer(match entry {
+                HttpEntry::Loopback => Reason::NotHttp,
+                _ => Reason::BadRequest,
+            }));
+        }
+        sniff::Verdict::NeedMore => {
+            return (bytes.len() > limit).then_some(Judged::Answer(Reason::HeadersTooLarge));
+        }
+    }
+    if bytes.starts_with(sniff::H2_PREFACE) {
+        return Some(Judged::Http(Proto::Http2));
+    }
+    let mut headers = vec![httparse::EMPTY_HEADER; settings.max_headers];
+    let mut req = httparse::Request::new(&mut headers);
+    match req.parse(bytes) {
+        Ok(httparse::Status::Complete(len)) if len > limit => {
+            Some(Judged::Answer(Reason::HeadersTooLarge))
+        }
+        Ok(httparse::Status::Complete(_)) => Some(match framing_fault(&req) {
+            Some(fault) => {
+                debug!(fault, "first request head refused");
+                Judged::Answer(Reason::BadRequest)
+            }
+            None => Judged::Http(Proto::Http1),
+        }),
+        Ok(httparse::Status::Partial) if bytes.len() > limit => {
+            Some(Judged::Answer(Reason::HeadersTooLarge))
+        }
+        Ok(httparse::Status::Partial) => None,
+        Err(httparse::Error::TooManyHeaders) => Some(Judged::Answer(Reason::HeadersTooLarge)),
+        Err(_) => Some(Judged::Answer(Reason::BadRequest)),
+    }
+}
+
+/// What is wrong with a complete HTTP/1 head that hyper would refuse, or serve on a framing that
+/// the client may not have meant (RFC 9112 §6.3: a request with both `Content-Length` and
+/// `Transfer-Encoding` is a smuggling attempt or a broken client); `None` when nothing is.
+fn framing_fault(req: &httparse::Request<'_, '_>) -> Option<&'static str> {
+    let field = |name: &'static str| {
+        req.headers
+            .iter()
+            .filter(move |h| h.name.eq_ignore_ascii_case(name))
+            .map(|h| h.value)
+    };
+    if req.path.is_none_or(|p| http::Uri::try_from(p).is_err()) {
+        return Some("request-target");
+    }
+    let mut lengths = field("content-length").peekable();
+    let has_length = lengths.peek().is_some();
+    let mut length = None;
+    for value in lengths {
+        let valid = !value.is_empty() && value.len() <= 19 && value.iter().all(u8::is_ascii_digit);
+        if !valid || length.is_some_and(|l| l != value) {
+            return Some("content-length");
+        }
+        length = Some(value);
+    }
+    let codings: Vec<&[u8]> = field("transfer-encoding")
+        .flat_map(|v| v.split(|b| *b == b','))
+        .map(<[u8]>::trim_ascii)
+        .filter(|c| !c.is_empty())
+        .collect();
+    if let Some(last) = codings.last() {
+        if has_length {
+            return Some("content-length with transfer-encoding");
+        }
+        if req.version == Some(0) {
+            return Some("transfer-encoding in HTTP/1.0");
+        }
+        if !last.eq_ignore_ascii_case(b"chunked") {
+            return Some("transfer-encoding not ending in chunked");
+        }
+    } else if field("transfer-encoding").next().is_some() {
+        return Some("empty transfer-encoding");
+    }
+    None
+}
+
+/// The size of an HTTP/2 request's header list as RFC 9113 §6.5.2 counts it (each field's name
+/// and value, plus 32), pseudo-header fields included.
+fn header_list_size<B>(req: &Request<B>) -> usize {
+    const FIELD: usize = 32;
+    let uri = req.uri();
+    let pseudo = [
+        (":method", req.method().as_str().len()),
+        (":scheme", uri.scheme_str().map_or(0, str::len)),
+        (
+            ":authority",
+            uri.authority().map_or(0, |a| a.as_str().len()),
+        ),
+        (
+            ":path",
+            uri.path_and_query().map_or(0, |p| p.as_str().len()),
+        ),
+    ];
+    let pseudo: usize = pseudo.iter().map(|(n, v)| n.len() + v + FIELD).sum();
+    pseudo
+        + req
+            .headers()
+            .iter()
+            .map(|(n, v)| n.as_str().len() + v.len() + FIELD)
+            .sum::<usize>()
+}
+
+/// A request body that remembers whether it failed: an error of a body hyper reads from the
+/// client is the client's (a malformed chunk, a body cut short of its `Content-Length`).
+struct ClientBody {
+    inner: Body,
+    failed: Arc<std::sync::atomic::AtomicBool>,
+}
+
+impl http_body::Body for ClientBody {
+    type Data = Bytes;
+    type Error = BoxError;
+
+    fn poll_frame(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Option<Result<http_body::Frame<Bytes>, BoxError>>> {
+        let polled = std::pin::Pin::new(&mut self.inner).poll_frame(cx);
+        if let std::task::Poll::Ready(Some(Err(_))) = &polled {
+            self.failed.store(true, std::sync::atomic::Ordering::SeqCst);
+        }
+        polled
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.inner.is_end_stream()
+    }
+
+    fn size_hint(&self) -> http_body::SizeHint {
+        self.inner.size_hint()
     }
 }
 
@@ -193,7 +386,34 @@ pub async fn handle(
     req: Request<Body>,
 ) -> Response<Body> {
     let grpc = respond::is_grpc(req.headers());
-    let mut resp = answer_request(inputs, pod, entry, req).await;
+    let limit = usize::try_from(inputs.settings.max_header_list_size).unwrap_or(usize::MAX);
+    let mut resp = if req.version() == Version::HTTP_2 && header_list_size(&req) > limit {
+        count(&inputs.stats.answers);
+        count(&inputs.stats.headers_too_large);
+        respond::reason(Reason::HeadersTooLarge)
+    } else {
+        let failed = Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let req = req.map(|inner| {
+            ClientBody {
+                inner,
+                failed: failed.clone(),
+            }
+            .boxed()
+        });
+        let resp = answer_request(inputs, pod, entry, req).await;
+        // The client's own body broke the delivery: its fault, not the upstream's
+        // (addressing.md §11.1 `bad-request`), when the answer has not started.
+        let unreachable = resp
+            .headers()
+            .get(HEADER_ERROR)
+            .is_some_and(|r| r == Reason::UpstreamUnreachable.code());
+        if unreachable && failed.load(std::sync::atomic::Ordering::SeqCst) {
+            count(&inputs.stats.bad_requests);
+            respond::reason(Reason::BadRequest)
+        } else {
+            resp
+        }
+    };
     if grpc {
         respond::for_grpc(&mut resp);
     }
@@ -281,5 +501,47 @@ async fn answer_request(
             }
         };
         return resp;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn fault(head: &str) -> Option<&'static str> {
+        let mut headers = [httparse::EMPTY_HEADER; 16];
+        let mut req = httparse::Request::new(&mut headers);
+        assert!(matches!(
+            req.parse(head.as_bytes()),
+            Ok(httparse::Status::Complete(_))
+        ));
+        framing_fault(&req)
+    }
+
+    #[test]
+    fn conflicting_or_invalid_framing_is_a_fault_and_plain_framing_is_not() {
+        let ok = [
+            "GET / HTTP/1.1\r\nhost: a\r\n\r\n",
+            "POST / HTTP/1.1\r\nhost: a\r\ncontent-length: 5\r\ncontent-length: 5\r\n\r\n",
+            "POST / HTTP/1.1\r\nhost: a\r\ntransfer-encoding: gzip, Chunked\r\n\r\n",
+            "OPTIONS * HTTP/1.1\r\nhost: a\r\n\r\n",
+            "CONNECT a:443 HTTP/1.1\r\nhost: a:443\r\n\r\n",
+        ];
+        for head in ok {
+            assert_eq!(fault(head), None, "{head:?}");
+        }
+        let bad = [
+            "POST / HTTP/1.1\r\nhost: a\r\ncontent-length: 5\r\ntransfer-encoding: chunked\r\n\r\n",
+            "POST / HTTP/1.1\r\nhost: a\r\ntransfer-encoding: chunked\r\ncontent-length: 5\r\n\r\n",
+            "POST / HTTP/1.1\r\nhost: a\r\ncontent-length: 5\r\ncontent-length: 6\r\n\r\n",
+            "POST / HTTP/1.1\r\nhost: a\r\ncontent-length: 5, 5\r\n\r\n",
+            "POST / HTTP/1.1\r\nhost: a\r\ncontent-length: -1\r\n\r\n",
+            "POST / HTTP/1.1\r\nhost: a\r\ntransfer-encoding: chunked, gzip\r\n\r\n",
+            "POST / HTTP/1.0\r\nhost: a\r\ntransfer-encoding: chunked\r\n\r\n",
+            "POST / HTTP/1.1\r\nhost: a\r\ntransfer-encoding: \r\n\r\n",
+        ];
+        for head in bad {
+            assert!(fault(head).is_some(), "{head:?}");
+        }
     }
 }

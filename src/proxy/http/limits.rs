@@ -1,0 +1,408 @@
+//! The deadlines of every HTTP connection the daemon serves (the capture and loopback
+//! [`serve`](super::serve()), and the inbound mesh hop): a request head must arrive whole within
+//! [`header_read_timeout`](crate::proxy::ProxySettings::header_read_timeout) of its first byte,
+//! and a connection with no request in flight is closed after
+//! [`http_idle_timeout`](crate::proxy::ProxySettings::http_idle_timeout).
+//!
+//! hyper has no idle deadline, and its HTTP/1 header timer also runs while a kept connection
+//! waits for its next request, so it would close every idle keep-alive connection at the head
+//! deadline; it is switched off and this module keeps both deadlines instead:
+//!
+//! - [`Watched`] wraps the connection's byte stream. On HTTP/1, bytes read while no request is
+//!   in flight begin a head (the first head's clock starts at the accept).
+//! - [`Watch::begin`] is called when hyper hands a request over (its head is complete); the
+//!   returned [`InFlight`] lives in the request's and the response's bodies ([`track`]), so a
+//!   request is in flight until both are done or dropped. HTTP/2 streams count the same way.
+//! - [`serve`] runs a connection until it ends, the daemon drains, or a deadline passes: a late
+//!   head closes the connection at once (counted in `aether_http_header_timeouts`); an idle
+//!   connection is shut down gracefully, HTTP/2 with GOAWAY (`aether_http_idle_closed`).
+//!
+//! A head whose first bytes arrived with the previous request (pipelined) and that is never
+//! completed is bounded by the idle deadline, not the head deadline.
+
+use std::io;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::task::{Context, Poll};
+use std::time::Duration;
+
+use bytes::{Buf, Bytes};
+use http_body::{Body as HttpBody, Frame, SizeHint};
+use http_body_util::BodyExt;
+use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
+use tokio::sync::Notify;
+use tokio::time::Instant;
+use tracing::debug;
+
+use crate::proxy::{Body, BoxError, Inputs, ProxySettings, Stats, count};
+
+/// How a connection carries its requests.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Proto {
+    /// HTTP/1.x: one head after another.
+    Http1,
+    /// HTTP/2: streams; the bytes between them are frames, not heads.
+    Http2,
+}
+
+/// Which deadline passed.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Expired {
+    /// A request head did not arrive whole in time.
+    Head,
+    /// No request was in flight for the idle timeout.
+    Idle,
+}
+
+/// The connection's state, in atomics: it is read on every read of the byte stream, and changed
+/// from the connection's task and from whatever task drops a request's body. Instants are
+/// stored as nanoseconds since `base`, plus one (`0` is none).
+#[derive(Debug)]
+struct Shared {
+    base: Instant,
+    in_flight: AtomicUsize,
+    idle_since: AtomicU64,
+    head_started: AtomicU64,
+    changed: Notify,
+    proto: Proto,
+    head_timeout: Duration,
+    idle_timeout: Duration,
+    max_streams: usize,
+}
+
+impl Shared {
+    fn stamp(&self, t: Instant) -> u64 {
+        u64::try_from(t.saturating_duration_since(self.base).as_nanos()).unwrap_or(u64::MAX - 1) + 1
+    }
+
+    fn instant(&self, stamp: u64) -> Option<Instant> {
+        stamp
+            .checked_sub(1)
+            .map(|n| self.base + Duration::from_nanos(n))
+    }
+}
+
+/// The deadlines of one connection, shared by its byte stream, its requests and [`serve`].
+#[derive(Clone, Debug)]
+pub struct Watch(Arc<Shared>);
+
+impl Watch {
+    /// The watch of a connection speaking `proto`; `head_started` is when its first head's clock
+    /// started (the accept), if it waits for one.
+    pub fn new(proto: Proto, settings: &ProxySettings, head_started: Option<Instant>) -> Self {
+        let base = head_started
+            .unwrap_or_else(Instant::now)
+            .min(Instant::now());
+        let shared = Shared {
+            base,
+            in_flight: AtomicUsize::new(0),
+            idle_since: AtomicU64::new(0),
+            head_started: AtomicU64::new(0),
+            changed: Notify::new(),
+            proto,
+            head_timeout: settings.header_read_timeout,
+            idle_timeout: settings.http_idle_timeout,
+            max_streams: usize::try_from(settings.http2_max_concurrent_streams)
+                .unwrap_or(usize::MAX),
+        };
+        shared
+            .idle_since
+            .store(shared.stamp(Instant::now()), Ordering::SeqCst);
+        if let Some(t) = head_started.filter(|_| proto == Proto::Http1) {
+            shared.head_started.store(shared.stamp(t), Ordering::SeqCst);
+        }
+        Self(Arc::new(shared))
+    }
+
+    /// A request (its head complete, or an HTTP/2 stream) was handed over; it is in flight until
+    /// the returned value and every clone of it are dropped ([`track`]). An HTTP/2 connection
+    /// that reaches its stream limit is counted.
+    pub fn begin(&self, stats: &Stats) -> Arc<InFlight> {
+        let w = &self.0;
+        w.head_started.store(0, Ordering::SeqCst);
+        let now = w.in_flight.fetch_add(1, Ordering::SeqCst) + 1;
+        if w.proto == Proto::Http2 && now >= w.max_streams {
+            count(&stats.http2_stream_limit);
+        }
+        if now == 1 {
+            w.changed.notify_one();
+        }
+        Arc::new(InFlight(self.clone()))
+    }
+
+    /// Bytes arrived: on HTTP/1 with no request in flight they begin a head.
+    fn read(&self) {
+        let w = &self.0;
+        if w.proto != Proto::Http1
+            || w.in_flight.load(Ordering::SeqCst) > 0
+            || w.head_started.load(Ordering::SeqCst) != 0
+        {
+            return;
+        }
+        let now = w.stamp(Instant::now());
+        if w.head_started
+            .compare_exchange(0, now, Ordering::SeqCst, Ordering::SeqCst)
+            .is_ok()
+        {
+            w.changed.notify_one();
+        }
+    }
+
+    /// The next deadline, if one runs now.
+    fn next(&self) -> Option<(Instant, Expired)> {
+        let w = &self.0;
+        if w.in_flight.load(Ordering::SeqCst) > 0 {
+            return None;
+        }
+        if let Some(t) = w.instant(w.head_started.load(Ordering::SeqCst)) {
+            return Some((t + w.head_timeout, Expired::Head));
+        }
+        let idle_since = w
+            .instant(w.idle_since.load(Ordering::SeqCst))
+            .unwrap_or(w.base);
+        Some((idle_since + w.idle_timeout, Expired::Idle))
+    }
+
+    /// Wait until a deadline passes.
+    pub async fn expired(&self) -> Expired {
+        loop {
+            match self.next() {
+                None => self.0.changed.notified().await,
+                Some((at, what)) => {
+                    if Instant::now() >= at {
+                        return what;
+                    }
+                    tokio::select! {
+                        () = tokio::time::sleep_until(at) => {}
+                        () = self.0.changed.notified() => {}
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// One request in flight on a watched connection ([`Watch::begin`]).
+#[derive(Debug)]
+pub struct InFlight(Watch);
+
+impl Drop for InFlight {
+    fn drop(&mut self) {
+        let w = &self.0.0;
+        // Bytes read while a request was in flight belong to it (or were pipelined).
+        w.head_started.store(0, Ordering::SeqCst);
+        if w.in_flight.fetch_sub(1, Ordering::SeqCst) == 1 {
+            w.idle_since
+                .store(w.stamp(Instant::now()), Ordering::SeqCst);
+            w.changed.notify_one();
+        }
+    }
+}
+
+/// A body that keeps its request in flight until it is done or dropped.
+struct Tracked {
+    inner: Body,
+    _in_flight: Arc<InFlight>,
+}
+
+impl HttpBody for Tracked {
+    type Data = Bytes;
+    type Error = BoxError;
+
+    fn poll_frame(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
+        Pin::new(&mut self.inner).poll_frame(cx)
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.inner.is_end_stream()
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        self.inner.size_hint()
+    }
+}
+
+/// `body`, keeping `in_flight` alive until it is dropped.
+pub fn track(body: Body, in_flight: &Arc<InFlight>) -> Body {
+    Tracked {
+        inner: body,
+        _in_flight: in_flight.clone(),
+    }
+    .boxed()
+}
+
+/// A connection's byte stream: first the bytes already read (`prefix`), then `io`'s; every read
+/// tells the [`Watch`].
+#[derive(Debug)]
+pub struct Watched<T> {
+    io: T,
+    prefix: Bytes,
+    watch: Watch,
+}
+
+impl<T> Watched<T> {
+    /// Watch `io`, whose first bytes `prefix` were already read from it.
+    pub fn new(io: T, prefix: Bytes, watch: Watch) -> Self {
+        Self { io, prefix, watch }
+    }
+}
+
+impl<T: AsyncRead + Unpin> AsyncRead for Watched<T> {
+    fn poll_read(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &mut ReadBuf<'_>,
+    ) -> Poll<io::Result<()>> {
+        if !self.prefix.is_empty() {
+            let n = self.prefix.len().min(buf.remaining());
+            buf.put_slice(&self.prefix[..n]);
+            self.prefix.advance(n);
+            return Poll::Ready(Ok(()));
+        }
+        let before = buf.filled().len();
+        let polled = Pin::new(&mut self.io).poll_read(cx, buf);
+        if matches!(polled, Poll::Ready(Ok(()))) && buf.filled().len() > before {
+            self.watch.read();
+        }
+        polled
+    }
+}
+
+impl<T: AsyncWrite + Unpin> AsyncWrite for Watched<T> {
+    fn poll_write(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &[u8],
+    ) -> Poll<io::Result<usize>> {
+        Pin::new(&mut self.io).poll_write(cx, buf)
+    }
+
+    fn poll_write_vectored(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        bufs: &[io::IoSlice<'_>],
+    ) -> Poll<io::Result<usize>> {
+        Pin::new(&mut self.io).poll_write_vectored(cx, bufs)
+    }
+
+    fn is_write_vectored(&self) -> bool {
+        self.io.is_write_vectored()
+    }
+
+    fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.io).poll_flush(cx)
+    }
+
+    fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.io).poll_shutdown(cx)
+    }
+}
+
+/// Run a hyper server connection until it ends. When the daemon drains, or the connection has
+/// been idle for the idle timeout, it is shut down gracefully (`graceful`: in-flight requests
+/// finish, HTTP/2 sends GOAWAY), bounded by the head timeout once idle; a head that is late is
+/// dropped with its connection at once.
+pub async fn serve<C>(
+    mut conn: Pin<&mut C>,
+    graceful: fn(Pin<&mut C>),
+    watch: &Watch,
+    inputs: &Inputs,
+) -> hyper::Result<()>
+where
+    C: Future<Output = hyper::Result<()>>,
+{
+    let mut draining = inputs.drain.subscribe();
+    tokio::select! {
+        out = conn.as_mut() => out,
+        () = async { drop(draining.wait_for(|d| *d).await) } => {
+            graceful(conn.as_mut());
+            conn.await
+        }
+        what = watch.expired() => match what {
+            Expired::Head => {
+                count(&inputs.stats.header_timeouts);
+                debug!("request head not received within the header read timeout: closed");
+                Ok(())
+            }
+            Expired::Idle => {
+                count(&inputs.stats.idle_closed);
+                graceful(conn.as_mut());
+                tokio::time::timeout(watch.0.head_timeout, conn)
+                    .await
+                    .unwrap_or(Ok(()))
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn settings() -> ProxySettings {
+        ProxySettings {
+            header_read_timeout: Duration::from_secs(10),
+            http_idle_timeout: Duration::from_secs(300),
+            ..ProxySettings::default()
+        }
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_head_runs_from_its_first_byte_and_idleness_from_the_last_request() {
+        let stats = Stats::default();
+        let start = Instant::now();
+        let watch = Watch::new(Proto::Http1, &settings(), None);
+        // Nothing read, nothing in flight: the idle deadline.
+        assert_eq!(
+            watch.next(),
+            Some((start + Duration::from_secs(300), Expired::Idle))
+        );
+        tokio::time::sleep(Duration::from_secs(1)).await;
+        watch.read();
+        assert_eq!(
+            watch.next(),
+            Some((start + Duration::from_secs(11), Expired::Head))
+        );
+        // Later bytes of the same head do not move its deadline.
+        tokio::time::sleep(Duration::from_secs(5)).await;
+        watch.read();
+        assert_eq!(watch.next().unwrap().0, start + Duration::from_secs(11));
+        let request = watch.begin(&stats);
+        let body = request.clone();
+        assert_eq!(watch.next(), None);
+        // Bytes while a request is in flight begin no head.
+        watch.read();
+        drop(request);
+        assert_eq!(watch.next(), None, "its body still runs");
+        tokio::time::sleep(Duration::from_secs(2)).await;
+        drop(body);
+        assert_eq!(
+            watch.next(),
+            Some((start + Duration::from_secs(308), Expired::Idle))
+        );
+        assert_eq!(watch.expired().await, Expired::Idle);
+        assert_eq!(Instant::now(), start + Duration::from_secs(308));
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn http2_frames_begin_no_head_and_the_stream_limit_is_counted() {
+        let stats = Stats::default();
+        let settings = ProxySettings {
+            http2_max_concurrent_streams: 2,
+            ..settings()
+        };
+        let watch = Watch::new(Proto::Http2, &settings, Some(Instant::now()));
+        watch.read();
+        assert_eq!(watch.next().unwrap().1, Expired::Idle);
+        let a = watch.begin(&stats);
+        assert_eq!(stats.http2_stream_limit.get(), 0);
+        let b = watch.begin(&stats);
+        assert_eq!(stats.http2_stream_limit.get(), 1);
+        drop((a, b));
+        assert_eq!(watch.next().unwrap().1, Expired::Idle);
+    }
+}
