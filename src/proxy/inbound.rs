@@ -388,10 +388,11 @@ async fn l4_delivery(
                 sniff::Verdict::NeedMore => {}
             }
         }
-        let stream = super::rewind::Rewind::new(bytes::Bytes::from(prefix), tls);
+        let prefix = bytes::Bytes::from(prefix);
         if http {
-            return l4_http(inputs, pod, stream, peer, to).await;
+            return l4_http(inputs, pod, tls, prefix, peer, to).await;
         }
+        let stream = super::rewind::Rewind::new(prefix, tls);
         return l4_bytes(&inputs, &pod, stream, &peer, to).await;
     }
     l4_bytes(&inputs, &pod, tls, &peer, to).await;
@@ -416,53 +417,101 @@ where
 
 /// An L4 hop's bytes on an HTTP port, served as HTTP: each request runs the service-level
 /// filters of the Services that guard the pod, on the identity the hop proved. The source
-/// parsed nothing, so no hop header is read: the client's `x-aether-` headers are removed.
-async fn l4_http<S>(inputs: Arc<Inputs>, pod: Arc<PodCtx>, stream: S, peer: Peer, to: Delivery)
-where
+/// parsed nothing, so this daemon is the first to read the client's requests: they enter the
+/// mesh here as on a captured dial (hop-by-hop fields, `x-aether-` headers and the mesh's own
+/// headers removed; only the upgrades the mesh carries switched), and the head and idle
+/// deadlines of every HTTP server apply ([`limits`]).
+async fn l4_http<S>(
+    inputs: Arc<Inputs>,
+    pod: Arc<PodCtx>,
+    stream: S,
+    prefix: bytes::Bytes,
+    peer: Peer,
+    to: Delivery,
+) where
     S: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send + 'static,
 {
+    let proto = if prefix.starts_with(sniff::H2_PREFACE) {
+        Proto::Http2
+    } else {
+        Proto::Http1
+    };
+    let watch = Watch::new(proto, &inputs.settings, Some(tokio::time::Instant::now()));
+    let io = TokioIo::new(Watched::new(stream, prefix, watch.clone()));
     let peer = Arc::new(peer);
-    let service = hyper::service::service_fn(move |mut req: Request<hyper::body::Incoming>| {
+    let service = {
         let inputs = inputs.clone();
-        let pod = pod.clone();
-        let peer = peer.clone();
-        async move {
-            super::filters::strip_mesh_headers(req.headers_mut());
-            let model = inputs.model.load();
-            for key in model.guarded_by(to.pod_ip) {
-                for filter in model.filters_of(key) {
-                    if let Some(denied) =
-                        super::filters::authorize(&inputs, &pod, &filter.config, key, &peer, &req)
-                            .await
-                    {
-                        return Ok::<_, std::convert::Infallible>(denied);
+        let watch = watch.clone();
+        hyper::service::service_fn(move |mut req: Request<hyper::body::Incoming>| {
+            let inputs = inputs.clone();
+            let pod = pod.clone();
+            let peer = peer.clone();
+            let in_flight = watch.begin(&inputs.stats);
+            async move {
+                let switch = super::filters::strip_client_request(req.headers_mut());
+                let switches = super::upgrade::carry(
+                    &mut req,
+                    switch.upgrade.as_ref(),
+                    switch.connection_upgrade,
+                );
+                let model = inputs.model.load();
+                for key in model.guarded_by(to.pod_ip) {
+                    for filter in model.filters_of(key) {
+                        if let Some(denied) = super::filters::authorize(
+                            &inputs,
+                            &pod,
+                            &filter.config,
+                            key,
+                            &peer,
+                            &req,
+                        )
+                        .await
+                        {
+                            return Ok::<_, std::convert::Infallible>(
+                                denied.map(|b| track(b, &in_flight)),
+                            );
+                        }
                     }
                 }
+                drop(model);
+                let version = req.version();
+                let client_upgrade = switches.then(|| hyper::upgrade::on(&mut req));
+                let req = req.map(|body| body.map_err(BoxError::from).boxed());
+                let resp = super::http::to_app(
+                    &inputs,
+                    &pod,
+                    to.app,
+                    to.client_ip,
+                    version,
+                    req,
+                    client_upgrade,
+                )
+                .await;
+                Ok(resp.map(|b| track(b, &in_flight)))
             }
-            drop(model);
-            let version = req.version();
-            let client_upgrade =
-                super::upgrade::is_upgrade(&req).then(|| hyper::upgrade::on(&mut req));
-            let req = req.map(|body| body.map_err(BoxError::from).boxed());
-            Ok(super::http::to_app(
-                &inputs,
-                &pod,
-                to.app,
-                to.client_ip,
-                version,
-                req,
-                client_upgrade,
-            )
-            .await)
+        })
+    };
+    let served = match proto {
+        Proto::Http1 => {
+            let conn = hyper::server::conn::http1::Builder::new()
+                .timer(hyper_util::rt::TokioTimer::new())
+                .header_read_timeout(None)
+                .serve_connection(io, service)
+                .with_upgrades();
+            let conn = std::pin::pin!(conn);
+            limits::serve(conn, |c| c.graceful_shutdown(), &watch, &inputs).await
         }
-    });
-    let mut builder = hyper_util::server::conn::auto::Builder::new(TokioExecutor::new());
-    builder.http1().timer(hyper_util::rt::TokioTimer::new());
-    builder.http2().timer(hyper_util::rt::TokioTimer::new());
-    if let Err(e) = builder
-        .serve_connection_with_upgrades(TokioIo::new(stream), service)
-        .await
-    {
+        Proto::Http2 => {
+            let conn = hyper::server::conn::http2::Builder::new(TokioExecutor::new())
+                .timer(hyper_util::rt::TokioTimer::new())
+                .max_concurrent_streams(inputs.settings.http2_max_concurrent_streams)
+                .max_header_list_size(inputs.settings.max_header_list_size)
+                .serve_connection(io, service);
+            let conn = std::pin::pin!(conn);
+            limits::serve(conn, |c| c.graceful_shutdown(), &watch, &inputs).await
+        }
+    };
+    if let Err(e) = served {
         debug!(error = %e, "l4 hop as HTTP ended");
     }
 }
