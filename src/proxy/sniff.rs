@@ -63,7 +63,8 @@ fn sniff_tls(prefix: &[u8]) -> Verdict {
     Verdict::Known(Sniffed::Tls(client_hello_sni(&prefix[5..5 + len])))
 }
 
-/// The SNI host name of a ClientHello handshake message (the record payload), if any.
+/// The SNI host name of a ClientHello handshake message (the record payload), if any: lower
+/// case, without a trailing dot.
 pub fn client_hello_sni(msg: &[u8]) -> Option<String> {
     let mut r = Reader(msg);
     if r.u8()? != 1 {
@@ -96,6 +97,9 @@ pub fn client_hello_sni(msg: &[u8]) -> Option<String> {
             let name_len = usize::from(names.u16()?);
             let name = names.take(name_len)?;
             if name_type == 0 {
+                // Written without a trailing dot (RFC 6066 §3); one that has it names the same
+                // host, as a TLS server (rustls) reads it.
+                let name = name.strip_suffix(b".").unwrap_or(name);
                 return std::str::from_utf8(name).ok().map(str::to_ascii_lowercase);
             }
         }
@@ -252,6 +256,19 @@ mod tests {
         assert_eq!(known(b"\x16\x03\x01\x00\x00"), Sniffed::Other);
         assert_eq!(known(b"\x16\x03\x01\x00\x00\x01\x00"), Sniffed::Other);
         assert_eq!(known(b"\x16\x03\x01\x00\x00\x16\x03"), Sniffed::Other);
+    }
+
+    /// An SNI is written without a trailing dot (RFC 6066 §3); one that has it names the same
+    /// host, as rustls reads it, so that a TLSRoute's hostnames match it. Found by the
+    /// `client_hello` fuzz target (rustls differential; corpus client_hello/sni-trailing-dot).
+    #[test]
+    fn a_trailing_dot_in_the_sni_is_dropped() {
+        let hello = sample_client_hello("Echo.Example.");
+        assert_eq!(
+            client_hello_sni(&hello[5..]).as_deref(),
+            Some("echo.example")
+        );
+        assert_eq!(known(&hello), Sniffed::Tls(Some("echo.example".into())));
     }
 
     #[test]

@@ -130,6 +130,15 @@ struct Watch {
     done: AtomicBool,
 }
 
+/// Tells the watchdog to stop when dropped.
+struct Stop(Arc<Watch>);
+
+impl Drop for Stop {
+    fn drop(&mut self) {
+        self.0.done.store(true, Ordering::Relaxed);
+    }
+}
+
 /// The corpus of a target, sorted by file name; an empty or missing corpus fails the test.
 pub(crate) fn corpus(name: &str) -> Vec<(PathBuf, Vec<u8>)> {
     let dir = Path::new(env!("CARGO_MANIFEST_DIR"))
@@ -166,6 +175,9 @@ pub(crate) fn fuzz(target: &Target) -> Summary {
         config.hang_secs,
         Arc::clone(&watch),
     );
+    // Stops the watchdog however this function ends, a reported failure (a panic) included:
+    // otherwise it would take the finished target for a hang and abort the other targets.
+    let _stop = Stop(Arc::clone(&watch));
 
     let mut seen = HashSet::new();
     let mut pool: Vec<Vec<u8>> = Vec::new();

@@ -164,14 +164,12 @@ fn run(input: &[u8]) -> u64 {
         let conv = match convert_pod(&pod, missing) {
             Ok(c) => c,
             Err(e) => {
+                // The error displays; its variant is the outcome.
                 let _ = e.to_string();
                 sig.push(
-                    e.to_string()
-                        .split(':')
-                        .next_back()
-                        .unwrap_or_default()
+                    format!("{e:?}")
                         .chars()
-                        .take(40)
+                        .take_while(char::is_ascii_alphabetic)
                         .collect(),
                 );
                 continue;

@@ -4,7 +4,8 @@
 //! Properties, beyond "no panic":
 //! - inside a record, `sniff` says TLS with the same SNI (or "not TLS" when the message is not
 //!   a ClientHello);
-//! - the name is lower case, and a ClientHello built around it reads back the same name;
+//! - the name is lower case, and a ClientHello built around it reads back the same name (less
+//!   a trailing dot, which the reader drops);
 //! - differential: when rustls accepts the same record as a ClientHello with a server name,
 //!   the reader finds that name (the SNI a TLSRoute and the mesh hop are chosen by is the one
 //!   a TLS server would see).
@@ -91,8 +92,14 @@ fn run(msg: &[u8]) -> u64 {
             name.to_ascii_lowercase(),
             "the SNI is not lower case"
         );
+        // The reader drops one trailing dot: a name that still ends in one loses it again.
         if let Some(again) = hello(name.as_bytes()) {
-            assert_eq!(client_hello_sni(&again).as_ref(), Some(name), "re-encoded");
+            let expected = name.strip_suffix('.').unwrap_or(name);
+            assert_eq!(
+                client_hello_sni(&again).as_deref(),
+                Some(expected),
+                "re-encoded"
+            );
         }
     }
     let mut theirs = Err(String::new());
