@@ -77,17 +77,8 @@ async fn inbound_connection(
     // ClientHello, is closed when it passes (model.md §12.5 item 4: the hop accepts only TLS).
     let deadline = tokio::time::Instant::now() + inputs.settings.handshake_timeout;
     let acceptor = LazyConfigAcceptor::new(rustls::server::Acceptor::default(), tcp);
-    let start = match tokio::time::timeout_at(deadline, acceptor).await {
-        Ok(Ok(start)) => start,
-        Ok(Err(_)) => {
-            count(&inputs.stats.hop_refused);
-            return;
-        }
-        Err(_) => {
-            count(&inputs.stats.handshake_timeouts);
-            count(&inputs.stats.hop_refused);
-            return;
-        }
+    let Some(start) = handshake_step(&inputs, deadline, acceptor).await else {
+        return;
     };
     let hello = start.client_hello();
     let sni = hello.server_name().map(str::to_owned);
@@ -120,17 +111,8 @@ async fn inbound_connection(
         count(&inputs.stats.hop_refused);
         return;
     };
-    let tls = match tokio::time::timeout_at(deadline, start.into_stream(config)).await {
-        Ok(Ok(tls)) => tls,
-        Ok(Err(_)) => {
-            count(&inputs.stats.hop_refused);
-            return;
-        }
-        Err(_) => {
-            count(&inputs.stats.handshake_timeouts);
-            count(&inputs.stats.hop_refused);
-            return;
-        }
+    let Some(tls) = handshake_step(&inputs, deadline, start.into_stream(config)).await else {
+        return;
     };
     let Some(peer) = tls
         .get_ref()
@@ -342,6 +324,27 @@ pub async fn destination_filters<B>(
         }
     }
     Ok(version)
+}
+
+/// One step of the hop's TLS handshake within its `deadline`; a failure or a late step is
+/// counted as a refused hop (and a timeout) and gives `None`: the connection is dropped.
+async fn handshake_step<T, E>(
+    inputs: &Inputs,
+    deadline: tokio::time::Instant,
+    step: impl Future<Output = Result<T, E>>,
+) -> Option<T> {
+    match tokio::time::timeout_at(deadline, step).await {
+        Ok(Ok(done)) => Some(done),
+        Ok(Err(_)) => {
+            count(&inputs.stats.hop_refused);
+            None
+        }
+        Err(_) => {
+            count(&inputs.stats.handshake_timeouts);
+            count(&inputs.stats.hop_refused);
+            None
+        }
+    }
 }
 
 /// Where an L4 delivery goes: the application's address, the client pod's IP (the source

@@ -24,6 +24,11 @@ impl<S> Rewind<S> {
     pub fn new(prefix: Bytes, inner: S) -> Self {
         Self { prefix, inner }
     }
+
+    /// Whether the next read is still served from the prefix.
+    pub fn replaying(&self) -> bool {
+        !self.prefix.is_empty()
+    }
 }
 
 impl<S: AsyncRead + Unpin> AsyncRead for Rewind<S> {

@@ -35,6 +35,7 @@ use tokio::sync::Notify;
 use tokio::time::Instant;
 use tracing::debug;
 
+use crate::proxy::rewind::Rewind;
 use crate::proxy::{Body, BoxError, Inputs, ProxySettings, Stats, count};
 
 /// How a connection carries its requests.
@@ -239,15 +240,17 @@ pub fn track(body: Body, in_flight: &Arc<InFlight>) -> Body {
 /// tells the [`Watch`].
 #[derive(Debug)]
 pub struct Watched<T> {
-    io: T,
-    prefix: Bytes,
+    io: Rewind<T>,
     watch: Watch,
 }
 
 impl<T> Watched<T> {
     /// Watch `io`, whose first bytes `prefix` were already read from it.
     pub fn new(io: T, prefix: Bytes, watch: Watch) -> Self {
-        Self { io, prefix, watch }
+        Self {
+            io: Rewind::new(prefix, io),
+            watch,
+        }
     }
 }
 
@@ -257,11 +260,9 @@ impl<T: AsyncRead + Unpin> AsyncRead for Watched<T> {
         cx: &mut Context<'_>,
         buf: &mut ReadBuf<'_>,
     ) -> Poll<io::Result<()>> {
-        if !self.prefix.is_empty() {
-            let n = self.prefix.len().min(buf.remaining());
-            buf.put_slice(&self.prefix[..n]);
-            self.prefix.advance(n);
-            return Poll::Ready(Ok(()));
+        // The prefix was read (and watched) before: replaying it is no new read.
+        if self.io.replaying() {
+            return Pin::new(&mut self.io).poll_read(cx, buf);
         }
         let before = buf.filled().len();
         let polled = Pin::new(&mut self.io).poll_read(cx, buf);
