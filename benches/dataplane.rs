@@ -81,17 +81,12 @@ fn main() -> Result<()> {
         .build()
         .context("start the runtime")?;
     rt.block_on(async {
-        let opts = DemoOptions {
-            registry: repo("config/examples/mp"),
-            variants: repo("config/examples/variants"),
-            run_dir: PathBuf::from("/tmp/aether-bench"),
-            binary: PathBuf::from(env!("CARGO_BIN_EXE_aether")),
-            prefix: "aeb".into(),
-            netns_prefix: "aeb-".into(),
-            legs: Vec::new(),
-            mesh_domain: "aether.internal".into(),
-            daemon_args: Vec::new(),
-        };
+        let opts = DemoOptions::fixture(
+            Path::new(env!("CARGO_MANIFEST_DIR")),
+            PathBuf::from("/tmp/aether-bench"),
+            PathBuf::from(env!("CARGO_BIN_EXE_aether")),
+            "aeb",
+        );
         println!("bringing the fixture mesh up in {}", opts.run_dir.display());
         // `Running` takes the topology down when dropped: on error and on panic too.
         let running = aether::demo::up(&opts).await.context("bring the mesh up")?;
@@ -99,10 +94,6 @@ fn main() -> Result<()> {
         running.down().await.context("take the mesh down")?;
         measured
     })
-}
-
-fn repo(rel: &str) -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join(rel)
 }
 
 async fn measure(running: &Running) -> Result<()> {

@@ -7,11 +7,9 @@
 //! Run: `cargo bench --bench model`. The heap figures print once, before the timings.
 #![allow(clippy::print_stdout, missing_docs)] // A benchmark harness reports on stdout.
 
-use std::alloc::{GlobalAlloc, Layout, System};
 use std::collections::HashMap;
 use std::hint::black_box;
 use std::net::SocketAddr;
-use std::sync::atomic::{AtomicIsize, Ordering};
 
 use criterion::{BenchmarkId, Criterion, criterion_group, criterion_main};
 
@@ -20,37 +18,12 @@ use aether::model::{NodeContext, compile, synth};
 use aether::resolve::decision::{Caller, CaptureMode, HttpEntry, RequestFacts};
 use aether::resolve::{classify_connection, resolve_request};
 
+#[path = "../tests/support/counting_alloc.rs"]
+mod counting_alloc;
+
 /// Counts live heap bytes, to measure what a compiled model keeps.
-struct Counting;
-
-static LIVE: AtomicIsize = AtomicIsize::new(0);
-
-// SAFETY: every call is forwarded unchanged to the system allocator; the counter is only
-// arithmetic on the sizes the caller passes.
-#[allow(unsafe_code)]
-unsafe impl GlobalAlloc for Counting {
-    unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
-        LIVE.fetch_add(layout.size() as isize, Ordering::Relaxed);
-        // SAFETY: forwarded with the caller's layout.
-        unsafe { System.alloc(layout) }
-    }
-    unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
-        LIVE.fetch_sub(layout.size() as isize, Ordering::Relaxed);
-        // SAFETY: forwarded with the caller's pointer and layout.
-        unsafe { System.dealloc(ptr, layout) }
-    }
-    unsafe fn realloc(&self, ptr: *mut u8, layout: Layout, new_size: usize) -> *mut u8 {
-        LIVE.fetch_add(
-            new_size as isize - layout.size() as isize,
-            Ordering::Relaxed,
-        );
-        // SAFETY: forwarded with the caller's pointer, layout and size.
-        unsafe { System.realloc(ptr, layout, new_size) }
-    }
-}
-
 #[global_allocator]
-static ALLOC: Counting = Counting;
+static ALLOC: counting_alloc::Counting = counting_alloc::Counting;
 
 const SIZES: [u32; 3] = [200, 2_000, 20_000];
 
@@ -58,12 +31,12 @@ fn heap_per_service() {
     let ctx = NodeContext::default();
     for n in SIZES {
         let snapshot = synth::scaled(n);
-        let before = LIVE.load(Ordering::Relaxed);
+        let before = counting_alloc::live();
         let model = compile(&snapshot, &ctx);
-        let after = LIVE.load(Ordering::Relaxed);
-        let snap_before = LIVE.load(Ordering::Relaxed);
+        let after = counting_alloc::live();
+        let snap_before = counting_alloc::live();
         let copy = snapshot.clone();
-        let snap_bytes = LIVE.load(Ordering::Relaxed) - snap_before;
+        let snap_bytes = counting_alloc::live() - snap_before;
         println!(
             "heap: {n} services: model {} KiB ({} B/service); snapshot {} KiB ({} B/service); ratio {:.2}",
             (after - before) / 1024,

@@ -44,6 +44,25 @@ pub struct DemoOptions {
     pub daemon_args: Vec<String>,
 }
 
+impl DemoOptions {
+    /// The acceptance fixture of the checkout at `root` (`config/examples/mp` and its
+    /// variants), in `run_dir`, with node namespaces `<prefix>-node-*` and pod namespaces
+    /// `<prefix>-*`, every leg, the default mesh domain: what the benchmarks bring up.
+    pub fn fixture(root: &Path, run_dir: PathBuf, binary: PathBuf, prefix: &str) -> Self {
+        Self {
+            registry: root.join("config/examples/mp"),
+            variants: root.join("config/examples/variants"),
+            run_dir,
+            binary,
+            prefix: prefix.to_owned(),
+            netns_prefix: format!("{prefix}-"),
+            legs: Vec::new(),
+            mesh_domain: "aether.internal".into(),
+            daemon_args: Vec::new(),
+        }
+    }
+}
+
 /// The demo could not run.
 #[derive(Debug, thiserror::Error)]
 pub enum DemoError {

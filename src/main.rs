@@ -149,6 +149,10 @@ struct NodeArgs {
     /// The most header fields of an HTTP/1 request head.
     #[arg(long, env = "AETHER_MAX_HEADERS")]
     max_headers: Option<usize>,
+    /// Close a relayed byte stream (raw TCP, L4, passthrough, upgrade) with no byte either way
+    /// for this long, in seconds; 0: never.
+    #[arg(long, env = "AETHER_TCP_IDLE_TIMEOUT_SECS")]
+    tcp_idle_timeout_secs: Option<u64>,
 }
 
 #[derive(Debug, clap::Args)]
@@ -708,7 +712,8 @@ fn node_config(args: &NodeArgs) -> anyhow::Result<aether::node::NodeConfig> {
         http2_max_concurrent_streams,
         max_header_list_size,
         max_header_bytes,
-        max_headers
+        max_headers,
+        tcp_idle_timeout_secs
     );
     macro_rules! set_opt {
         ($($field:ident),*) => {$(
@@ -738,6 +743,7 @@ fn init_logs(format: aether::node::config::LogFormat, level: &str) {
 fn run_node(args: &NodeArgs) -> anyhow::Result<ExitCode> {
     let config = node_config(args)?;
     init_logs(config.log_format, &config.log_level);
+    release_freed_memory_in_background();
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()
@@ -850,6 +856,21 @@ fn signal_exit(signal: aether::demo::StopSignal) -> ExitCode {
 fn say(line: std::fmt::Arguments<'_>) {
     use std::io::Write as _;
     let _ = writeln!(std::io::stdout(), "{line}");
+}
+
+#[cfg(feature = "jemalloc")]
+#[global_allocator]
+static ALLOCATOR: tikv_jemallocator::Jemalloc = tikv_jemallocator::Jemalloc;
+
+/// With jemalloc (the default build), start its background thread, which returns freed memory to
+/// the system on a timer (jemalloc's decay, 10 s): without it, memory freed after a flood of
+/// connections goes back only when later allocations happen to trigger the purge, and an idle
+/// daemon keeps its peak (docs/performance.md, "Memory").
+fn release_freed_memory_in_background() {
+    #[cfg(feature = "jemalloc")]
+    if let Err(e) = tikv_jemalloc_ctl::background_thread::write(true) {
+        tracing::warn!(error = %e, "jemalloc's background thread did not start: freed memory returns to the system only as later allocations purge it");
+    }
 }
 
 fn main() -> ExitCode {

@@ -159,3 +159,45 @@ async fn a_hop_peer_that_never_finishes_its_handshake_is_closed_at_the_bound() {
     );
     assert_eq!(settles(&w).await, 0);
 }
+
+#[tokio::test]
+async fn a_relayed_byte_stream_with_no_byte_for_the_tcp_idle_timeout_is_closed() {
+    // Raw TCP, L4 and passthrough relays had no deadline at all: a peer could hold one open
+    // (its sockets, its task) for ever by sending nothing.
+    let w = World::with_settings(ProxySettings {
+        tcp_idle_timeout: Some(Duration::from_millis(300)),
+        ..ProxySettings::default()
+    })
+    .await;
+    let echo = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let dest = echo.local_addr().unwrap();
+    tokio::spawn(async move {
+        while let Ok((mut s, _)) = echo.accept().await {
+            tokio::spawn(async move {
+                let mut b = [0u8; 64];
+                while let Ok(n) = s.read(&mut b).await {
+                    if n == 0 || s.write_all(&b[..n]).await.is_err() {
+                        break;
+                    }
+                }
+            });
+        }
+    });
+    let dialled = SocketAddr::new(IpAddr::V4(w.ip(world::OUTSIDE)), 7000);
+    w.reach(dialled, dest);
+    let mut s = TcpStream::connect(w.capture(dialled)).await.unwrap();
+    // Bytes every 100 ms for a second keep it open.
+    for _ in 0..10 {
+        s.write_all(b"\x00x").await.unwrap();
+        let mut got = [0u8; 2];
+        s.read_exact(&mut got).await.unwrap();
+        assert_eq!(&got, b"\x00x");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert_eq!(w.inputs.stats.tcp_idle_closed.get(), 0);
+    // Then silence: closed within twice the timeout, and counted.
+    let got = closed_within(&mut s, Duration::from_secs(2)).await;
+    assert_eq!(got.as_deref(), Some(&b""[..]), "closed without a byte");
+    assert_eq!(w.inputs.stats.tcp_idle_closed.get(), 1);
+    assert_eq!(settles(&w).await, 0);
+}

@@ -637,6 +637,16 @@ impl Lab {
         self.home.clone()
     }
 
+    /// The PID of node `node`'s running daemon (`ip netns exec` execs it, so the PID the lab
+    /// started is the daemon's own), to read its `/proc` figures.
+    pub fn daemon_pid(&self, node: &str) -> Option<u32> {
+        let what = format!("node {node}");
+        self.started
+            .iter()
+            .rev()
+            .find(|s| s.record.what == what)
+            .and_then(|s| u32::try_from(s.record.pid).ok())
+    }
     /// Waits until pod `namespace/pod` accepts TCP on `port` of its own IP, connecting from
     /// inside its namespace.
     pub async fn wait_tcp(

@@ -116,6 +116,27 @@ pub struct NamedFilter {
     pub config: FilterConfig,
 }
 
+/// Why a byte stream over the hop may not reach the application ([`Model::connection_verdict`]).
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum ConnectionDenied {
+    /// An `rbac` of a Service that guards the pod refuses the caller.
+    #[error("rbac {filter} of {service} denies the caller")]
+    Rbac {
+        /// The MeshFilter, `<namespace>/<name>`.
+        filter: String,
+        /// The Service it targets.
+        service: ServiceKey,
+    },
+    /// A Service that guards the pod has an `ext_authz`, which a byte stream cannot pass.
+    #[error("ext_authz {filter} of {service} applies per HTTP request: a byte stream is refused")]
+    ExtAuthz {
+        /// The MeshFilter, `<namespace>/<name>`.
+        filter: String,
+        /// The Service it targets.
+        service: ServiceKey,
+    },
+}
+
 /// What a name (in one namespace) is to the mesh (addressing.md §4.3).
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub(crate) struct NameEntry {
@@ -333,6 +354,39 @@ impl Model {
     /// pod at `ip` without naming a Service (raw TCP and L4 deliveries, model.md §12.5 item 2).
     pub fn guarded_by(&self, ip: IpAddr) -> &[ServiceKey] {
         self.pod_ips.get(&ip).map_or(&[], |e| &e.guarded_by)
+    }
+
+    /// Whether a connection the hop delivers as bytes (raw TCP, or an L4 hop's bytes) from the
+    /// caller `namespace`/`service_account` may reach the application of the pod at `pod_ip`
+    /// (model.md §12.5 item 2): every `rbac` of the Services that guard the pod must let the
+    /// caller through, and none of them may have an `ext_authz`, which is defined per request
+    /// only (a byte stream under one is refused: fail closed). The daemon's verdict and
+    /// explain's are this one function.
+    pub fn connection_verdict(
+        &self,
+        pod_ip: IpAddr,
+        namespace: &str,
+        service_account: &str,
+    ) -> Result<(), ConnectionDenied> {
+        for key in self.guarded_by(pod_ip) {
+            for f in self.filters_of(key) {
+                let denied = match &f.config {
+                    FilterConfig::Rbac(rbac) if !rbac.allows(namespace, service_account) => {
+                        ConnectionDenied::Rbac {
+                            filter: f.name.clone(),
+                            service: key.clone(),
+                        }
+                    }
+                    FilterConfig::ExtAuthz(_) => ConnectionDenied::ExtAuthz {
+                        filter: f.name.clone(),
+                        service: key.clone(),
+                    },
+                    _ => continue,
+                };
+                return Err(denied);
+            }
+        }
+        Ok(())
     }
 
     /// The service-level filters that target a Service.

@@ -538,6 +538,22 @@ pub struct Rbac {
     pub principals: Vec<Principal>,
 }
 
+impl Rbac {
+    /// Whether the caller with this namespace and ServiceAccount passes.
+    pub fn allows(&self, namespace: &str, service_account: &str) -> bool {
+        let hit = self.principals.iter().any(|p| {
+            p.namespace.as_deref().is_none_or(|ns| ns == namespace)
+                && p.service_account
+                    .as_deref()
+                    .is_none_or(|sa| sa == service_account)
+        });
+        match self.action {
+            RbacAction::Allow => hit,
+            RbacAction::Deny => !hit,
+        }
+    }
+}
+
 /// What an [`Rbac`] does with a matching caller.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub enum RbacAction {

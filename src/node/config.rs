@@ -120,6 +120,9 @@ pub struct NodeConfig {
     pub max_header_bytes: usize,
     /// The most header fields of an HTTP/1 request head.
     pub max_headers: usize,
+    /// A relayed byte stream (raw TCP, L4, passthrough, spliced upgrade) that moves no byte
+    /// either way for this long is closed, in seconds; 0: never. Default 3600.
+    pub tcp_idle_timeout_secs: u64,
 }
 
 impl Default for NodeConfig {
@@ -161,6 +164,7 @@ impl Default for NodeConfig {
             max_header_list_size: 64 * 1024,
             max_header_bytes: 64 * 1024,
             max_headers: 100,
+            tcp_idle_timeout_secs: 3600,
         }
     }
 }

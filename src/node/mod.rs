@@ -207,6 +207,8 @@ pub async fn run(config: NodeConfig) -> Result<(), NodeError> {
             http2_max_concurrent_streams: config.http2_max_concurrent_streams,
             max_header_list_size: config.max_header_list_size,
             max_headers: config.max_headers,
+            tcp_idle_timeout: (config.tcp_idle_timeout_secs > 0)
+                .then(|| Duration::from_secs(config.tcp_idle_timeout_secs)),
             ..ProxySettings::default()
         },
         pool: crate::proxy::hop::Pool::default(),

@@ -13,9 +13,7 @@ use http_body_util::BodyExt;
 
 use super::{Body, Inputs, Peer, PodCtx, respond};
 use crate::model::filters::apply_header_modifier;
-use crate::model::snapshot::{
-    ExtAuthz, FilterConfig, HeaderModifier, HeaderMutation, Principal, Rbac, RbacAction,
-};
+use crate::model::snapshot::{ExtAuthz, FilterConfig, HeaderModifier, HeaderMutation, Rbac};
 use crate::resolve::answer::{MESH_HEADER_PREFIX, Reason};
 use crate::resolve::decision::ServiceKey;
 
@@ -194,20 +192,9 @@ pub fn set_path<B>(req: &mut Request<B>, path_and_query: &str) {
     }
 }
 
-fn principal_matches(p: &Principal, peer: &Peer) -> bool {
-    p.namespace.as_deref().is_none_or(|ns| ns == peer.namespace)
-        && p.service_account
-            .as_deref()
-            .is_none_or(|sa| sa == peer.service_account)
-}
-
 /// Whether an `rbac` filter lets `peer` through.
 pub fn rbac_allows(rbac: &Rbac, peer: &Peer) -> bool {
-    let hit = rbac.principals.iter().any(|p| principal_matches(p, peer));
-    match rbac.action {
-        RbacAction::Allow => hit,
-        RbacAction::Deny => !hit,
-    }
+    rbac.allows(&peer.namespace, &peer.service_account)
 }
 
 /// Run an authorization filter (`rbac`, `ext_authz`) for `service`; `Some` is the denial.
@@ -324,6 +311,7 @@ async fn ext_authz<B>(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::model::snapshot::{Principal, RbacAction};
 
     fn peer(ns: &str, sa: &str) -> Peer {
         Peer {

@@ -30,7 +30,6 @@ use super::{
     ALPN_H1, ALPN_HTTP, ALPN_L4, ALPN_TCP, Body, BoxError, Inputs, Peer, PodCtx, count, sniff,
 };
 use crate::model::port::PortProtocol;
-use crate::model::snapshot::FilterConfig;
 use crate::resolve::decision::ServiceKey;
 
 /// The class a hop's ALPN asks for.
@@ -66,6 +65,19 @@ pub async fn serve_inbound(inputs: Arc<Inputs>, pod: Arc<PodCtx>, listener: TcpL
     }
 }
 
+/// A hop whose handshake finished: what it asked for and who the peer is.
+struct Accepted {
+    tls: ServerTls,
+    peer: Peer,
+    /// The pod port the SNI named, with the class the pod declares it with.
+    port: u16,
+    class: PortProtocol,
+    /// The ALPN asked for an L4 hop (model.md §12.5 item 1).
+    l4: bool,
+    /// The ALPN asked for an HTTP/1.1 hop ([`ALPN_H1`]).
+    h1: bool,
+}
+
 async fn inbound_connection(
     inputs: Arc<Inputs>,
     pod: Arc<PodCtx>,
@@ -73,13 +85,55 @@ async fn inbound_connection(
     peer_addr: SocketAddr,
     local: SocketAddr,
 ) {
+    // The handshake and each branch are boxed: the connection's task keeps only the branch it
+    // runs, so an idle raw stream does not hold room for a handshake or an HTTP server (issue
+    // #8, finding 13).
+    let Some(hop) = Box::pin(accept(&inputs, &pod, tcp, local)).await else {
+        return;
+    };
+    let client_ip = peer_addr.ip();
+    let app = SocketAddr::new(local.ip(), hop.port);
+    if hop.l4 {
+        let to = Delivery {
+            app,
+            client_ip,
+            pod_ip: local.ip(),
+        };
+        return Box::pin(l4_delivery(inputs, pod, hop.tls, hop.peer, to, hop.class)).await;
+    }
+    match hop.class {
+        PortProtocol::Tcp => {
+            let to = Delivery {
+                app,
+                client_ip,
+                pod_ip: local.ip(),
+            };
+            // model.md §12.5 item 2: authorization at connection level, before a byte
+            // reaches the application, as for the bytes of an L4 hop.
+            Box::pin(l4_bytes(&inputs, &pod, hop.tls, &hop.peer, to)).await;
+        }
+        _ => {
+            Box::pin(serve_hop_http(
+                inputs, pod, hop.tls, hop.h1, hop.peer, app, client_ip,
+            ))
+            .await;
+        }
+    }
+}
+
+/// The hop's TLS handshake, with the SNI checked against the pod's row before the handshake
+/// goes on and the peer's certificate after; `None` (counted) refuses the hop.
+async fn accept(
+    inputs: &Inputs,
+    pod: &PodCtx,
+    tcp: TcpStream,
+    local: SocketAddr,
+) -> Option<Accepted> {
     // One deadline for the whole handshake: a peer that sends nothing, or drips its
     // ClientHello, is closed when it passes (model.md §12.5 item 4: the hop accepts only TLS).
     let deadline = tokio::time::Instant::now() + inputs.settings.handshake_timeout;
     let acceptor = LazyConfigAcceptor::new(rustls::server::Acceptor::default(), tcp);
-    let Some(start) = handshake_step(&inputs, deadline, acceptor).await else {
-        return;
-    };
+    let start = handshake_step(inputs, deadline, acceptor).await?;
     let hello = start.client_hello();
     let sni = hello.server_name().map(str::to_owned);
     let alpn: Option<Vec<u8>> = hello.alpn().and_then(|mut a| a.next().map(<[u8]>::to_vec));
@@ -105,15 +159,13 @@ async fn inbound_connection(
         // refused by closing the handshake.
         debug!(?sni, pod = %pod.name, "inbound hop refused: SNI not served here");
         count(&inputs.stats.hop_refused);
-        return;
+        return None;
     };
     let Some(config) = inputs.tls.server(&pod.namespace, &pod.service_account) else {
         count(&inputs.stats.hop_refused);
-        return;
+        return None;
     };
-    let Some(tls) = handshake_step(&inputs, deadline, start.into_stream(config)).await else {
-        return;
-    };
+    let tls = handshake_step(inputs, deadline, start.into_stream(config)).await?;
     let Some(peer) = tls
         .get_ref()
         .1
@@ -121,75 +173,16 @@ async fn inbound_connection(
         .and_then(|chain| inputs.tls.peer(chain))
     else {
         count(&inputs.stats.hop_refused);
-        return;
+        return None;
     };
-    let client_ip = peer_addr.ip();
-    let app = SocketAddr::new(local.ip(), port);
-    if l4 {
-        let to = Delivery {
-            app,
-            client_ip,
-            pod_ip: local.ip(),
-        };
-        return l4_delivery(inputs, pod, tls, peer, to, class).await;
-    }
-    match class {
-        PortProtocol::Tcp => {
-            // model.md §12.5 item 2: authorization at connection level, before a byte
-            // reaches the application.
-            if let Err(why) = connection_verdict(&inputs.model.load(), local.ip(), &peer) {
-                count(&inputs.stats.l4_denied);
-                debug!(pod = %pod.name, peer = %peer.id, %why, "raw tcp over the hop refused");
-                return;
-            }
-            let Some(mut upstream) = super::http::connect_app(&inputs, &pod, app, client_ip).await
-            else {
-                return;
-            };
-            let mut tls = tls;
-            let _ = tokio::io::copy_bidirectional(&mut tls, &mut upstream).await;
-        }
-        _ => {
-            serve_hop_http(
-                inputs,
-                pod,
-                tls,
-                alpn.as_deref() == Some(ALPN_H1),
-                peer,
-                app,
-                client_ip,
-            )
-            .await
-        }
-    }
-}
-
-/// Whether a connection the hop delivers to the pod at `pod_ip` as bytes (raw TCP, L4) may
-/// reach the application (model.md §12.5 item 2): every `rbac` of the Services that guard the
-/// pod must let the proven `peer` through, and none of them may have an `ext_authz`, which is
-/// defined per request only (a connection under one is refused: fail closed).
-pub fn connection_verdict(
-    model: &crate::model::Model,
-    pod_ip: IpAddr,
-    peer: &Peer,
-) -> Result<(), String> {
-    for key in model.guarded_by(pod_ip) {
-        for f in model.filters_of(key) {
-            match &f.config {
-                FilterConfig::Rbac(rbac) if !super::filters::rbac_allows(rbac, peer) => {
-                    return Err(format!("rbac {} of {key} denies {}", f.name, peer.id));
-                }
-                FilterConfig::ExtAuthz(_) => {
-                    return Err(format!(
-                        "ext_authz {} of {key} applies per request; a byte stream is refused",
-                        f.name
-                    ));
-                }
-                _ => {}
-            }
-        }
-    }
-    Ok(())
+    Some(Accepted {
+        tls,
+        peer,
+        port,
+        class,
+        l4,
+        h1: alpn.as_deref() == Some(ALPN_H1),
+    })
 }
 
 /// Serve the HTTP of one inbound hop connection (HTTP/2, or HTTP/1.1 for an [`ALPN_H1`] hop)
@@ -218,11 +211,13 @@ async fn serve_hop_http<T>(
             let pod = pod.clone();
             let peer = peer.clone();
             let in_flight = watch.begin(&inputs.stats);
-            async move {
+            // Boxed, as on the source side (`http::serve`): an idle connection keeps no room
+            // for a request's future.
+            Box::pin(async move {
                 let resp =
                     inbound_request(&inputs, &pod, &peer, app, client_ip, req, &in_flight).await;
                 Ok::<_, std::convert::Infallible>(resp.map(|b| track(b, &in_flight)))
-            }
+            })
         })
     };
     let settings = &inputs.settings;
@@ -401,21 +396,27 @@ async fn l4_delivery(
     l4_bytes(&inputs, &pod, tls, &peer, to).await;
 }
 
-/// Bytes to the application after the connection-level authorization.
+/// Bytes to the application after the connection-level authorization (a raw-TCP hop, or the
+/// bytes of an L4 hop).
 async fn l4_bytes<S>(inputs: &Inputs, pod: &PodCtx, mut stream: S, peer: &Peer, to: Delivery)
 where
     S: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin,
 {
-    if let Err(why) = connection_verdict(&inputs.model.load(), to.pod_ip, peer) {
+    let verdict =
+        inputs
+            .model
+            .load()
+            .connection_verdict(to.pod_ip, &peer.namespace, &peer.service_account);
+    if let Err(why) = verdict {
         count(&inputs.stats.l4_denied);
-        debug!(pod = %pod.name, peer = %peer.id, %why, "l4 hop refused");
+        debug!(pod = %pod.name, peer = %peer.id, %why, "byte stream over the hop refused");
         return;
     }
     let Some(mut upstream) = super::http::connect_app(inputs, pod, to.app, to.client_ip).await
     else {
         return;
     };
-    let _ = tokio::io::copy_bidirectional(&mut stream, &mut upstream).await;
+    let _ = super::relay(inputs, &mut stream, &mut upstream).await;
 }
 
 /// An L4 hop's bytes on an HTTP port, served as HTTP: each request runs the service-level
@@ -450,7 +451,7 @@ async fn l4_http<S>(
             let pod = pod.clone();
             let peer = peer.clone();
             let in_flight = watch.begin(&inputs.stats);
-            async move {
+            Box::pin(async move {
                 let switch = super::filters::strip_client_request(req.headers_mut());
                 let switches = super::upgrade::carry(
                     &mut req,
@@ -491,7 +492,7 @@ async fn l4_http<S>(
                 )
                 .await;
                 Ok(resp.map(|b| track(b, &in_flight)))
-            }
+            })
         })
     };
     let served = match proto {

@@ -8,6 +8,7 @@
 //! and `app_pool` import none of them. Sockets of a pod come from its [`socket`] factory.
 
 pub mod app_pool;
+pub mod copy;
 pub mod filters;
 pub mod hop;
 pub mod http;
@@ -141,6 +142,9 @@ pub struct ProxySettings {
     pub max_header_list_size: u32,
     /// The most header fields an HTTP/1 request head may have.
     pub max_headers: usize,
+    /// A relayed byte stream (raw TCP, an L4 hop, a passthrough, a spliced upgrade) that moves
+    /// no byte either way for this long is closed ([`copy::bidirectional`]); `None`: never.
+    pub tcp_idle_timeout: Option<Duration>,
 }
 
 impl Default for ProxySettings {
@@ -162,6 +166,7 @@ impl Default for ProxySettings {
             http2_max_concurrent_streams: 200,
             max_header_list_size: 64 * 1024,
             max_headers: 100,
+            tcp_idle_timeout: Some(Duration::from_secs(3600)),
         }
     }
 }
@@ -248,6 +253,8 @@ pub struct Stats {
     /// [`ProxySettings::max_headers`], a header list over
     /// [`ProxySettings::max_header_list_size`].
     pub headers_too_large: Counter,
+    /// Relayed byte streams closed after [`ProxySettings::tcp_idle_timeout`] without a byte.
+    pub tcp_idle_closed: Counter,
 }
 
 impl Stats {
@@ -355,6 +362,11 @@ impl Stats {
                 "431 headers-too-large answers: max_header_bytes, max_headers, max_header_list_size",
                 &self.headers_too_large,
             ),
+            (
+                "aether_tcp_idle_closed",
+                "Relayed byte streams closed after tcp_idle_timeout with no byte either way",
+                &self.tcp_idle_closed,
+            ),
         ];
         for (name, help, c) in counters {
             registry.register(name, help, c.clone());
@@ -399,6 +411,21 @@ pub type Gauge = prometheus_client::metrics::gauge::Gauge;
 /// Increment a counter.
 pub fn count(c: &Counter) {
     c.inc();
+}
+
+/// Relay a byte stream both ways (raw TCP, an L4 hop, a passthrough, a spliced upgrade) until
+/// both sides close, or until it moves no byte for [`ProxySettings::tcp_idle_timeout`]
+/// (counted in `aether_tcp_idle_closed`). An idle relay holds no buffer ([`copy`]).
+pub async fn relay<A, B>(inputs: &Inputs, a: &mut A, b: &mut B) -> std::io::Result<copy::Ended>
+where
+    A: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + ?Sized,
+    B: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + ?Sized,
+{
+    let ended = copy::bidirectional(a, b, inputs.settings.tcp_idle_timeout).await;
+    if let Ok(copy::Ended::Idle) = ended {
+        count(&inputs.stats.tcp_idle_closed);
+    }
+    ended
 }
 
 /// One admitted connection, counted against the daemon's and its pod's limits for as long as

@@ -50,8 +50,13 @@ pub async fn serve_loopback(inputs: Arc<Inputs>, pod: Arc<PodCtx>, listener: Tcp
         let pod = pod.clone();
         tokio::spawn(async move {
             let _active = active;
-            let serve =
-                super::http::serve(inputs.clone(), pod.clone(), stream, HttpEntry::Loopback);
+            // Boxed: the task's own future stays small (issue #8, finding 13).
+            let serve = Box::pin(super::http::serve(
+                inputs.clone(),
+                pod.clone(),
+                stream,
+                HttpEntry::Loopback,
+            ));
             pod.until_retired(serve).await;
         });
     }
@@ -67,8 +72,10 @@ async fn captured(inputs: Arc<Inputs>, pod: Arc<PodCtx>, stream: TcpStream) {
     let decision = classify_connection(&model, pod.caller(), dialled);
     drop(model);
     match decision {
-        ConnDecision::Tcp(choice) => tcp(&inputs, &pod, stream, &choice).await,
-        ConnDecision::Passthrough(_) => passthrough(&inputs, &pod, stream, dialled).await,
+        ConnDecision::Tcp(choice) => Box::pin(tcp(&inputs, &pod, stream, &choice)).await,
+        ConnDecision::Passthrough(_) => {
+            Box::pin(passthrough(&inputs, &pod, stream, dialled)).await;
+        }
         ConnDecision::Close(why) => {
             if dialled.port() == crate::model::port::CAPTURE_PORT
                 || dialled.port() == crate::model::port::MESH_HOP_PORT
@@ -80,9 +87,15 @@ async fn captured(inputs: Arc<Inputs>, pod: Arc<PodCtx>, stream: TcpStream) {
         ConnDecision::Sniff(plan) => {
             let sniffed = sniff_stream(&inputs, &stream).await;
             match resolve_sniffed(&plan, &sniffed) {
-                AfterSniff::Http(entry) => super::http::serve(inputs, pod, stream, entry).await,
-                AfterSniff::Tcp(choice) => tcp(&inputs, &pod, stream, &choice).await,
-                AfterSniff::Passthrough => passthrough(&inputs, &pod, stream, dialled).await,
+                // Boxed, each branch: the connection's task is as small as the branch it
+                // takes (an HTTP server is kilobytes larger than a relay).
+                AfterSniff::Http(entry) => {
+                    Box::pin(super::http::serve(inputs, pod, stream, entry)).await;
+                }
+                AfterSniff::Tcp(choice) => Box::pin(tcp(&inputs, &pod, stream, &choice)).await,
+                AfterSniff::Passthrough => {
+                    Box::pin(passthrough(&inputs, &pod, stream, dialled)).await;
+                }
                 AfterSniff::Close => debug!(%dialled, "closed after sniffing"),
             }
         }
@@ -130,7 +143,15 @@ async fn tcp(inputs: &Inputs, pod: &PodCtx, mut stream: TcpStream, choice: &TcpC
         return;
     }
     let endpoint = &target.endpoints[fastrand::usize(..target.endpoints.len())];
-    let mut upstream = match hop::connect(inputs, pod, endpoint, target.pod_port, ALPN_TCP).await {
+    // Boxed: the relay that follows keeps no room for the handshake's state.
+    let connect = Box::pin(hop::connect(
+        inputs,
+        pod,
+        endpoint,
+        target.pod_port,
+        ALPN_TCP,
+    ));
+    let mut upstream = match connect.await {
         Ok(s) => s,
         Err(e) => {
             warn!(error = %e, service = %target.service, "raw tcp hop failed");
@@ -140,7 +161,7 @@ async fn tcp(inputs: &Inputs, pod: &PodCtx, mut stream: TcpStream, choice: &TcpC
     count(&inputs.stats.deliveries);
     info!(target: "aether::access", pod = %pod.name, svc = %target.service,
         dst.port = target.pod_port, decision = "deliver", "raw tcp");
-    let _ = tokio::io::copy_bidirectional(&mut stream, &mut upstream).await;
+    let _ = super::relay(inputs, &mut stream, &mut upstream).await;
 }
 
 /// Passthrough at the byte level: to the dialled address, from the pod's own address; to a
@@ -148,8 +169,8 @@ async fn tcp(inputs: &Inputs, pod: &PodCtx, mut stream: TcpStream, choice: &TcpC
 async fn passthrough(inputs: &Inputs, pod: &PodCtx, mut stream: TcpStream, dialled: SocketAddr) {
     count(&inputs.stats.passthroughs);
     let target = super::passthrough::pick(inputs, dialled);
-    let Some(mut upstream) = super::passthrough::open(inputs, pod, &target).await else {
+    let Some(mut upstream) = Box::pin(super::passthrough::open(inputs, pod, &target)).await else {
         return;
     };
-    let _ = tokio::io::copy_bidirectional(&mut stream, &mut upstream).await;
+    let _ = super::relay(inputs, &mut stream, &mut upstream).await;
 }

@@ -41,6 +41,11 @@ impl<S: AsyncRead + Unpin> AsyncRead for Rewind<S> {
             let n = self.prefix.len().min(buf.remaining());
             buf.put_slice(&self.prefix[..n]);
             self.prefix.advance(n);
+            if self.prefix.is_empty() {
+                // An emptied `Bytes` still holds its whole allocation (the first head's read
+                // buffer, 16 KiB): let it go rather than keep it for the connection's life.
+                self.prefix = Bytes::new();
+            }
             return Poll::Ready(Ok(()));
         }
         Pin::new(&mut self.inner).poll_read(cx, buf)
@@ -89,5 +94,19 @@ mod tests {
         let mut out = String::new();
         r.read_to_string(&mut out).await.unwrap();
         assert_eq!(out, "hello world");
+    }
+
+    #[tokio::test]
+    async fn a_replayed_prefix_lets_its_buffer_go() {
+        // The buffer a first head was read into: once replayed, the stream no longer holds it.
+        let buffer = Bytes::from(vec![b'x'; 16 * 1024]);
+        let inner: &[u8] = b"";
+        let mut r = Rewind::new(buffer.clone(), inner);
+        assert!(!buffer.is_unique());
+        let mut out = Vec::new();
+        r.read_to_end(&mut out).await.unwrap();
+        assert_eq!(out.len(), 16 * 1024);
+        assert!(buffer.is_unique(), "the replayed prefix is still held");
+        assert!(!r.replaying());
     }
 }

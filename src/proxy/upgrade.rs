@@ -10,7 +10,7 @@
 //! upstream's upgraded connection is spliced with the caller's ([`splice`]).
 //!
 //! The functions here own no socket: they take any byte stream, so that the splice can be
-//! tested over in-memory streams.
+//! tested over in-memory streams. Imports: `copy` (the relay).
 
 use http::header::{CONNECTION, UPGRADE};
 use http::{HeaderValue, Request, Response, StatusCode, Version};
@@ -20,6 +20,7 @@ use hyper_util::rt::TokioIo;
 use tokio::io::{AsyncRead, AsyncWrite};
 use tracing::debug;
 
+use super::copy::Ended;
 use super::{Body, BoxError};
 
 /// Relaying a switched connection failed.
@@ -98,12 +99,13 @@ pub fn carry<B>(req: &mut Request<B>, upgrade: Option<&HeaderValue>, asked: bool
 /// Send the upgrade request `req` on a fresh HTTP/1.1 connection over `io` and return the
 /// answer. When it is `101 Switching Protocols`, a task splices `client` (the caller's side of
 /// the switch, from [`hyper::upgrade::on`] on the incoming request) with the upstream's
-/// upgraded connection once the caller has sent the `101` on; any other answer is returned as
-/// it is and `client` is dropped.
+/// upgraded connection once the caller has sent the `101` on, until both close or no byte moves
+/// for `idle`; any other answer is returned as it is and `client` is dropped.
 pub async fn forward<IO>(
     io: IO,
     req: Request<Body>,
     client: OnUpgrade,
+    idle: Option<std::time::Duration>,
 ) -> Result<Response<Body>, UpgradeError>
 where
     IO: AsyncRead + AsyncWrite + Send + Unpin + 'static,
@@ -124,8 +126,11 @@ where
     if resp.status() == StatusCode::SWITCHING_PROTOCOLS {
         let upstream = hyper::upgrade::on(&mut resp);
         tokio::spawn(async move {
-            match splice(client, upstream).await {
-                Ok((up, down)) => debug!(up, down, "switched connection closed"),
+            match splice(client, upstream, idle).await {
+                Ok(Ended::Closed { a_to_b, b_to_a }) => {
+                    debug!(up = a_to_b, down = b_to_a, "switched connection closed");
+                }
+                Ok(Ended::Idle) => debug!("switched connection closed: idle"),
                 Err(e) => debug!(error = %crate::DisplayChain(&e), "switched connection failed"),
             }
         });
@@ -133,13 +138,17 @@ where
     Ok(resp.map(|b| b.map_err(BoxError::from).boxed()))
 }
 
-/// Wait for both sides to switch, then relay bytes both ways until either closes; the bytes
-/// sent each way (client to upstream, upstream to client).
-pub async fn splice(client: OnUpgrade, upstream: OnUpgrade) -> Result<(u64, u64), UpgradeError> {
+/// Wait for both sides to switch, then relay bytes both ways until both close or no byte moves
+/// for `idle` ([`super::copy`]); with the bytes sent each way (client to upstream first).
+pub async fn splice(
+    client: OnUpgrade,
+    upstream: OnUpgrade,
+    idle: Option<std::time::Duration>,
+) -> Result<Ended, UpgradeError> {
     let (client, upstream) = tokio::try_join!(client, upstream).map_err(UpgradeError::Switch)?;
     let mut client = TokioIo::new(client);
     let mut upstream = TokioIo::new(upstream);
-    tokio::io::copy_bidirectional(&mut client, &mut upstream)
+    super::copy::bidirectional(&mut client, &mut upstream, idle)
         .await
         .map_err(UpgradeError::Relay)
 }

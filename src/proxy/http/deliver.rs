@@ -219,7 +219,7 @@ pub async fn deliver(
                 let tls =
                     crate::proxy::hop::connect(inputs, pod, endpoint, d.backend.pod_port, ALPN_H1)
                         .await?;
-                let resp = upgrade::forward(tls, req, up).await?;
+                let resp = upgrade::forward(tls, req, up, inputs.settings.tcp_idle_timeout).await?;
                 count_switch(inputs, &resp);
                 Ok(resp)
             }

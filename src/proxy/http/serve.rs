@@ -70,11 +70,14 @@ pub async fn serve(inputs: Arc<Inputs>, pod: Arc<PodCtx>, mut stream: TcpStream,
             let inputs = inputs.clone();
             let pod = pod.clone();
             let in_flight = watch.begin(&inputs.stats);
-            async move {
+            // Boxed: hyper's HTTP/1 server keeps room for one request's future for the
+            // connection's whole life, so an unboxed one (kilobytes) would cost every idle
+            // keep-alive connection that much (issue #8, finding 13).
+            Box::pin(async move {
                 let req = req.map(|b| track(b.map_err(BoxError::from).boxed(), &in_flight));
                 let resp = handle(&inputs, &pod, entry, req).await;
                 Ok::<_, Infallible>(resp.map(|b| track(b, &in_flight)))
-            }
+            })
         })
     };
     let served = match proto {

@@ -69,7 +69,7 @@ where
 {
     let sent = match client_upgrade {
         Some(up) => match connect().await {
-            Some(stream) => upgrade::forward(stream, req, up)
+            Some(stream) => upgrade::forward(stream, req, up, inputs.settings.tcp_idle_timeout)
                 .await
                 .map_err(BoxError::from),
             None => Err("the destination refused the connection".into()),

@@ -53,7 +53,7 @@ async fn destination(ids: Arc<Identities>, io: DuplexStream, app: SocketAddr) {
         let req = req.map(|b| b.map_err(BoxError::from).boxed());
         let stream = TcpStream::connect(app).await.expect("connect to the app");
         let resp = match up {
-            Some(up) => forward(stream, req, up).await,
+            Some(up) => forward(stream, req, up, None).await,
             None => panic!("only upgrade requests cross this hop"),
         };
         Ok::<_, Infallible>(resp.unwrap_or_else(|e| {
@@ -86,7 +86,7 @@ async fn source(ids: Arc<Identities>, client: DuplexStream, hop: DuplexStream) {
                 .connect(name, hop)
                 .await
                 .expect("the hop handshake");
-            let resp = forward(tls, req, up).await.expect("the hop answers");
+            let resp = forward(tls, req, up, None).await.expect("the hop answers");
             Ok::<_, Infallible>(resp)
         }
     });
