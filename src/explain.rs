@@ -269,6 +269,61 @@ fn passthrough_targets(model: &Model, dialled: SocketAddr) -> Vec<String> {
         .unwrap_or_default()
 }
 
+/// The connection-level authorization a byte stream meets at its destination (model.md §12.5
+/// item 2), for each pod at `ips`: what every `rbac` and `ext_authz` of the Services that guard
+/// the pod does with this caller, through the daemon's own verdict
+/// ([`Model::connection_verdict`]). Empty where no authorization applies.
+fn connection_checks(
+    model: &Model,
+    caller: &Caller,
+    ips: impl IntoIterator<Item = IpAddr>,
+) -> Vec<String> {
+    let ns = caller.namespace.as_deref().unwrap_or_default();
+    let sa = caller.service_account.as_deref().unwrap_or_default();
+    // Verdict text -> the pods it holds for, in the order first met.
+    let mut verdicts: Vec<(String, Vec<IpAddr>)> = Vec::new();
+    for ip in ips {
+        let guards: Vec<String> = model
+            .guarded_by(ip)
+            .iter()
+            .filter(|k| {
+                model.filters_of(k).iter().any(|f| {
+                    matches!(
+                        f.config,
+                        crate::model::snapshot::FilterConfig::Rbac(_)
+                            | crate::model::snapshot::FilterConfig::ExtAuthz(_)
+                    )
+                })
+            })
+            .map(ToString::to_string)
+            .collect();
+        if guards.is_empty() {
+            continue;
+        }
+        let text = match model.connection_verdict(ip, ns, sa) {
+            Ok(()) => format!(
+                "the service-level rbac of {} lets {ns}/{sa} through",
+                guards.join(", ")
+            ),
+            Err(denied) => format!(
+                "{denied}; closed before a byte reaches the application (model.md §12.5 item 2)"
+            ),
+        };
+        match verdicts.iter_mut().find(|(t, _)| *t == text) {
+            Some((_, at)) if !at.contains(&ip) => at.push(ip),
+            Some(_) => {}
+            None => verdicts.push((text, vec![ip])),
+        }
+    }
+    verdicts
+        .into_iter()
+        .map(|(text, at)| {
+            let at: Vec<String> = at.iter().map(ToString::to_string).collect();
+            format!("per connection at {}: {text}", at.join(", "))
+        })
+        .collect()
+}
+
 fn request_step(model: &Model, d: &RequestDecision, dialled: SocketAddr) -> Step {
     match d {
         RequestDecision::Answer(a, why) => answer_step(a, why.rule, &why.detail),
@@ -542,10 +597,29 @@ pub fn explain(
         ConnOutcome::NotCaptured(_) => format!("dial to {}, not captured", d.dialled),
         _ => format!("captured dial to {}", d.dialled),
     };
+    let http_bytes = matches!(q.bytes, Bytes::Http | Bytes::Http10 | Bytes::H2c);
     let connection = match &d.connection {
         ConnOutcome::NotCaptured(why) => step("passthrough", why.rule, &why.detail),
         ConnOutcome::Passthrough(why) => Step {
             target: passthrough_targets(model, d.dialled),
+            filters: connection_checks(
+                model,
+                &d.caller,
+                model
+                    .passthrough_over_hop(d.dialled)
+                    .iter()
+                    .flat_map(|eps| eps.iter())
+                    // An HTTP port serves HTTP bytes as HTTP, its filters per request; any
+                    // other byte stream meets the connection-level verdict.
+                    .filter(|e| {
+                        let tcp_port = model
+                            .pod_ports(e.address)
+                            .and_then(|(_, declared)| declared.get(&e.port).copied())
+                            == Some(crate::model::port::PortProtocol::Tcp);
+                        e.mesh.is_some() && (tcp_port || !http_bytes)
+                    })
+                    .map(|e| e.address),
+            ),
             ..step("passthrough", why.rule, &why.detail)
         },
         ConnOutcome::LoopbackNotHttp => answer_step(
@@ -555,6 +629,14 @@ pub fn explain(
         ),
         ConnOutcome::Tcp(c, why) => Step {
             target: choice_targets(c),
+            filters: connection_checks(
+                model,
+                &d.caller,
+                c.backends.iter().flat_map(|(_, b)| match b {
+                    TcpBackend::Target(t) => t.endpoints.iter().map(|e| e.address).collect(),
+                    TcpBackend::Invalid(_) => Vec::new(),
+                }),
+            ),
             ..step("tcp", why.rule, &why.detail)
         },
         ConnOutcome::Close(why) => step("close", why.rule, &why.detail),

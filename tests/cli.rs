@@ -183,3 +183,47 @@ fn a_bad_manifest_is_reported_with_file_document_and_field_and_the_rest_is_used(
     assert!(err.contains("ports"), "names the field: {err}");
     assert!(String::from_utf8_lossy(&out.stdout).contains("deliver"));
 }
+
+#[test]
+fn a_raw_tcp_connection_shows_the_destinations_connection_level_authorization() {
+    // model.md §12.5 item 2, with the variant deny-rbac-tcp (only mp-other/mp-client-other may
+    // reach mp-mixed).
+    let dir = std::env::temp_dir().join(format!("aether-cli-rbac-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("config/examples");
+    for from in [root.join("mp"), root.join("variants/deny-rbac-tcp")] {
+        for entry in std::fs::read_dir(&from).unwrap() {
+            let path = entry.unwrap().path();
+            if path.extension().is_some_and(|e| e == "yaml") {
+                std::fs::copy(&path, dir.join(path.file_name().unwrap())).unwrap();
+            }
+        }
+    }
+    let ask = |from: &str| {
+        json(&[
+            "--registry",
+            dir.to_str().unwrap(),
+            "--from",
+            from,
+            "--dial",
+            "mp-mixed.mp.aether.internal:9000",
+            "--bytes",
+            "raw",
+        ])
+    };
+    let denied = ask("mp/mp-client");
+    let allowed = ask("mp-other/mp-client-other");
+    std::fs::remove_dir_all(&dir).unwrap();
+    assert_eq!(denied["connection"]["outcome"], "tcp");
+    let line = denied["connection"]["filters"][0].as_str().unwrap();
+    assert!(
+        line.contains("rbac mp/mp-mixed-rbac of mp/mp-mixed denies the caller")
+            && line.contains("closed before a byte reaches the application"),
+        "{line}"
+    );
+    let line = allowed["connection"]["filters"][0].as_str().unwrap();
+    assert!(
+        line.contains("lets mp-other/mp-client-other through"),
+        "{line}"
+    );
+}

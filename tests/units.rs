@@ -1173,3 +1173,76 @@ fn a_passthrough_to_a_mesh_pod_is_carried_over_the_hop_to_one_of_its_ready_endpo
             .is_none()
     );
 }
+
+#[test]
+fn a_byte_stream_meets_the_rbac_of_the_services_that_guard_its_pod_and_never_an_ext_authz() {
+    // model.md §12.5 item 2, the one verdict the daemon and explain use. deny-rbac-tcp: the rbac
+    // of mp-mixed lets only mp-other/mp-client-other through.
+    let (snapshot, m) = fixture_model(Some("deny-rbac-tcp"), None);
+    let ip = |pod: &str| {
+        snapshot
+            .pods
+            .iter()
+            .find(|p| p.name == pod)
+            .and_then(|p| p.ips.first().copied())
+            .unwrap()
+    };
+    let mixed = ip("mp-mixed-0");
+    assert_eq!(
+        m.connection_verdict(mixed, "mp-other", "mp-client-other"),
+        Ok(())
+    );
+    let denied = m.connection_verdict(mixed, "mp", "mp-client").unwrap_err();
+    assert_eq!(
+        denied.to_string(),
+        "rbac mp/mp-mixed-rbac of mp/mp-mixed denies the caller"
+    );
+    // A pod no authorization guards lets every caller through.
+    assert_eq!(
+        m.connection_verdict(ip("mp-eighty-0"), "mp", "mp-client"),
+        Ok(())
+    );
+    assert!(
+        !m.diagnostics
+            .iter()
+            .any(|d| d.kind.as_str() == "ext-authz-on-tcp"),
+        "no ext_authz guards a raw-TCP port in the fixture"
+    );
+}
+
+#[test]
+fn an_ext_authz_over_raw_tcp_ports_is_flagged_and_refuses_their_byte_streams() {
+    // The fixture's mp-multi ext_authz, pointed at mp-mixed (8080 HTTP, 9000 raw TCP).
+    let edit = (
+        "40-filters.yaml",
+        "    name: mp-multi\n  extAuthz:",
+        "    name: mp-mixed\n  extAuthz:",
+    );
+    let (snapshot, m) = fixture_model(None, Some(edit));
+    let flagged: Vec<_> = m
+        .diagnostics
+        .iter()
+        .filter(|d| d.kind.as_str() == "ext-authz-on-tcp")
+        .collect();
+    assert_eq!(flagged.len(), 1, "{flagged:?}");
+    assert_eq!(flagged[0].subject, "mp/mp-multi-ext-authz");
+    assert!(
+        flagged[0].detail.contains("raw-TCP port(s) 9000 ")
+            && flagged[0].detail.contains("mp/mp-mixed"),
+        "{}",
+        flagged[0].detail
+    );
+    let mixed = snapshot
+        .pods
+        .iter()
+        .find(|p| p.name == "mp-mixed-1")
+        .and_then(|p| p.ips.first().copied())
+        .unwrap();
+    let denied = m
+        .connection_verdict(mixed, "mp-other", "mp-client-other")
+        .unwrap_err();
+    assert!(
+        matches!(denied, aether::model::ConnectionDenied::ExtAuthz { .. }),
+        "{denied}"
+    );
+}

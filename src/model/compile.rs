@@ -613,6 +613,7 @@ impl<'s> Compiler<'s> {
             );
         }
 
+        self.ext_authz_on_tcp(&pod_ips, &filters);
         let l4 = l4::passthrough_targets(snapshot, &pod_ips);
         for p in &snapshot.pods {
             if let Some(v) = p.inbound_mode.as_deref()
@@ -708,6 +709,49 @@ impl<'s> Compiler<'s> {
             known: !ports.is_empty(),
             ports,
             own_ports,
+        }
+    }
+
+    /// model.md §12.5 item 2: `ext_authz` is defined per HTTP request, so a byte stream to a
+    /// raw-TCP port of a pod it guards is refused. Said once per filter and Service, with the
+    /// ports, so that the refusal is not a surprise at run time.
+    fn ext_authz_on_tcp(
+        &mut self,
+        pod_ips: &HashMap<IpAddr, Arc<PodIpEntry>>,
+        filters: &BTreeMap<ServiceKey, Arc<[NamedFilter]>>,
+    ) {
+        let mut refused: BTreeMap<(&str, &ServiceKey), BTreeSet<u16>> = BTreeMap::new();
+        for entry in pod_ips.values() {
+            let tcp: Vec<u16> = entry
+                .declared
+                .iter()
+                .filter(|(_, p)| **p == PortProtocol::Tcp)
+                .map(|(&p, _)| p)
+                .collect();
+            if tcp.is_empty() {
+                continue;
+            }
+            for k in entry.guarded_by.iter() {
+                for f in filters.get(k).into_iter().flat_map(|fs| fs.iter()) {
+                    if matches!(f.config, FilterConfig::ExtAuthz(_)) {
+                        refused
+                            .entry((f.name.as_str(), k))
+                            .or_default()
+                            .extend(tcp.iter().copied());
+                    }
+                }
+            }
+        }
+        for ((filter, service), ports) in refused {
+            let ports: Vec<String> = ports.iter().map(u16::to_string).collect();
+            self.diagnostics.push(Diagnostic::new(
+                DiagnosticKind::ExtAuthzOnTcp,
+                filter,
+                format!(
+                    "ext_authz applies per HTTP request: connections to the raw-TCP port(s) {} of the pods {service} guards are refused (model.md §12.5 item 2)",
+                    ports.join(", ")
+                ),
+            ));
         }
     }
 

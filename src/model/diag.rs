@@ -35,6 +35,9 @@ pub enum DiagnosticKind {
     Filter,
     /// An `inbound.aether.io/mode` that is neither `strict` nor `permissive`: the pod is strict.
     InboundMode,
+    /// A service-level `ext_authz` guards pods with raw-TCP ports: it is defined per HTTP request,
+    /// so connections to those ports are refused (model.md §12.5 item 2).
+    ExtAuthzOnTcp,
 }
 
 impl DiagnosticKind {
@@ -49,6 +52,7 @@ impl DiagnosticKind {
             Self::Route => "route",
             Self::Filter => "filter",
             Self::InboundMode => "inbound-mode",
+            Self::ExtAuthzOnTcp => "ext-authz-on-tcp",
         }
     }
 }

@@ -92,7 +92,17 @@ async fn handle(admin: &Admin, path: &str) -> Response<Body> {
                 "registry_fingerprint": admin.fingerprint.load(std::sync::atomic::Ordering::Acquire).to_string(),
                 "names": model.name_count(),
                 "pods": model.pods().count(),
-                "diagnostics": model.diagnostics.len(),
+                // What the compiler refused, dropped or flagged (an `ext_authz` over raw-TCP
+                // ports, an unknown inbound mode, ...), each with its stable kind.
+                "diagnostics": model
+                    .diagnostics
+                    .iter()
+                    .map(|d| serde_json::json!({
+                        "kind": d.kind.as_str(),
+                        "subject": d.subject,
+                        "detail": d.detail,
+                    }))
+                    .collect::<Vec<_>>(),
             }))
         }
         _ => status(StatusCode::NOT_FOUND, "unknown admin path\n"),
