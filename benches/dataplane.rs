@@ -9,12 +9,13 @@
 //! Per target: HTTP/1.1 latency on one keep-alive connection (p50/p99), HTTP/1.1 requests per
 //! second over a fixed time on a few keep-alive connections, and bulk TCP through the raw echo.
 //! Each figure is measured in [`ROUNDS`] rounds, mesh and direct back to back with the order
-//! alternating. Two tables are printed: the first round, and the median round. They differ
-//! because the destination daemon opens one connection to the application per request, and the
-//! TIME_WAIT sockets it leaves in the server pod (printed per round) outlive a round. Nothing is
-//! asserted about speed.
+//! alternating. Two tables are printed: the first round, and the median round (the TIME_WAIT
+//! sockets in the server pod are printed per round: a daemon that opened a connection to the
+//! application per request left them behind). Nothing is asserted about speed.
 //!
 //! Run as root: `cargo bench --bench dataplane`. Without root it prints `SKIPPED: needs root`.
+//! `AETHER_BENCH_BINARY=<path>` runs the mesh on another build of `aether` (an older commit's,
+//! for a before-and-after) with this same harness.
 #![allow(clippy::print_stdout, missing_docs)] // A benchmark harness reports on stdout.
 
 use std::net::SocketAddr;
@@ -84,7 +85,10 @@ fn main() -> Result<()> {
         let opts = DemoOptions::fixture(
             Path::new(env!("CARGO_MANIFEST_DIR")),
             PathBuf::from("/tmp/aether-bench"),
-            PathBuf::from(env!("CARGO_BIN_EXE_aether")),
+            std::env::var_os("AETHER_BENCH_BINARY").map_or_else(
+                || PathBuf::from(env!("CARGO_BIN_EXE_aether")),
+                PathBuf::from,
+            ),
             "aeb",
         );
         println!("bringing the fixture mesh up in {}", opts.run_dir.display());

@@ -153,6 +153,12 @@ struct NodeArgs {
     /// for this long, in seconds; 0: never.
     #[arg(long, env = "AETHER_TCP_IDLE_TIMEOUT_SECS")]
     tcp_idle_timeout_secs: Option<u64>,
+    /// The largest request body buffered for a RequestMirror copy, in bytes.
+    #[arg(long, env = "AETHER_MIRROR_MAX_BODY_BYTES")]
+    mirror_max_body_bytes: Option<usize>,
+    /// The largest ext_authz answer body read, in bytes.
+    #[arg(long, env = "AETHER_EXT_AUTHZ_MAX_BODY_BYTES")]
+    ext_authz_max_body_bytes: Option<usize>,
 }
 
 #[derive(Debug, clap::Args)]
@@ -713,7 +719,9 @@ fn node_config(args: &NodeArgs) -> anyhow::Result<aether::node::NodeConfig> {
         max_header_list_size,
         max_header_bytes,
         max_headers,
-        tcp_idle_timeout_secs
+        tcp_idle_timeout_secs,
+        mirror_max_body_bytes,
+        ext_authz_max_body_bytes
     );
     macro_rules! set_opt {
         ($($field:ident),*) => {$(

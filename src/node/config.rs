@@ -123,6 +123,10 @@ pub struct NodeConfig {
     /// A relayed byte stream (raw TCP, L4, passthrough, spliced upgrade) that moves no byte
     /// either way for this long is closed, in seconds; 0: never. Default 3600.
     pub tcp_idle_timeout_secs: u64,
+    /// The largest request body buffered for a `RequestMirror` copy, in bytes. Default 1 MiB.
+    pub mirror_max_body_bytes: usize,
+    /// The largest `ext_authz` answer body read, in bytes. Default 64 KiB.
+    pub ext_authz_max_body_bytes: usize,
 }
 
 impl Default for NodeConfig {
@@ -165,6 +169,8 @@ impl Default for NodeConfig {
             max_header_bytes: 64 * 1024,
             max_headers: 100,
             tcp_idle_timeout_secs: 3600,
+            mirror_max_body_bytes: 1024 * 1024,
+            ext_authz_max_body_bytes: 64 * 1024,
         }
     }
 }
@@ -258,6 +264,14 @@ impl NodeConfig {
             (
                 "max_headers",
                 u64::try_from(self.max_headers).unwrap_or(u64::MAX),
+            ),
+            (
+                "mirror_max_body_bytes",
+                u64::try_from(self.mirror_max_body_bytes).unwrap_or(u64::MAX),
+            ),
+            (
+                "ext_authz_max_body_bytes",
+                u64::try_from(self.ext_authz_max_body_bytes).unwrap_or(u64::MAX),
             ),
         ] {
             if value == 0 {

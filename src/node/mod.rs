@@ -209,6 +209,8 @@ pub async fn run(config: NodeConfig) -> Result<(), NodeError> {
             max_headers: config.max_headers,
             tcp_idle_timeout: (config.tcp_idle_timeout_secs > 0)
                 .then(|| Duration::from_secs(config.tcp_idle_timeout_secs)),
+            mirror_max_body_bytes: config.mirror_max_body_bytes,
+            ext_authz_max_body_bytes: config.ext_authz_max_body_bytes,
             ..ProxySettings::default()
         },
         pool: crate::proxy::hop::Pool::default(),

@@ -11,7 +11,7 @@ use http::header::HeaderMap;
 use http::{HeaderName, HeaderValue, Request, Response};
 use http_body_util::BodyExt;
 
-use super::{Body, Inputs, Peer, PodCtx, respond};
+use super::{Body, Inputs, Peer, PodCtx, count, respond};
 use crate::model::filters::apply_header_modifier;
 use crate::model::snapshot::{ExtAuthz, FilterConfig, HeaderModifier, HeaderMutation, Rbac};
 use crate::resolve::answer::{MESH_HEADER_PREFIX, Reason};
@@ -292,13 +292,17 @@ async fn ext_authz<B>(
             .headers()
             .contains_key(crate::resolve::answer::HEADER_ERROR);
     // The body is read to its end either way: a dropped HTTP/2 response resets its stream,
-    // and a hop connection that resets many gets closed by the h2 crate.
-    let body = tokio::time::timeout(timeout, resp.into_body().collect())
-        .await
-        .ok()
-        .and_then(Result::ok)
-        .map(http_body_util::Collected::to_bytes)
-        .unwrap_or_default();
+    // and a hop connection that resets many gets closed by the h2 crate. Kept up to the limit
+    // only: the server is configured, not trusted with the daemon's memory.
+    let (body, over) = tokio::time::timeout(
+        timeout,
+        read_bounded(resp.into_body(), inputs.settings.ext_authz_max_body_bytes),
+    )
+    .await
+    .unwrap_or_default();
+    if over {
+        count(&inputs.stats.ext_authz_body_over_limit);
+    }
     if status.is_success() {
         None
     } else if unavailable {
@@ -308,10 +312,41 @@ async fn ext_authz<B>(
     }
 }
 
+/// Read `body` to its end, keeping its first `limit` bytes; whether it had more (dropped). A body
+/// that fails keeps what came before.
+async fn read_bounded<B>(mut body: B, limit: usize) -> (bytes::Bytes, bool)
+where
+    B: http_body::Body<Data = bytes::Bytes> + Unpin,
+{
+    let mut kept = bytes::BytesMut::new();
+    let mut over = false;
+    while let Some(Ok(frame)) = body.frame().await {
+        if let Some(data) = frame.data_ref() {
+            if kept.len() + data.len() <= limit {
+                kept.extend_from_slice(data);
+            } else {
+                over = true;
+            }
+        }
+    }
+    (kept.freeze(), over)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
     use crate::model::snapshot::{Principal, RbacAction};
+
+    #[tokio::test]
+    async fn an_answer_body_is_kept_up_to_the_limit_and_read_to_its_end() {
+        let body = |n: usize| http_body_util::Full::new(bytes::Bytes::from(vec![b'x'; n]));
+        assert_eq!(
+            read_bounded(body(10), 16).await,
+            (vec![b'x'; 10].into(), false)
+        );
+        let (kept, over) = read_bounded(body(17), 16).await;
+        assert!(kept.is_empty() && over);
+    }
 
     fn peer(ns: &str, sa: &str) -> Peer {
         Peer {

@@ -56,10 +56,6 @@ pub const ALPN_L4: &[u8] = b"aether-l4/1";
 /// Every ALPN the inbound hop serves, in preference order (the destination's TLS offers these).
 pub const ALPNS: &[&[u8]] = &[ALPN_HTTP, ALPN_TCP, ALPN_H1, ALPN_L4];
 
-/// The largest request body copied to a `RequestMirror`; a larger body is not mirrored
-/// (logged and counted in `aether_mirror_skipped`).
-pub const MIRROR_BODY_LIMIT: usize = 1024 * 1024;
-
 /// The mesh hop port on every pod IP.
 pub const HOP_PORT: u16 = 18008;
 /// The capture port.
@@ -145,6 +141,13 @@ pub struct ProxySettings {
     /// A relayed byte stream (raw TCP, an L4 hop, a passthrough, a spliced upgrade) that moves
     /// no byte either way for this long is closed ([`copy::bidirectional`]); `None`: never.
     pub tcp_idle_timeout: Option<Duration>,
+    /// The largest request body buffered to copy to a `RequestMirror`; a larger one is not
+    /// mirrored (logged and counted in `aether_mirror_skipped`), the request itself goes on.
+    pub mirror_max_body_bytes: usize,
+    /// The largest body of an `ext_authz` server's answer that is read: a denial's body is
+    /// relayed to the client, and what is over this is not read (the denial goes without a
+    /// body; counted in `aether_ext_authz_body_over_limit`).
+    pub ext_authz_max_body_bytes: usize,
 }
 
 impl Default for ProxySettings {
@@ -167,6 +170,8 @@ impl Default for ProxySettings {
             max_header_list_size: 64 * 1024,
             max_headers: 100,
             tcp_idle_timeout: Some(Duration::from_secs(3600)),
+            mirror_max_body_bytes: 1024 * 1024,
+            ext_authz_max_body_bytes: 64 * 1024,
         }
     }
 }
@@ -212,7 +217,8 @@ pub struct Stats {
     pub mirrors: Counter,
     /// Mirror copies that failed (not resolvable, unreachable, or the copy's request failed).
     pub mirror_failures: Counter,
-    /// Mirror copies not sent because the body was larger than [`MIRROR_BODY_LIMIT`].
+    /// Mirror copies not sent because the body was larger than
+    /// [`ProxySettings::mirror_max_body_bytes`] (or too slow to arrive).
     pub mirror_skipped: Counter,
     /// Upgraded connections spliced (a `101 Switching Protocols` relayed).
     pub upgrades: Counter,
@@ -255,6 +261,8 @@ pub struct Stats {
     pub headers_too_large: Counter,
     /// Relayed byte streams closed after [`ProxySettings::tcp_idle_timeout`] without a byte.
     pub tcp_idle_closed: Counter,
+    /// `ext_authz` answers whose body was over [`ProxySettings::ext_authz_max_body_bytes`].
+    pub ext_authz_body_over_limit: Counter,
 }
 
 impl Stats {
@@ -366,6 +374,11 @@ impl Stats {
                 "aether_tcp_idle_closed",
                 "Relayed byte streams closed after tcp_idle_timeout with no byte either way",
                 &self.tcp_idle_closed,
+            ),
+            (
+                "aether_ext_authz_body_over_limit",
+                "ext_authz answers whose body was over ext_authz_max_body_bytes (not read)",
+                &self.ext_authz_body_over_limit,
             ),
         ];
         for (name, help, c) in counters {

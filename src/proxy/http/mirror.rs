@@ -1,7 +1,7 @@
 //! `RequestMirror` (routes.md §4 item 4): copies of a delivered request, sent fire-and-forget
 //! to each mirror that fires, as requests the mesh makes itself ([`crate::proxy::mesh_call`]).
 //! A copy never delays or changes the client's request: its body is read for the copies only
-//! up to [`MIRROR_BODY_LIMIT`] (and, of unknown length, for at most [`MIRROR_BODY_WAIT`]), then
+//! up to the mirror body limit ([`ProxySettings::mirror_max_body_bytes`](crate::proxy::ProxySettings::mirror_max_body_bytes)) (and, of unknown length, for at most [`MIRROR_BODY_WAIT`]), then
 //! replayed whole to the delivery.
 //!
 //! May import: `mesh_call`, `respond`; never `super::serve`, `super::deliver` or the filters.
@@ -16,7 +16,7 @@ use tracing::{debug, info, warn};
 
 use crate::model::filters::{MirrorStep, mirror_fires};
 use crate::proxy::mesh_call::{MeshCallError, mesh_send};
-use crate::proxy::{Body, BoxError, Inputs, MIRROR_BODY_LIMIT, PodCtx, count, respond};
+use crate::proxy::{Body, BoxError, Inputs, PodCtx, count, respond};
 use crate::resolve::decision::Delivery;
 
 /// How long a mirror copy may take, answer included; it never delays the client.
@@ -43,7 +43,7 @@ pub(super) fn fired_mirrors(d: &Delivery) -> Vec<MirrorStep> {
 
 /// Send a copy of `req` to each mirror, fire-and-forget, and give back the request to deliver
 /// (its body replayed when it was read for the copies). A copy is not sent, logged and counted,
-/// when the request switches protocols or its body is over [`MIRROR_BODY_LIMIT`] (or of
+/// when the request switches protocols or its body is over the mirror body limit (or of
 /// unknown length and slower than [`MIRROR_BODY_WAIT`]).
 pub(super) async fn send_mirrors(
     inputs: &Arc<Inputs>,
@@ -64,7 +64,12 @@ pub(super) async fn send_mirrors(
         return req;
     }
     let (parts, body) = req.into_parts();
-    let (body, copy) = buffer_body(body, MIRROR_BODY_LIMIT, MIRROR_BODY_WAIT).await;
+    let (body, copy) = buffer_body(
+        body,
+        inputs.settings.mirror_max_body_bytes,
+        MIRROR_BODY_WAIT,
+    )
+    .await;
     let Some(copy) = copy else {
         skip("the body is over the mirror limit or did not arrive in time");
         return Request::from_parts(parts, body);

@@ -165,14 +165,23 @@ async fn precheck(
     }
 }
 
-/// What the bytes of a first head say so far.
-enum Judged {
+/// What the bytes of a first head say, once they say anything ([`judge`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Judged {
+    /// hyper serves the connection, speaking this.
     Http(Proto),
+    /// The mesh answers this and closes.
     Answer(Reason),
 }
 
-/// Judge the bytes of a first head; `None` while more are needed.
-fn judge(bytes: &[u8], entry: HttpEntry, settings: &crate::proxy::ProxySettings) -> Option<Judged> {
+/// Judge the bytes of a connection's first head, as read so far: `None` while more are needed.
+/// A pure function of the bytes, the entry path and the limits (fuzzed: `tests/fuzz.rs`,
+/// `http_head`).
+pub fn judge(
+    bytes: &[u8],
+    entry: HttpEntry,
+    settings: &crate::proxy::ProxySettings,
+) -> Option<Judged> {
     let limit = settings.max_header_bytes;
     match sniff::sniff(bytes) {
         sniff::Verdict::Known(crate::resolve::decision::Sniffed::Http) => {}

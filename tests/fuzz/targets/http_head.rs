@@ -1,16 +1,18 @@
 //! `http_head`: the first bytes of an HTTP connection, through what the daemon does with
 //! them before and after hyper: the sniffer, the first-head check, and the resolver.
 //!
-//! The first-head check (`precheck` in src/proxy/http/serve.rs) is private and async (it peeks
-//! a socket), so it is mirrored here step by step: `sniff`, then `httparse` with 128 header
-//! slots (a partial head, too many headers, or a parse error is the mesh's own answer), then
-//! what hyper builds from a complete head (method, `http::Uri`, header names and values; any
-//! of those failing is hyper's 400), then the request's facts as `serve.rs` reads them (the
-//! absolute-form authority, every `Host`, the path, the headers without `x-aether-*`), then
-//! `resolve_request` on every entry path the fixture's dials reach for these bytes
-//! (`classify_connection` and `resolve_sniffed` with the sniffed verdict), for each caller.
+//! The first-head check is the daemon's own (`proxy::http::serve::judge`, the pure part of the
+//! connection's precheck); what hyper then builds from a complete head (method, `http::Uri`,
+//! header names and values) is mirrored, and the request's facts are read as `serve.rs` reads
+//! them (the absolute-form authority, every `Host`, the path, the headers without
+//! `x-aether-*`), then `resolve_request` runs on every entry path the fixture's dials reach for
+//! these bytes (`classify_connection` and `resolve_sniffed` with the sniffed verdict), for each
+//! caller.
 //!
 //! Properties, beyond "no panic":
+//! - the first-head check judges the bytes the same on every entry path, but that bytes that
+//!   are not HTTP are `not-http` on the loopback listener and `bad-request` elsewhere;
+//! - a head it lets through is one hyper builds a request from (method, target, fields);
 //! - the resolver is deterministic (the same facts twice give the same decision);
 //! - the loopback listener never passes a request through (it is nobody's destination);
 //! - with the discovery hold run out, the resolver never holds again;
@@ -20,7 +22,11 @@
 
 use aether::model::filters::is_mesh_header;
 use aether::model::names::{AuthorityInput, HttpVersion};
-use aether::proxy::sniff::{H2_PREFACE, Verdict, sniff};
+use aether::proxy::ProxySettings;
+use aether::proxy::http::limits::Proto;
+use aether::proxy::http::serve::{Judged, judge};
+use aether::proxy::sniff::{Verdict, sniff};
+use aether::resolve::answer::Reason;
 use aether::resolve::decision::{
     AfterSniff, ConnDecision, HttpEntry, RequestDecision, RequestFacts, Sniffed,
 };
@@ -78,26 +84,46 @@ struct Head {
 }
 
 /// The first-head check and hyper's parse, as far as they decide; `Err` names the outcome.
-fn head(input: &[u8], sniffed: &Sniffed) -> Result<Head, &'static str> {
-    if *sniffed != Sniffed::Http {
-        return Err("not-http");
+fn head(
+    input: &[u8],
+    sniffed: &Sniffed,
+    dial: Option<std::net::SocketAddr>,
+) -> Result<Head, &'static str> {
+    let settings = ProxySettings::default();
+    let loopback = judge(input, HttpEntry::Loopback, &settings);
+    if let Some(dialled) = dial {
+        let captured = judge(input, HttpEntry::Captured { dialled }, &settings);
+        let as_captured = match loopback {
+            Some(Judged::Answer(Reason::NotHttp)) => Some(Judged::Answer(Reason::BadRequest)),
+            other => other,
+        };
+        assert_eq!(captured, as_captured, "the entry path changed the verdict");
     }
-    if input.starts_with(H2_PREFACE) {
-        return Err("h2");
+    match loopback {
+        None => return Err("partial"),
+        Some(Judged::Answer(reason)) => return Err(reason.code()),
+        Some(Judged::Http(Proto::Http2)) => return Err("h2"),
+        Some(Judged::Http(Proto::Http1)) => {}
     }
-    let mut slots = [httparse::EMPTY_HEADER; 128];
+    assert_eq!(
+        *sniffed,
+        Sniffed::Http,
+        "a head judged HTTP/1 sniffs as HTTP"
+    );
+    let mut slots = vec![httparse::EMPTY_HEADER; settings.max_headers];
     let mut req = httparse::Request::new(&mut slots);
-    match req.parse(input) {
-        Ok(httparse::Status::Complete(_)) => {}
-        Ok(httparse::Status::Partial) => return Err("partial"),
-        Err(httparse::Error::TooManyHeaders) => return Err("headers-too-large"),
-        Err(_) => return Err("bad-request"),
-    }
+    let parsed = req.parse(input);
+    assert!(
+        matches!(parsed, Ok(httparse::Status::Complete(_))),
+        "a head let through does not parse whole: {parsed:?}"
+    );
     let (Some(method), Some(target), Some(version)) = (req.method, req.path, req.version) else {
-        return Err("incomplete");
+        panic!("a complete head without a request line");
     };
     let method = http::Method::from_bytes(method.as_bytes()).map_err(|_| "hyper-method")?;
-    let uri: http::Uri = target.parse().map_err(|_| "hyper-uri")?;
+    let uri: http::Uri = target
+        .parse()
+        .unwrap_or_else(|e| panic!("a head let through has a target hyper refuses: {e}"));
     let mut headers = Vec::new();
     let mut hosts = Vec::new();
     for h in req.headers.iter() {
@@ -192,7 +218,7 @@ fn run(input: &[u8]) -> u64 {
         Verdict::Known(s) => s.clone(),
         Verdict::NeedMore => Sniffed::Timeout,
     };
-    let parsed = head(input, &sniffed);
+    let parsed = head(input, &sniffed, fx.dials.first().copied());
     let mut sig: Vec<String> = vec![format!("{verdict:?}")];
     let head = match parsed {
         Ok(h) => h,
