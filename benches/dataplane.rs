@@ -82,7 +82,7 @@ fn main() -> Result<()> {
         .build()
         .context("start the runtime")?;
     rt.block_on(async {
-        let opts = DemoOptions::fixture(
+        let mut opts = DemoOptions::fixture(
             Path::new(env!("CARGO_MANIFEST_DIR")),
             PathBuf::from("/tmp/aether-bench"),
             std::env::var_os("AETHER_BENCH_BINARY").map_or_else(
@@ -91,6 +91,7 @@ fn main() -> Result<()> {
             ),
             "aeb",
         );
+        opts.daemon_args = trust_the_direct_client(&opts)?;
         println!("bringing the fixture mesh up in {}", opts.run_dir.display());
         // `Running` takes the topology down when dropped: on error and on panic too.
         let running = aether::demo::up(&opts).await.context("bring the mesh up")?;
@@ -98,6 +99,33 @@ fn main() -> Result<()> {
         running.down().await.context("take the mesh down")?;
         measured
     })
+}
+
+/// The direct client (`ext-http-0`, outside the mesh) is refused at mp-multi-1 since plaintext
+/// to a pod a service-level authorization guards is (model.md §12.5 item 3): its address is made
+/// a trusted source of the daemons, so the baseline exists. A daemon built before that rule
+/// has no such setting, and needs none.
+fn trust_the_direct_client(opts: &DemoOptions) -> Result<Vec<String>> {
+    let help = std::process::Command::new(&opts.binary)
+        .args(["node", "--help"])
+        .output()
+        .context("run the daemon binary")?;
+    if !String::from_utf8_lossy(&help.stdout).contains("--inbound-trusted-sources") {
+        return Ok(Vec::new());
+    }
+    let load = aether::registry::file::load_dir(&opts.registry).context("read the fixture")?;
+    let ip = load
+        .snapshot
+        .pods
+        .iter()
+        .find(|p| p.name == "ext-http-0")
+        .and_then(|p| p.ips.first().copied())
+        .context("no ext-http-0 in the fixture")?;
+    let prefix = if ip.is_ipv4() { 32 } else { 128 };
+    Ok(vec![
+        "--inbound-trusted-sources".into(),
+        format!("{ip}/{prefix}"),
+    ])
 }
 
 async fn measure(running: &Running) -> Result<()> {

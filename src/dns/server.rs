@@ -219,12 +219,26 @@ impl DnsServer {
 
     async fn run_udp(self: Arc<Self>, socket: Arc<UdpSocket>) {
         let mut buf = vec![0u8; 65535];
+        // Consecutive receive errors: a lone one (an ICMP error of an earlier reply) is retried
+        // at once; a run of them (out of memory, say) backs off from 5 ms up to 1 s, so that
+        // the loop never spins a core.
+        let mut failed: u32 = 0;
         loop {
             let (n, peer) = match socket.recv_from(&mut buf).await {
-                Ok(got) => got,
+                Ok(got) => {
+                    failed = 0;
+                    got
+                }
                 Err(error) => {
                     tracing::debug!(%error, "mesh dns udp receive failed");
-                    tokio::task::yield_now().await;
+                    if failed > 0 {
+                        let wait = Duration::from_millis(5 << (failed - 1).min(8))
+                            .min(Duration::from_secs(1));
+                        tokio::time::sleep(wait).await;
+                    } else {
+                        tokio::task::yield_now().await;
+                    }
+                    failed = failed.saturating_add(1);
                     continue;
                 }
             };

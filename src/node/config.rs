@@ -4,10 +4,10 @@
 use std::net::SocketAddr;
 use std::path::PathBuf;
 
-use serde::Deserialize;
+use serde::{Deserialize, Serialize};
 
 /// How logs are written.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Deserialize, clap::ValueEnum)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Deserialize, Serialize, clap::ValueEnum)]
 #[serde(rename_all = "lowercase")]
 pub enum LogFormat {
     /// Human-readable lines.
@@ -18,7 +18,7 @@ pub enum LogFormat {
 }
 
 /// The inbound mode of a pod without `inbound.aether.io/mode` (model.md §12.5 item 3).
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Deserialize, clap::ValueEnum)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Deserialize, Serialize, clap::ValueEnum)]
 #[serde(rename_all = "lowercase")]
 pub enum InboundMode {
     /// Plaintext from outside the mesh reaches the pod's declared ports unless a Service that
@@ -30,7 +30,7 @@ pub enum InboundMode {
 }
 
 /// Every setting of `aether node`.
-#[derive(Clone, Debug, Deserialize)]
+#[derive(Clone, Debug, Deserialize, Serialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct NodeConfig {
     /// This node's name: the daemon's pods are those whose `spec.nodeName` is this.
@@ -330,6 +330,69 @@ mod tests {
         c.mesh_domain = ".x".into();
         assert!(c.validate().is_err());
         std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    /// The settings whose rows belong to the Limits table of docs/node.md: what a client, a peer
+    /// or a configured server can run into.
+    const LIMITS: &[&str] = &[
+        "max_connections",
+        "max_connections_per_pod",
+        "handshake_timeout_ms",
+        "header_read_timeout_ms",
+        "http_idle_timeout_secs",
+        "tcp_idle_timeout_secs",
+        "http2_max_concurrent_streams",
+        "max_header_list_size",
+        "max_header_bytes",
+        "max_headers",
+        "mirror_max_body_bytes",
+        "ext_authz_max_body_bytes",
+        "udp_max_flows_per_pod",
+        "udp_idle_secs",
+        "dns_tcp_max_clients",
+        "dns_tcp_query_timeout_ms",
+    ];
+
+    #[test]
+    fn every_setting_has_a_row_in_the_docs_and_every_limit_its_default_in_the_limits_table() {
+        let docs = include_str!("../../docs/node.md");
+        let (settings, limits) = docs
+            .split_once("### Limits")
+            .expect("docs/node.md has a Limits section");
+        let limits = limits.split("\n## ").next().unwrap_or(limits);
+        let defaults = serde_yaml::to_value(NodeConfig::default()).unwrap();
+        let defaults = defaults.as_mapping().unwrap();
+        for (key, value) in defaults {
+            let key = key.as_str().unwrap();
+            let row = |text: &str| {
+                text.lines()
+                    .find(|l| l.starts_with(&format!("| `{key}`")))
+                    .map(str::to_owned)
+            };
+            if LIMITS.contains(&key) {
+                let row = row(limits).unwrap_or_else(|| panic!("{key}: no row in Limits"));
+                let default = match value {
+                    serde_yaml::Value::Number(n) => n.to_string(),
+                    other => panic!("{key}: a limit is a number, not {other:?}"),
+                };
+                assert!(
+                    row.contains(&format!("| `{default}`")),
+                    "{key}: the Limits row does not give the default {default}: {row}"
+                );
+                assert!(
+                    row.contains(&format!("AETHER_{}", key.to_ascii_uppercase())),
+                    "{key}: the row names no environment variable"
+                );
+            } else {
+                assert!(
+                    row(settings).is_some(),
+                    "{key}: no row in the settings table"
+                );
+            }
+        }
+        for key in LIMITS {
+            assert!(defaults.contains_key(*key), "{key} is not a setting");
+        }
     }
 
     #[test]
