@@ -206,6 +206,21 @@ mod tests {
         assert!(text.contains("aether_mesh_answers_total"), "{text}");
         assert!(text.contains("aether_model_generation 1"), "{text}");
         assert!(text.contains("aether_registry_files_held 0"), "{text}");
+        // Every counter the Limits table of docs/node.md names is exported under that name.
+        let docs = include_str!("../../docs/node.md");
+        let limits = docs.split_once("### Limits").unwrap().1;
+        let limits = limits.split("\n## ").next().unwrap();
+        let mut named = 0;
+        for row in limits.lines().filter(|l| l.starts_with("| `")) {
+            for name in row.split('`').filter(|w| w.starts_with("aether_")) {
+                named += 1;
+                assert!(
+                    text.lines().any(|l| l.starts_with(&format!("{name} "))),
+                    "docs/node.md names {name}, which /metrics does not export"
+                );
+            }
+        }
+        assert!(named >= 16, "the Limits table names {named} counters");
     }
 
     /// One GET over a connected socket; the response's text, or what went wrong.
