@@ -71,8 +71,13 @@ pub fn for_grpc(resp: &mut Response<Body>) {
 pub fn redirect(status: u16, location: &str) -> Response<Body> {
     let mut resp = Response::new(empty());
     *resp.status_mut() = StatusCode::from_u16(status).unwrap_or(StatusCode::FOUND);
-    if let Ok(v) = HeaderValue::from_str(location) {
-        resp.headers_mut().insert(http::header::LOCATION, v);
+    // From bytes: a Host the client sent may carry obs-text, which a visible-ASCII check would
+    // refuse; only control characters make the value unusable, and then it is said.
+    match HeaderValue::from_bytes(location.as_bytes()) {
+        Ok(v) => {
+            resp.headers_mut().insert(http::header::LOCATION, v);
+        }
+        Err(_) => tracing::debug!(?location, "redirect without a Location: not a header value"),
     }
     resp
 }
