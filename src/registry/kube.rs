@@ -1,7 +1,11 @@
 //! The Kubernetes registry source.
 //!
-//! Only the pure conversions exist so far ([`convert`]); the watchers that feed them come later.
-//! [`mesh_filter`] defines this project's own `MeshFilter` resource (group `aether.io`).
+//! [`convert`] turns Kubernetes objects into snapshot values (pure, shared with the file
+//! registry); [`objects`] makes one snapshot of everything the watchers hold (pure);
+//! [`generated`] renders the registrar's Services as objects (pure); [`mesh_filter`] defines
+//! this project's own `MeshFilter` resource (group `aether.io`).
 
 pub mod convert;
+pub mod generated;
 pub mod mesh_filter;
+pub mod objects;

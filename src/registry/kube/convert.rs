@@ -373,8 +373,8 @@ fn parse_exclude_ranges(
 
 /// Converts a pod into a [`Pod`] and, when it is listed, its [`Registration`].
 ///
-/// A pod is listed when it is managed (`aether.io/managed` is not `"false"`), has an IP and is
-/// not terminating (spec/model.md §3.4). A listed pod's row uses the first of its IPs (the
+/// A pod is listed when it is managed (`aether.io/managed` is not `"false"`, and the pod is not
+/// on the host network), has an IP and is not terminating (spec/model.md §3.4). A listed pod's row uses the first of its IPs (the
 /// primary, `status.podIP`), and carries the pod's name and node. Capture annotations are parsed
 /// strictly: a bad value is an error for the whole pod.
 pub fn convert_pod(
@@ -427,6 +427,10 @@ pub fn convert_pod(
             });
         }
     };
+    // A host-network pod shares the node's network namespace and address: the mesh cannot
+    // capture it without capturing the node, and its "pod IP" is the node's, which several such
+    // pods share. It is never managed (project decision, docs/decisions.md).
+    let managed = managed && !spec.and_then(|s| s.host_network).unwrap_or(false);
     let inbound_mode = annotations.get(ANNOTATION_INBOUND_MODE).cloned();
     let mut host_ips = Vec::new();
     match status

@@ -979,3 +979,15 @@ fn the_crd_schema_names_exactly_the_fields_the_resource_reads() {
     let json = serde_json::to_value(&all[1].spec).unwrap();
     assert_eq!(json["rbac"]["principals"][0]["serviceAccount"], "frontend");
 }
+
+#[test]
+fn a_host_network_pod_is_not_managed_and_not_listed() {
+    let mut p = pod("plain-0");
+    p.spec.as_mut().unwrap().host_network = Some(true);
+    let c = convert_pod(&p, MissingReadyCondition::Ready).unwrap();
+    assert!(!c.pod.managed, "it shares the node's namespace and address");
+    assert!(c.registration.is_none(), "{:?}", c.registration);
+    p.spec.as_mut().unwrap().host_network = Some(false);
+    let c = convert_pod(&p, MissingReadyCondition::Ready).unwrap();
+    assert!(c.pod.managed && c.registration.is_some());
+}

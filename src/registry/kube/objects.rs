@@ -1,0 +1,203 @@
+//! The objects the Kubernetes source holds, and the snapshot they make (pure).
+//!
+//! The watchers ([`super::watch`]) keep one store per kind; a reload copies the stores' current
+//! objects into [`Objects`] and [`snapshot`] converts them with the same functions the file
+//! registry uses ([`super::convert`]). Nothing here does IO.
+//!
+//! Invariants:
+//! - The snapshot does not depend on the order the stores hand objects out: each kind is sorted
+//!   by (namespace, name) first.
+//! - An object that does not convert is left out and reported as an [`ObjectProblem`]; an object
+//!   that did not even deserialize (kube's `DeserializeGuard`) is counted by the watcher and never
+//!   reaches this module. One bad object never hides the others.
+//! - Pods: a missing `Ready` condition means not Ready (spec/model.md §3.5: Ready is the
+//!   condition being `True`), unlike the file registry, whose hand-written Pods may omit status.
+//! - Generated Services are read back from the API like any other Service: the registrar writes
+//!   them ([`crate::model::registrar`]), every node reads what was written (spec/model.md §8, "Lag").
+
+use std::fmt;
+use std::sync::Arc;
+
+use gateway_api::experimental::grpcroutes::GrpcRoute;
+use gateway_api::experimental::httproutes::HttpRoute;
+use gateway_api::experimental::referencegrants::ReferenceGrant;
+use gateway_api::experimental::tcproutes::TcpRoute;
+use gateway_api::experimental::tlsroutes::TlsRoute;
+use gateway_api::experimental::udproutes::UdpRoute;
+use k8s_openapi::api::core::v1::{Namespace, Pod, PodCondition, PodSpec, PodStatus, Service};
+use k8s_openapi::api::discovery::v1::EndpointSlice;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
+
+use super::convert::{
+    ConvertError, MissingReadyCondition, Registration, convert_endpoint_slice, convert_grpc_route,
+    convert_http_route, convert_mesh_filter, convert_namespace, convert_pod,
+    convert_reference_grant, convert_service, convert_tcp_route, convert_tls_route,
+    convert_udp_route,
+};
+use super::mesh_filter::MeshFilterResource;
+use crate::model::Snapshot;
+
+/// Every object of every watched kind, as the stores hold them.
+#[derive(Clone, Debug, Default)]
+pub struct Objects {
+    /// Pods, cluster-wide, trimmed ([`trim_pod`]).
+    pub pods: Vec<Arc<Pod>>,
+    /// Services.
+    pub services: Vec<Arc<Service>>,
+    /// EndpointSlices.
+    pub endpoint_slices: Vec<Arc<EndpointSlice>>,
+    /// Namespaces.
+    pub namespaces: Vec<Arc<Namespace>>,
+    /// HTTPRoutes.
+    pub http_routes: Vec<Arc<HttpRoute>>,
+    /// GRPCRoutes.
+    pub grpc_routes: Vec<Arc<GrpcRoute>>,
+    /// TLSRoutes.
+    pub tls_routes: Vec<Arc<TlsRoute>>,
+    /// TCPRoutes.
+    pub tcp_routes: Vec<Arc<TcpRoute>>,
+    /// UDPRoutes.
+    pub udp_routes: Vec<Arc<UdpRoute>>,
+    /// ReferenceGrants.
+    pub reference_grants: Vec<Arc<ReferenceGrant>>,
+    /// MeshFilters.
+    pub mesh_filters: Vec<Arc<MeshFilterResource>>,
+}
+
+/// An object left out of the snapshot, and why.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ObjectProblem {
+    /// What was wrong, naming the object and the field.
+    pub error: ConvertError,
+}
+
+impl fmt::Display for ObjectProblem {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        self.error.fmt(f)
+    }
+}
+
+fn sort_key(meta: &ObjectMeta) -> (&str, &str) {
+    (
+        meta.namespace.as_deref().unwrap_or(""),
+        meta.name.as_deref().unwrap_or(""),
+    )
+}
+
+fn sorted<K>(objects: &[Arc<K>], meta: impl Fn(&K) -> &ObjectMeta) -> Vec<&K> {
+    let mut out: Vec<&K> = objects.iter().map(Arc::as_ref).collect();
+    out.sort_by(|a, b| sort_key(meta(a)).cmp(&sort_key(meta(b))));
+    out
+}
+
+/// Convert every object into one snapshot; the objects that do not convert are reported.
+pub fn snapshot(objects: &Objects) -> (Snapshot, Vec<ObjectProblem>) {
+    let mut s = Snapshot::default();
+    let mut problems = Vec::new();
+    let mut keep = |r: Result<(), ConvertError>| {
+        if let Err(error) = r {
+            problems.push(ObjectProblem { error });
+        }
+    };
+    for pod in sorted(&objects.pods, |p| &p.metadata) {
+        keep(convert_pod(pod, MissingReadyCondition::NotReady).map(|c| {
+            match c.registration {
+                Some(Registration::Row(row)) => s.rows.push(row),
+                Some(Registration::Refused(refused)) => s.refused_pods.push(refused),
+                None => {}
+            }
+            s.pods.push(c.pod);
+        }));
+    }
+    for o in sorted(&objects.services, |o| &o.metadata) {
+        keep(convert_service(o).map(|v| s.services.push(v)));
+    }
+    for o in sorted(&objects.endpoint_slices, |o| &o.metadata) {
+        keep(convert_endpoint_slice(o).map(|v| s.endpoint_slices.push(v)));
+    }
+    for o in sorted(&objects.namespaces, |o| &o.metadata) {
+        keep(convert_namespace(o).map(|v| s.namespaces.push(v)));
+    }
+    // GRPCRoutes share the HTTPRoute list (routes.md §1), after the HTTPRoutes, as the file
+    // registry reads a directory whose routes come in file order.
+    for o in sorted(&objects.http_routes, |o| &o.metadata) {
+        keep(convert_http_route(o).map(|v| s.http_routes.push(v)));
+    }
+    for o in sorted(&objects.grpc_routes, |o| &o.metadata) {
+        keep(convert_grpc_route(o).map(|v| s.http_routes.push(v)));
+    }
+    for o in sorted(&objects.tls_routes, |o| &o.metadata) {
+        keep(convert_tls_route(o).map(|v| s.tls_routes.push(v)));
+    }
+    for o in sorted(&objects.tcp_routes, |o| &o.metadata) {
+        keep(convert_tcp_route(o).map(|v| s.tcp_routes.push(v)));
+    }
+    for o in sorted(&objects.udp_routes, |o| &o.metadata) {
+        keep(convert_udp_route(o).map(|v| s.udp_routes.push(v)));
+    }
+    for o in sorted(&objects.reference_grants, |o| &o.metadata) {
+        keep(convert_reference_grant(o).map(|v| s.reference_grants.push(v)));
+    }
+    for o in sorted(&objects.mesh_filters, |o| &o.metadata) {
+        keep(convert_mesh_filter(o).map(|v| s.mesh_filters.push(v)));
+    }
+    (s, problems)
+}
+
+/// Keep of a cluster-wide Pod only what [`convert_pod`] reads, before it is stored: every node
+/// holds every pod, so a pod's containers, volumes, tolerations and statuses would be most of
+/// the daemon's memory (docs/kubernetes.md, "Scale").
+///
+/// Kept: name, namespace, labels, the `aether.io` annotations (capture, ports, inbound mode,
+/// managed), the deletion timestamp and the resourceVersion; the ServiceAccount and the node;
+/// the pod and host IPs and the `Ready` condition (status and type only).
+pub fn trim_pod(pod: &mut Pod) {
+    let meta = std::mem::take(&mut pod.metadata);
+    pod.metadata = ObjectMeta {
+        name: meta.name,
+        namespace: meta.namespace,
+        labels: meta.labels,
+        annotations: meta.annotations.map(|a| {
+            a.into_iter()
+                .filter(|(k, _)| is_mesh_annotation(k))
+                .collect()
+        }),
+        deletion_timestamp: meta.deletion_timestamp,
+        resource_version: meta.resource_version,
+        uid: meta.uid,
+        ..ObjectMeta::default()
+    };
+    pod.spec = pod.spec.take().map(|spec| PodSpec {
+        service_account_name: spec.service_account_name,
+        node_name: spec.node_name,
+        host_network: spec.host_network,
+        ..PodSpec::default()
+    });
+    pod.status = pod.status.take().map(|status| PodStatus {
+        pod_ip: status.pod_ip,
+        pod_ips: status.pod_ips,
+        host_ip: status.host_ip,
+        host_ips: status.host_ips,
+        conditions: status.conditions.map(|c| {
+            c.into_iter()
+                .filter(|c| c.type_ == "Ready")
+                .map(|c| PodCondition {
+                    type_: c.type_,
+                    status: c.status,
+                    ..PodCondition::default()
+                })
+                .collect()
+        }),
+        ..PodStatus::default()
+    });
+}
+
+/// Whether an annotation key is one of the mesh's (`aether.io/…`, `endpoint.aether.io/…`,
+/// `capture.aether.io/…`, `inbound.aether.io/…`): the only ones a pod conversion reads.
+fn is_mesh_annotation(key: &str) -> bool {
+    key.split_once('/')
+        .is_some_and(|(prefix, _)| prefix == "aether.io" || prefix.ends_with(".aether.io"))
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,272 @@
+use std::collections::BTreeSet;
+use std::path::Path;
+
+use k8s_openapi::api::core::v1::{Container, PodCondition, PodIP, Volume};
+use serde::Deserialize;
+use serde::de::DeserializeOwned;
+
+use super::*;
+use crate::model::names::Domains;
+use crate::model::{NodeContext, compile, registrar};
+use crate::registry::file::{endpoint_slices_for, load_dir};
+use crate::registry::kube::generated::service_object;
+
+fn typed<T: DeserializeOwned>(doc: &serde_yaml::Value) -> Arc<T> {
+    Arc::new(serde_yaml::from_value(doc.clone()).expect("a fixture document deserializes"))
+}
+
+/// The objects an API server would hold for a manifest directory: every document as written,
+/// then what the cluster's controllers add (kubelet's `Ready` condition where the manifest
+/// gives none, the EndpointSlice controller's slices, the registrar's generated Services with
+/// the ClusterIPs the API server would allocate; here the file registry's allocator stands in).
+fn cluster_objects(dir: &Path, cidr: ipnet::IpNet) -> Objects {
+    let mut o = Objects::default();
+    let mut files: Vec<_> = std::fs::read_dir(dir)
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .filter(|p| p.extension().is_some_and(|e| e == "yaml"))
+        .collect();
+    files.sort();
+    for file in files {
+        let text = std::fs::read_to_string(&file).unwrap();
+        for doc in serde_yaml::Deserializer::from_str(&text) {
+            let mut doc = serde_yaml::Value::deserialize(doc).unwrap();
+            if doc.is_null() {
+                continue;
+            }
+            let kind = doc["kind"].as_str().unwrap_or_default().to_owned();
+            if kind != "Namespace" && doc["metadata"]["namespace"].is_null() {
+                doc["metadata"]["namespace"] = "default".into();
+            }
+            match kind.as_str() {
+                "Pod" => {
+                    let mut pod: Pod = serde_yaml::from_value(doc).unwrap();
+                    let status = pod.status.get_or_insert_with(Default::default);
+                    if status.conditions.is_none() {
+                        status.conditions = Some(vec![PodCondition {
+                            type_: "Ready".into(),
+                            status: "True".into(),
+                            ..Default::default()
+                        }]);
+                    }
+                    o.pods.push(Arc::new(pod));
+                }
+                "Service" => o.services.push(typed(&doc)),
+                "EndpointSlice" => o.endpoint_slices.push(typed(&doc)),
+                "Namespace" => o.namespaces.push(typed(&doc)),
+                "HTTPRoute" => o.http_routes.push(typed(&doc)),
+                "GRPCRoute" => o.grpc_routes.push(typed(&doc)),
+                "TLSRoute" => o.tls_routes.push(typed(&doc)),
+                "TCPRoute" => o.tcp_routes.push(typed(&doc)),
+                "UDPRoute" => o.udp_routes.push(typed(&doc)),
+                "ReferenceGrant" => o.reference_grants.push(typed(&doc)),
+                "MeshFilter" => o.mesh_filters.push(typed(&doc)),
+                "ServiceAccount" => {}
+                other => panic!("the fixture has a {other}: add it here"),
+            }
+        }
+    }
+    // The EndpointSlice controller.
+    let services: Vec<&Service> = o.services.iter().map(Arc::as_ref).collect();
+    let pods: Vec<&Pod> = o.pods.iter().map(Arc::as_ref).collect();
+    let slices = endpoint_slices_for(&services, &pods);
+    o.endpoint_slices.extend(slices.into_iter().map(Arc::new));
+    // The registrar, then the API server's ClusterIP allocation.
+    let (mut s, problems) = snapshot(&o);
+    assert!(problems.is_empty(), "{problems:?}");
+    let (mut generated, _) = registrar::generated_services_except(&s, &BTreeSet::new());
+    let user: Vec<_> = s.services.drain(..).collect();
+    generated.retain(|g| {
+        !user
+            .iter()
+            .any(|u| u.namespace == g.namespace && u.name == g.name)
+    });
+    let mut all: Vec<_> = user.into_iter().chain(generated.iter().cloned()).collect();
+    registrar::allocate_cluster_ips(&mut all, cidr);
+    for g in all.iter().filter(|s| s.generated) {
+        let mut object = service_object(g);
+        let spec = object.spec.as_mut().unwrap();
+        spec.cluster_ip = g.cluster_ips.first().map(ToString::to_string);
+        spec.cluster_ips = Some(g.cluster_ips.iter().map(ToString::to_string).collect());
+        o.services.push(Arc::new(object));
+    }
+    // Every node holds pods trimmed.
+    for pod in &mut o.pods {
+        trim_pod(Arc::make_mut(pod));
+    }
+    o
+}
+
+fn context() -> NodeContext {
+    NodeContext {
+        domains: Domains {
+            mesh: "aether.internal".into(),
+            cluster: "cluster.local".into(),
+        },
+        trust_domain: "cluster.local".into(),
+        node: Some("node-a".into()),
+        capture_redirect_all_default: true,
+        ignored_namespaces: BTreeSet::from(["kube-system".to_owned()]),
+        now_ms: 1_000_000,
+        inbound_strict_default: false,
+    }
+}
+
+#[test]
+fn the_demo_mesh_compiles_to_the_same_model_through_the_file_registry_and_the_kubernetes_source() {
+    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("config/examples/mp");
+    let cidr: ipnet::IpNet = "10.96.0.0/16".parse().unwrap();
+    let ctx = context();
+
+    let file = load_dir(&dir).unwrap();
+    assert!(file.problems.is_empty(), "{:?}", file.problems);
+    let mut from_file = file.snapshot;
+    registrar::complete_snapshot(&mut from_file, cidr);
+    // The container command is the local lab's (the file registry starts it in the pod's
+    // namespace); a cluster's kubelet runs it, so the Kubernetes source does not keep it.
+    for pod in &mut from_file.pods {
+        pod.command.clear();
+    }
+
+    let (from_kube, problems) = snapshot(&cluster_objects(&dir, cidr));
+    assert!(problems.is_empty(), "{problems:?}");
+    assert_eq!(
+        from_kube.rows.len(),
+        from_file.rows.len(),
+        "the same rows are registered"
+    );
+    let (a, b) = (compile(&from_file, &ctx), compile(&from_kube, &ctx));
+    assert!(a.pods().count() > 0 && a.name_count() > 0 && !a.route_statuses().is_empty());
+    assert_eq!(
+        a, b,
+        "config/examples/mp compiles differently through the two sources"
+    );
+}
+
+fn full_pod() -> Pod {
+    let mut pod: Pod = serde_json::from_value(serde_json::json!({
+        "metadata": {
+            "name": "web-0", "namespace": "shop", "uid": "u1", "resourceVersion": "7",
+            "labels": {"app": "web"},
+            "annotations": {
+                "endpoint.aether.io/port": "8080",
+                "endpoint.aether.io/ports": "9000=tcp",
+                "capture.aether.io/exclude-outbound-ports": "5432",
+                "inbound.aether.io/mode": "strict",
+                "kubectl.kubernetes.io/last-applied-configuration": "{\"a very\": \"long text\"}",
+                "prometheus.io/scrape": "true"
+            },
+            "managedFields": [{"manager": "kubectl", "operation": "Apply"}],
+            "ownerReferences": [{"apiVersion": "apps/v1", "kind": "ReplicaSet", "name": "web-x", "uid": "r1"}]
+        },
+        "spec": {
+            "serviceAccountName": "web", "nodeName": "node-b",
+            "containers": [{"name": "app", "image": "web:1", "command": ["web"]}],
+            "tolerations": [{"operator": "Exists"}]
+        },
+        "status": {
+            "phase": "Running", "podIP": "10.244.2.7", "podIPs": [{"ip": "10.244.2.7"}],
+            "hostIP": "172.18.0.3",
+            "conditions": [
+                {"type": "Initialized", "status": "True"},
+                {"type": "Ready", "status": "True", "lastTransitionTime": "2026-12-01T00:00:00Z"}
+            ],
+            "containerStatuses": [{"name": "app", "image": "web:1", "imageID": "sha256:1", "ready": true, "restartCount": 0}]
+        }
+    }))
+    .unwrap();
+    let spec = pod.spec.as_mut().unwrap();
+    spec.volumes = Some(vec![Volume {
+        name: "token".into(),
+        ..Default::default()
+    }]);
+    spec.containers.push(Container {
+        name: "sidecar".into(),
+        ..Default::default()
+    });
+    pod
+}
+
+#[test]
+fn a_trimmed_pod_converts_exactly_as_the_whole_pod_and_is_much_smaller() {
+    let pod = full_pod();
+    let mut trimmed = pod.clone();
+    trim_pod(&mut trimmed);
+    let mut whole = convert_pod(&pod, MissingReadyCondition::NotReady).unwrap();
+    let small = convert_pod(&trimmed, MissingReadyCondition::NotReady).unwrap();
+    // The command is the file registry's; a cluster's kubelet runs the containers.
+    whole.pod.command.clear();
+    assert_eq!(small, whole);
+    let size = |p: &Pod| serde_json::to_vec(p).unwrap().len();
+    assert!(
+        size(&trimmed) * 2 < size(&pod),
+        "trimmed {} bytes of {}",
+        size(&trimmed),
+        size(&pod)
+    );
+    let annotations = trimmed.metadata.annotations.as_ref().unwrap();
+    assert!(annotations.keys().all(|k| k.contains("aether.io/")));
+    assert!(trimmed.metadata.managed_fields.is_none());
+    assert_eq!(
+        trimmed
+            .status
+            .as_ref()
+            .unwrap()
+            .conditions
+            .as_ref()
+            .unwrap()
+            .len(),
+        1
+    );
+}
+
+#[test]
+fn a_pod_without_a_ready_condition_is_a_row_but_not_ready() {
+    let mut pod = full_pod();
+    pod.status.as_mut().unwrap().conditions = None;
+    let (s, problems) = snapshot(&Objects {
+        pods: vec![Arc::new(pod)],
+        ..Objects::default()
+    });
+    assert!(problems.is_empty());
+    assert_eq!(s.rows.len(), 1);
+    assert!(
+        !s.rows[0].ready,
+        "Ready is the condition being True (model.md §3.5)"
+    );
+}
+
+#[test]
+fn the_snapshot_does_not_depend_on_the_order_of_the_stores_and_a_bad_object_hides_no_other() {
+    let pod = |name: &str, ip: &str| {
+        let mut p = full_pod();
+        p.metadata.name = Some(name.into());
+        p.status.as_mut().unwrap().pod_ips = Some(vec![PodIP { ip: ip.into() }]);
+        p.status.as_mut().unwrap().pod_ip = Some(ip.into());
+        Arc::new(p)
+    };
+    let mut bad = (*pod("web-bad", "10.244.2.9")).clone();
+    bad.metadata
+        .annotations
+        .as_mut()
+        .unwrap()
+        .insert("aether.io/managed".into(), "perhaps".into());
+    let forward = Objects {
+        pods: vec![
+            pod("web-0", "10.244.2.7"),
+            Arc::new(bad),
+            pod("web-1", "10.244.2.8"),
+        ],
+        ..Objects::default()
+    };
+    let mut backward = forward.clone();
+    backward.pods.reverse();
+    let (a, problems) = snapshot(&forward);
+    let (b, _) = snapshot(&backward);
+    assert_eq!(a, b);
+    assert_eq!(a.rows.len(), 2, "the two good pods are rows");
+    assert_eq!(problems.len(), 1);
+    let text = problems[0].to_string();
+    assert!(text.contains("shop/web-bad"), "{text}");
+    assert!(text.contains("aether.io/managed"), "{text}");
+}
