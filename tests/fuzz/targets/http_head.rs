@@ -18,7 +18,8 @@
 //! - with the discovery hold run out, the resolver never holds again;
 //! - a mesh answer renders as an HTTP/1.1 response that parses, with the reason's status,
 //!   `x-aether-error` and a `content-length` that is the body's;
-//! - a redirect's `Location` is a valid header value (the data plane drops an invalid one).
+//! - a redirect's `Location` is a valid header value (the data plane would send the redirect
+//!   without one, and log it).
 
 use aether::model::filters::is_mesh_header;
 use aether::model::names::{AuthorityInput, HttpVersion};
