@@ -1,0 +1,147 @@
+"""Validates Kubernetes manifests offline (scripts/check-chart).
+
+    validate_manifests.py --version 1.33 --crd CRD.yaml... -- FILE...
+
+Every document of every FILE must be one of:
+- a kind of Kubernetes itself: checked with PyPI kubernetes-validate, strict (an unknown
+  field is an error), against the schemas of the version given;
+- a kind one of the --crd files defines (MeshFilter): checked against the CRD's
+  openAPIV3Schema with jsonschema, unknown fields refused as the API server prunes them
+  (CEL rules, x-kubernetes-validations, are not run here: the kind suite's admission does);
+- a Gateway API kind: left to the Gateway API schemas (validate-routes.mjs), counted here.
+Any other kind, or a document that does not parse, fails: nothing passes unchecked.
+"""
+
+import argparse
+import sys
+
+import jsonschema
+import kubernetes_validate
+import yaml
+
+GATEWAY_GROUP = "gateway.networking.k8s.io"
+
+
+def crd_schemas(paths):
+    """(apiVersion, kind) -> the openAPIV3Schema of that version, from CRD manifests."""
+    schemas = {}
+    for path in paths:
+        for crd in yaml.safe_load_all(open(path)):
+            if not crd:
+                continue
+            group, kind = crd["spec"]["group"], crd["spec"]["names"]["kind"]
+            for v in crd["spec"]["versions"]:
+                schemas[(f"{group}/{v['name']}", kind)] = v["schema"]["openAPIV3Schema"]
+    return schemas
+
+
+def structural(schema):
+    """A CRD's structural schema as jsonschema: objects with properties refuse other fields
+    (the API server would prune them: a typo would be dropped unsaid)."""
+    if not isinstance(schema, dict):
+        return schema
+    out = {k: structural(v) if isinstance(v, (dict, list)) else v for k, v in schema.items()
+           if not k.startswith("x-kubernetes-")}
+    for key in ("properties",):
+        if key in out:
+            out[key] = {k: structural(v) for k, v in out[key].items()}
+    if "items" in out:
+        out["items"] = structural(out["items"])
+    if isinstance(out.get("additionalProperties"), dict):
+        out["additionalProperties"] = structural(out["additionalProperties"])
+    if out.get("type") == "object" and "properties" in out and "additionalProperties" not in out:
+        if not schema.get("x-kubernetes-preserve-unknown-fields"):
+            out["additionalProperties"] = False
+    return out
+
+
+def check_one(doc, version, crds):
+    """The first error of one object, or None."""
+    api, kind = doc.get("apiVersion", ""), doc.get("kind", "")
+    if (api, kind) in crds:
+        body = {k: v for k, v in doc.items() if k != "status"}
+        errors = sorted(jsonschema.Draft7Validator(structural(crds[(api, kind)])).iter_errors(body),
+                        key=str)
+        return errors[0].message if errors else None
+    try:
+        kubernetes_validate.validate(doc, version, strict=True)
+    except kubernetes_validate.SchemaNotFoundError:
+        return f"no schema for {api} {kind}"
+    except kubernetes_validate.ValidationError as e:
+        return e.message
+    return None
+
+
+def expect_invalid(args):
+    crds = crd_schemas(args.crd)
+    accepted = 0
+    for path in args.files:
+        for doc in (d for d in yaml.safe_load_all(open(path)) if d):
+            name = f"{doc.get('kind')} {doc.get('metadata', {}).get('name')}"
+            error = check_one(doc, args.version, crds)
+            if error is None:
+                print(f"FAIL {path}: {name}: accepted, but must be refused")
+                accepted += 1
+            else:
+                print(f"ok   {path}: {name}: refused ({error[:90]})")
+    return 1 if accepted else 0
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--version", required=True)
+    ap.add_argument("--crd", action="append", default=[])
+    ap.add_argument("--expect-invalid", action="store_true",
+                    help="every object must fail instead (the check that the check can fail)")
+    ap.add_argument("files", nargs="+")
+    args = ap.parse_args()
+    if args.expect_invalid:
+        return expect_invalid(args)
+    crds = crd_schemas(args.crd)
+    checked = {"kubernetes": 0, "crd": 0, "gateway-api (elsewhere)": 0}
+    failed = 0
+    for path in args.files:
+        try:
+            docs = [d for d in yaml.safe_load_all(open(path)) if d]
+        except yaml.YAMLError as e:
+            print(f"FAIL {path}: not YAML: {e}")
+            failed += 1
+            continue
+        for doc in docs:
+            api, kind = doc.get("apiVersion", ""), doc.get("kind", "")
+            name = f"{path}: {kind} {doc.get('metadata', {}).get('namespace', '')}/" \
+                   f"{doc.get('metadata', {}).get('name', '')}"
+            if api.split("/")[0] == GATEWAY_GROUP:
+                checked["gateway-api (elsewhere)"] += 1
+                continue
+            if (api, kind) in crds:
+                body = {k: v for k, v in doc.items() if k != "status"}
+                errors = sorted(jsonschema.Draft7Validator(structural(crds[(api, kind)]))
+                                .iter_errors(body), key=str)
+                if errors:
+                    print(f"FAIL {name}: {errors[0].message} at /{'/'.join(map(str, errors[0].path))}")
+                    failed += 1
+                else:
+                    checked["crd"] += 1
+                continue
+            try:
+                kubernetes_validate.validate(doc, args.version, strict=True)
+                checked["kubernetes"] += 1
+            except kubernetes_validate.SchemaNotFoundError:
+                print(f"FAIL {name}: no schema for {api} {kind} (Kubernetes {args.version}, or --crd)")
+                failed += 1
+            except kubernetes_validate.ValidationError as e:
+                where = "/".join(map(str, e.path))
+                print(f"FAIL {name}: {e.message} at /{where}")
+                failed += 1
+    total = sum(checked.values())
+    print(f"{len(args.files)} files, {total} objects: " +
+          ", ".join(f"{n} {k}" for k, n in checked.items()) + f"; {failed} failed")
+    if total == 0:
+        print("FAIL no object found")
+        return 1
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
