@@ -44,9 +44,15 @@ struct NodeArgs {
     /// This node's name.
     #[arg(long, env = "AETHER_NODE_NAME")]
     node_name: Option<String>,
+    /// Where the registry is read from: a manifest directory (file) or the API server (kube).
+    #[arg(long, env = "AETHER_REGISTRY_SOURCE", value_enum)]
+    registry_source: Option<aether::node::config::RegistrySource>,
     /// The manifest directory (file registry).
     #[arg(long, env = "AETHER_REGISTRY")]
     registry: Option<PathBuf>,
+    /// The namespace the daemon runs in (its registrar Lease lives there).
+    #[arg(long, env = "AETHER_RELEASE_NAMESPACE")]
+    release_namespace: Option<String>,
     /// The state directory (admin.sock, cni.sock, the demo CA).
     #[arg(long, env = "AETHER_STATE_DIR")]
     state_dir: Option<PathBuf>,
@@ -65,6 +71,12 @@ struct NodeArgs {
     /// Admin HTTP on TCP (besides the unix socket).
     #[arg(long, env = "AETHER_ADMIN_ADDR")]
     admin_addr: Option<std::net::SocketAddr>,
+    /// The metrics endpoint on TCP: /metrics, /ready and /live only (the probes use it).
+    #[arg(long, env = "AETHER_METRICS_ADDR")]
+    metrics_addr: Option<std::net::SocketAddr>,
+    /// The most connections open at once to the metrics listener.
+    #[arg(long, env = "AETHER_METRICS_MAX_CONNECTIONS")]
+    metrics_max_connections: Option<usize>,
     /// The mesh domain.
     #[arg(long, env = "AETHER_MESH_DOMAIN")]
     mesh_domain: Option<String>,
@@ -688,7 +700,9 @@ fn node_config(args: &NodeArgs) -> anyhow::Result<aether::node::NodeConfig> {
     }
     set!(
         node_name,
+        registry_source,
         registry,
+        release_namespace,
         state_dir,
         mesh_domain,
         cluster_domain,
@@ -706,6 +720,7 @@ fn node_config(args: &NodeArgs) -> anyhow::Result<aether::node::NodeConfig> {
         watch_debounce_ms,
         max_connections,
         max_connections_per_pod,
+        metrics_max_connections,
         handshake_timeout_ms,
         inbound_mode_default,
         inbound_trusted_sources,
@@ -730,7 +745,7 @@ fn node_config(args: &NodeArgs) -> anyhow::Result<aether::node::NodeConfig> {
             }
         )*};
     }
-    set_opt!(ca_cert, ca_key, ca_dir, admin_addr);
+    set_opt!(ca_cert, ca_key, ca_dir, admin_addr, metrics_addr);
     c.validate()?;
     Ok(c)
 }

@@ -1,5 +1,8 @@
 //! The admin endpoints, on the unix socket `<state-dir>/admin.sock` and an optional TCP
-//! address: `/live`, `/ready`, `/metrics` (Prometheus text), `/pods`, `/model`.
+//! address: `/live`, `/ready`, `/metrics` (Prometheus text), `/pods`, `/model`. The metrics
+//! listener ([`serve_metrics`], on the node's network in a cluster) serves only
+//! [`METRICS_ENDPOINTS`], with a head deadline and a connection cap: anyone on the node's
+//! network can reach it.
 
 use std::convert::Infallible;
 use std::sync::Arc;
@@ -28,6 +31,12 @@ pub const ENDPOINTS: &[(&str, &str)] = &[
         "the published model's generation, registry fingerprint and size, JSON",
     ),
 ];
+
+/// What the metrics listener serves: no pod, model or debug data.
+pub const METRICS_ENDPOINTS: &[&str] = &["/live", "/ready", "/metrics"];
+
+/// How long a metrics client may take to send its request head.
+const METRICS_HEAD_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(10);
 
 /// What the admin endpoints read.
 #[derive(Debug)]
@@ -133,6 +142,50 @@ pub async fn serve_unix(admin: Arc<Admin>, listener: tokio::net::UnixListener) {
     }
 }
 
+/// Serve the metrics listener until the task is aborted: [`METRICS_ENDPOINTS`] only, at most
+/// `max_connections` at once (a connection over it is closed at accept and counted as
+/// `aether_connections_over_limit{listener="metrics"}`), each head within 10 s.
+pub async fn serve_metrics(
+    admin: Arc<Admin>,
+    listener: tokio::net::TcpListener,
+    max_connections: usize,
+) {
+    let errors = admin.inputs.stats.accept_errors("metrics");
+    let mut acceptor = Acceptor::new(listener, "metrics", errors);
+    let permits = Arc::new(tokio::sync::Semaphore::new(max_connections));
+    loop {
+        let (s, _) = acceptor.accept().await;
+        let Ok(permit) = permits.clone().try_acquire_owned() else {
+            admin.node_stats.metrics_over_limit.inc();
+            drop(s);
+            continue;
+        };
+        let admin = admin.clone();
+        tokio::spawn(async move {
+            let service = hyper::service::service_fn(move |req: Request<Incoming>| {
+                let admin = admin.clone();
+                async move {
+                    let path = req.uri().path();
+                    Ok::<_, Infallible>(if METRICS_ENDPOINTS.contains(&path) {
+                        handle(&admin, path).await
+                    } else {
+                        status(
+                            StatusCode::NOT_FOUND,
+                            "not served on the metrics listener\n",
+                        )
+                    })
+                }
+            });
+            let _ = hyper::server::conn::http1::Builder::new()
+                .timer(hyper_util::rt::TokioTimer::new())
+                .header_read_timeout(METRICS_HEAD_TIMEOUT)
+                .serve_connection(TokioIo::new(s), service)
+                .await;
+            drop(permit);
+        });
+    }
+}
+
 /// Serve the admin TCP listener until the task is aborted, as [`serve_unix`].
 pub async fn serve_tcp(admin: Arc<Admin>, listener: tokio::net::TcpListener) {
     let errors = admin.inputs.stats.accept_errors("admin");
@@ -221,6 +274,33 @@ mod tests {
             }
         }
         assert!(named >= 16, "the Limits table names {named} counters");
+    }
+
+    #[tokio::test]
+    async fn the_metrics_listener_serves_metrics_and_probes_only_and_caps_its_connections() {
+        let admin = Arc::new(admin(true));
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        tokio::spawn(serve_metrics(admin.clone(), listener, 2));
+        let connect = || tokio::net::TcpStream::connect(addr);
+        for path in METRICS_ENDPOINTS {
+            let answer = get(connect().await.unwrap(), path).await;
+            assert!(answer.starts_with("HTTP/1.1 200"), "{path}: {answer}");
+        }
+        for path in ["/pods", "/model"] {
+            let answer = get(connect().await.unwrap(), path).await;
+            assert!(answer.starts_with("HTTP/1.1 404"), "{path}: {answer}");
+        }
+        // Two idle connections hold the cap: a third is closed without an answer, and counted.
+        let _a = connect().await.unwrap();
+        let _b = connect().await.unwrap();
+        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+        let answer = get(connect().await.unwrap(), "/metrics").await;
+        assert!(
+            !answer.contains("200"),
+            "a third connection was served: {answer}"
+        );
+        assert_eq!(admin.node_stats.metrics_over_limit.get(), 1);
     }
 
     /// One GET over a connected socket; the response's text, or what went wrong.

@@ -29,14 +29,30 @@ pub enum InboundMode {
     Strict,
 }
 
+/// Where the daemon reads the registry from.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Deserialize, Serialize, clap::ValueEnum)]
+#[serde(rename_all = "lowercase")]
+pub enum RegistrySource {
+    /// A directory of manifests (`registry`), watched for changes: the embedded default.
+    #[default]
+    File,
+    /// The Kubernetes API server (in-cluster credentials, or `KUBECONFIG`).
+    Kube,
+}
+
 /// Every setting of `aether node`.
 #[derive(Clone, Debug, Deserialize, Serialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct NodeConfig {
     /// This node's name: the daemon's pods are those whose `spec.nodeName` is this.
     pub node_name: String,
+    /// Where the registry is read from: `file` (the directory `registry`) or `kube` (the API
+    /// server).
+    pub registry_source: RegistrySource,
     /// The file registry: a directory of Kubernetes manifests, watched for changes.
     pub registry: PathBuf,
+    /// The namespace the daemon runs in (Kubernetes source): its registrar Lease lives there.
+    pub release_namespace: String,
     /// Where the daemon keeps its sockets (`admin.sock`, `cni.sock`) and, when no CA is
     /// given, the demo CA.
     pub state_dir: PathBuf,
@@ -54,6 +70,13 @@ pub struct NodeConfig {
     /// The admin HTTP listener on TCP, in the daemon's own network namespace; the admin unix
     /// socket `<state_dir>/admin.sock` is always served.
     pub admin_addr: Option<SocketAddr>,
+    /// A TCP listener that serves `/metrics`, `/ready` and `/live` only (the per-node metrics
+    /// endpoint and the probes of the DaemonSet); the debug endpoints stay on `admin_addr` and
+    /// the admin socket.
+    pub metrics_addr: Option<SocketAddr>,
+    /// The most connections open at once to the metrics listener; a new one over it is closed
+    /// at accept and counted. Default 64.
+    pub metrics_max_connections: usize,
     /// The mesh domain.
     pub mesh_domain: String,
     /// The cluster domain.
@@ -133,12 +156,16 @@ impl Default for NodeConfig {
     fn default() -> Self {
         Self {
             node_name: String::new(),
+            registry_source: RegistrySource::File,
             registry: PathBuf::from("config/examples/mp"),
+            release_namespace: "aether-system".into(),
             state_dir: PathBuf::from("/var/run/aether"),
             ca_cert: None,
             ca_key: None,
             ca_dir: None,
             admin_addr: None,
+            metrics_addr: None,
+            metrics_max_connections: 64,
             netns_prefix: String::new(),
             mesh_domain: "aether.internal".into(),
             cluster_domain: "cluster.local".into(),
@@ -252,6 +279,10 @@ impl NodeConfig {
             ),
             ("handshake_timeout_ms", self.handshake_timeout_ms),
             ("udp_max_flows_per_pod", self.udp_max_flows_per_pod as u64),
+            (
+                "metrics_max_connections",
+                self.metrics_max_connections as u64,
+            ),
             ("udp_idle_secs", self.udp_idle_secs),
             ("dns_tcp_max_clients", self.dns_tcp_max_clients as u64),
             ("dns_tcp_query_timeout_ms", self.dns_tcp_query_timeout_ms),
@@ -351,6 +382,7 @@ mod tests {
         "udp_idle_secs",
         "dns_tcp_max_clients",
         "dns_tcp_query_timeout_ms",
+        "metrics_max_connections",
     ];
 
     #[test]

@@ -26,6 +26,7 @@ use crate::model::{Model, NodeContext, compile, registrar};
 use crate::netns::Netns;
 use crate::proxy::{Inputs, ProxySettings};
 use crate::registry::file::{LastGood, load_dir_keeping};
+use crate::registry::kube::watch::{KubeSource, WatchSettings};
 use crate::state::ModelHandle;
 pub use config::NodeConfig;
 use pods::{CniPods, Pods, Shared};
@@ -64,6 +65,21 @@ pub enum NodeError {
     /// A daemon socket could not be bound.
     #[error(transparent)]
     Cni(#[from] cni::CniError),
+    /// No Kubernetes client could be made (no in-cluster credentials, no usable `KUBECONFIG`).
+    #[error("connect to the Kubernetes API server")]
+    Kube(#[source] kube::Error),
+    /// The Kubernetes source has not had a complete list of every kind yet: no model is made
+    /// from part of the registry (issue #9 §1, fail closed).
+    #[error("the Kubernetes source has not listed every kind yet")]
+    NotSynced,
+}
+
+/// Where this daemon reads its registry.
+enum Source {
+    /// The manifest directory, with each file's last content that read whole.
+    File(parking_lot::Mutex<LastGood>),
+    /// The API server's watches.
+    Kube(Arc<KubeSource>),
 }
 
 /// What one load of the registry produced.
@@ -97,14 +113,73 @@ fn context(config: &NodeConfig) -> NodeContext {
 
 /// Load and compile the registry. `previous` is the model being replaced and its retention
 /// state: HTTP entries whose rows vanished with no evidence are retained (model.md §10).
-/// `last` holds each manifest file's last content that read whole: a file read half written,
-/// or damaged, is replaced by it, so that its pods stay in the mesh (issue #8, finding 8).
+/// A file registry's `last` holds each manifest file's last content that read whole: a file
+/// read half written, or damaged, is replaced by it, so that its pods stay in the mesh (issue
+/// #8, finding 8). The Kubernetes source gives no model until every watch has listed.
 fn load(
     config: &NodeConfig,
-    last: &mut LastGood,
+    source: &Source,
     stats: &NodeStats,
     previous: Option<(&Model, &[crate::model::snapshot::RetainedPort])>,
 ) -> Result<Loaded, NodeError> {
+    let ctx = context(config);
+    let (mut snapshot, fingerprint) = match source {
+        Source::File(last) => read_dir(config, &mut last.lock(), stats)?,
+        Source::Kube(kube) => {
+            let synced = kube.synced();
+            stats.registry_synced.set(i64::from(synced));
+            if !synced {
+                return Err(NodeError::NotSynced);
+            }
+            let (objects, invalid) = kube.objects();
+            let fingerprint = crate::registry::kube::objects::fingerprint(&objects);
+            let (snapshot, problems) = crate::registry::kube::objects::snapshot(&objects);
+            for (kind, name, error) in &invalid.objects {
+                warn!(kind, object = %name, %error, "registry object does not deserialize; left out");
+            }
+            for problem in &problems {
+                warn!(%problem, "registry object left out");
+            }
+            let skipped = invalid.objects.len() + problems.len();
+            stats
+                .registry_objects_skipped
+                .set(i64::try_from(skipped).unwrap_or(i64::MAX));
+            (snapshot, fingerprint)
+        }
+    };
+    if let Source::File(_) = source {
+        // No API server: the registrar's Services are made here (spec/model.md §8). On
+        // Kubernetes the elected registrar writes them and every node reads them back.
+        let report = registrar::complete_snapshot_except(
+            &mut snapshot,
+            config.service_cidr,
+            &ctx.ignored_namespaces,
+        );
+        for (ns, name) in &report.collisions {
+            info!(namespace = %ns, service = %name, "a user Service owns this mesh service's name");
+        }
+    }
+    if let Some((model, retained)) = previous {
+        snapshot.retained =
+            crate::model::retention::advance(&model.http_ports(), retained, &snapshot, ctx.now_ms);
+    }
+    let dns = DnsTable::build(&snapshot, &ctx.domains, config.dns_kubernetes_names);
+    let model = compile(&snapshot, &ctx);
+    let retained = snapshot.retained.clone();
+    Ok(Loaded {
+        model,
+        retained,
+        dns,
+        fingerprint,
+    })
+}
+
+/// Read the manifest directory: its snapshot and fingerprint.
+fn read_dir(
+    config: &NodeConfig,
+    last: &mut LastGood,
+    stats: &NodeStats,
+) -> Result<(crate::model::Snapshot, u64), NodeError> {
     // Taken first: if the directory changes while it is read, the fingerprint is the older one
     // and the change event brings another load.
     let fingerprint = crate::registry::file::fingerprint(&config.registry).map_err(|source| {
@@ -129,29 +204,20 @@ fn load(
     stats
         .registry_files_held
         .set(i64::try_from(held).unwrap_or(i64::MAX));
+    stats.registry_synced.set(1);
+    Ok((loaded.snapshot, fingerprint))
+}
+
+/// The model of a node whose registry has not been read yet: no pods, nothing served.
+fn empty(config: &NodeConfig) -> Loaded {
     let ctx = context(config);
-    let mut snapshot = loaded.snapshot;
-    let report = registrar::complete_snapshot_except(
-        &mut snapshot,
-        config.service_cidr,
-        &ctx.ignored_namespaces,
-    );
-    for (ns, name) in &report.collisions {
-        info!(namespace = %ns, service = %name, "a user Service owns this mesh service's name");
+    let snapshot = crate::model::Snapshot::default();
+    Loaded {
+        dns: DnsTable::build(&snapshot, &ctx.domains, config.dns_kubernetes_names),
+        model: compile(&snapshot, &ctx),
+        retained: Vec::new(),
+        fingerprint: 0,
     }
-    if let Some((model, retained)) = previous {
-        snapshot.retained =
-            crate::model::retention::advance(&model.http_ports(), retained, &snapshot, ctx.now_ms);
-    }
-    let dns = DnsTable::build(&snapshot, &ctx.domains, config.dns_kubernetes_names);
-    let model = compile(&snapshot, &ctx);
-    let retained = snapshot.retained.clone();
-    Ok(Loaded {
-        model,
-        retained,
-        dns,
-        fingerprint,
-    })
 }
 
 /// Run the daemon until SIGTERM or SIGINT, then drain.
@@ -164,10 +230,41 @@ pub async fn run(config: NodeConfig) -> Result<(), NodeError> {
     })?;
     let home = Arc::new(Netns::current()?);
     let node_stats = Arc::new(NodeStats::default());
-    let last_good = Arc::new(Mutex::new(LastGood::default()));
-    let first = load(&config, &mut *last_good.lock().await, &node_stats, None)?;
+    // kube's client takes the process's default rustls provider; another provider in the
+    // dependency graph would make it panic. Ignored when one is installed already.
+    let _ = rustls::crypto::ring::default_provider().install_default();
+    // Registry changes.
+    let (changed_tx, mut changed_rx) = mpsc::channel::<()>(1);
+    let mut _file_watcher = None;
+    let source = Arc::new(match config.registry_source {
+        config::RegistrySource::File => {
+            _file_watcher = watch_registry(&config.registry, changed_tx.clone());
+            Source::File(parking_lot::Mutex::new(LastGood::default()))
+        }
+        config::RegistrySource::Kube => {
+            let client = kube::Client::try_default().await.map_err(NodeError::Kube)?;
+            Source::Kube(Arc::new(KubeSource::start(
+                &client,
+                &WatchSettings::default(),
+                &changed_tx,
+            )))
+        }
+    });
+    let first = match &*source {
+        Source::File(_) => {
+            let (cfg, src, stats) = (config.clone(), source.clone(), node_stats.clone());
+            tokio::task::spawn_blocking(move || load(&cfg, &src, &stats, None))
+                .await
+                .map_err(|e| NodeError::StateDir {
+                    path: config.registry.clone(),
+                    source: std::io::Error::other(e),
+                })??
+        }
+        // Nothing is served until every watch has listed; the first tick brings the model.
+        Source::Kube(_) => empty(&config),
+    };
     let mut retained = first.retained.clone();
-    info!(node = %config.node_name, registry = %config.registry.display(),
+    info!(node = %config.node_name, source = ?config.registry_source, registry = %config.registry.display(),
         pods = first.model.pods().count(), "registry loaded");
     let handle = Arc::new(ModelHandle::new(first.model));
     let fingerprint = Arc::new(std::sync::atomic::AtomicU64::new(first.fingerprint));
@@ -278,9 +375,13 @@ pub async fn run(config: NodeConfig) -> Result<(), NodeError> {
             }
         }
     };
+    // Whether the published model is the registry's: not before the Kubernetes source has
+    // listed every kind (fail closed), nor while a kind is unreadable. Ready needs it.
+    let mut registry_ok = matches!(*source, Source::File(_));
     let all_served = reconcile(&config, &shared, &pods, &cni_pods)
         .await
-        .is_empty();
+        .is_empty()
+        && registry_ok;
     let _ = ready_tx.send(all_served);
     let mut retry = tokio::time::interval(Duration::from_secs(2));
     retry.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
@@ -312,6 +413,31 @@ pub async fn run(config: NodeConfig) -> Result<(), NodeError> {
         }
     }
 
+    // The metrics endpoint. A predecessor (an upgrade on the same host) may hold the port
+    // until it drains: the bind is retried.
+    if let Some(addr) = config.metrics_addr {
+        let (admin, max) = (admin.clone(), config.metrics_max_connections);
+        tokio::spawn(async move {
+            let mut logged = false;
+            loop {
+                match tokio::net::TcpListener::bind(addr).await {
+                    Ok(l) => {
+                        info!(%addr, "metrics listener");
+                        admin::serve_metrics(admin, l, max).await;
+                        return;
+                    }
+                    Err(e) => {
+                        if !logged {
+                            warn!(error = %e, %addr, "metrics listener: retrying every second");
+                            logged = true;
+                        }
+                        tokio::time::sleep(Duration::from_secs(1)).await;
+                    }
+                }
+            }
+        });
+    }
+
     // The CNI API.
     let cni_sock = state_dir.join("cni.sock");
     let cni_listener = cni::bind(&cni_sock)?;
@@ -321,10 +447,6 @@ pub async fn run(config: NodeConfig) -> Result<(), NodeError> {
         cni_tx,
         inputs.stats.accept_errors("cni"),
     ));
-
-    // Registry changes.
-    let (changed_tx, mut changed_rx) = mpsc::channel::<()>(1);
-    let _watcher = watch_registry(&config.registry, changed_tx.clone());
 
     // Certificate rotation.
     let rotating = identities.clone();
@@ -371,9 +493,9 @@ pub async fn run(config: NodeConfig) -> Result<(), NodeError> {
                 // Reading and compiling is blocking work: off the data plane's threads.
                 let previous = handle.load();
                 let (cfg, kept) = (config.clone(), retained.clone());
-                let (last, stats) = (last_good.clone(), node_stats.clone());
+                let (src, stats) = (source.clone(), node_stats.clone());
                 let loaded = tokio::task::spawn_blocking(move || {
-                    load(&cfg, &mut last.blocking_lock(), &stats, Some((&previous, &kept)))
+                    load(&cfg, &src, &stats, Some((&previous, &kept)))
                 })
                 .await;
                 let loaded = match loaded {
@@ -390,10 +512,23 @@ pub async fn run(config: NodeConfig) -> Result<(), NodeError> {
                         let generation = handle.publish(l.model);
                         dns_table.store(Arc::new(l.dns));
                         info!(generation, "model published");
+                        registry_ok = true;
                         let ok = reconcile(&config, &shared, &pods, &cni_pods).await.is_empty();
                         let _ = ready_tx.send(ok);
                         // Published and reconciled: what `/model` reports as loaded.
                         fingerprint.store(l.fingerprint, std::sync::atomic::Ordering::Release);
+                        if ok && !offering {
+                            hand_over_done(&mut predecessor, &pods).await;
+                            serve_handoff(&handoff_path, pods.clone(), handed_tx.clone());
+                            offering = true;
+                        }
+                    }
+                    // Not every watch has listed (or one may not be read): the model stays as
+                    // it is and the node is not ready (fail closed).
+                    Err(NodeError::NotSynced) => {
+                        debug!("registry not synced");
+                        registry_ok = false;
+                        let _ = ready_tx.send(false);
                     }
                     // A failed load keeps the previous model.
                     Err(e) => error!(error = %crate::DisplayChain(&e), "registry reload failed; keeping the previous model"),
@@ -405,7 +540,8 @@ pub async fn run(config: NodeConfig) -> Result<(), NodeError> {
                     let _ = changed_tx.try_send(());
                 }
                 if !*ready_tx.borrow() {
-                    let ok = reconcile(&config, &shared, &pods, &cni_pods).await.is_empty();
+                    let ok = reconcile(&config, &shared, &pods, &cni_pods).await.is_empty()
+                        && registry_ok;
                     let _ = ready_tx.send(ok);
                     if ok && !offering {
                         hand_over_done(&mut predecessor, &pods).await;
@@ -418,7 +554,7 @@ pub async fn run(config: NodeConfig) -> Result<(), NodeError> {
                 let (outcome, ok) =
                     handle_cni(&req.command, &config, &shared, &pods, &cni_pods, &node_stats).await;
                 if let Some(ok) = ok {
-                    let _ = ready_tx.send(ok);
+                    let _ = ready_tx.send(ok && registry_ok);
                 }
                 let _ = req.reply.send(outcome);
             }

@@ -21,6 +21,15 @@ pub struct NodeStats {
     /// DNS-over-TCP connections closed because a query did not arrive whole within
     /// `dns_tcp_query_timeout_ms` (`aether_dns_tcp_timeouts_total`).
     pub dns_tcp_timeouts: Counter,
+    /// Connections to the metrics listener closed at accept: `metrics_max_connections` were
+    /// open (`aether_metrics_connections_over_limit_total`).
+    pub metrics_over_limit: Counter,
+    /// 1 once every watch of the Kubernetes source has listed, else 0 (`aether_registry_synced`;
+    /// always 1 with the file registry).
+    pub registry_synced: Gauge,
+    /// Objects the Kubernetes source holds that did not deserialize, or did not convert, and
+    /// are left out of the model (`aether_registry_objects_skipped`).
+    pub registry_objects_skipped: Gauge,
 }
 
 impl NodeStats {
@@ -50,6 +59,21 @@ impl NodeStats {
             "aether_dns_tcp_timeouts",
             "Mesh DNS TCP connections closed: a query did not arrive whole in time",
             self.dns_tcp_timeouts.clone(),
+        );
+        registry.register(
+            "aether_metrics_connections_over_limit",
+            "Connections to the metrics listener closed at accept: metrics_max_connections were open",
+            self.metrics_over_limit.clone(),
+        );
+        registry.register(
+            "aether_registry_synced",
+            "1 once every registry watch has had its first complete list",
+            self.registry_synced.clone(),
+        );
+        registry.register(
+            "aether_registry_objects_skipped",
+            "Registry objects left out of the model: they did not deserialize or convert",
+            self.registry_objects_skipped.clone(),
         );
     }
 }

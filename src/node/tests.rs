@@ -55,8 +55,8 @@ fn shared() -> (NodeConfig, Shared) {
         registry: dir.clone(),
         ..NodeConfig::default()
     };
-    let mut last = LastGood::default();
-    let loaded = load(&config, &mut last, &NodeStats::default(), None).unwrap();
+    let source = Source::File(parking_lot::Mutex::new(LastGood::default()));
+    let loaded = load(&config, &source, &NodeStats::default(), None).unwrap();
     std::fs::remove_dir_all(&dir).unwrap();
     let shared = Shared {
         inputs: Arc::new(Inputs {

@@ -3,9 +3,11 @@
 //! [`convert`] turns Kubernetes objects into snapshot values (pure, shared with the file
 //! registry); [`objects`] makes one snapshot of everything the watchers hold (pure);
 //! [`generated`] renders the registrar's Services as objects (pure); [`mesh_filter`] defines
-//! this project's own `MeshFilter` resource (group `aether.io`).
+//! this project's own `MeshFilter` resource (group `aether.io`); [`watch`] keeps the stores
+//! (kube-rs reflectors, IO).
 
 pub mod convert;
 pub mod generated;
 pub mod mesh_filter;
 pub mod objects;
+pub mod watch;

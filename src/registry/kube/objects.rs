@@ -144,6 +144,55 @@ pub fn snapshot(objects: &Objects) -> (Snapshot, Vec<ObjectProblem>) {
     (s, problems)
 }
 
+/// A fingerprint of the objects held: each object's kind, namespace, name and resourceVersion.
+/// The same store contents give the same value in every process (what `/model` reports as
+/// loaded, so a test can wait until a change it made to the API server is served).
+pub fn fingerprint(objects: &Objects) -> u64 {
+    use std::hash::{Hash, Hasher};
+    // SipHash with fixed keys: the same in every process, unlike `RandomState`.
+    fn key<'a>(
+        kind: &'static str,
+        meta: &'a ObjectMeta,
+    ) -> (&'static str, &'a str, &'a str, &'a str) {
+        (
+            kind,
+            meta.namespace.as_deref().unwrap_or(""),
+            meta.name.as_deref().unwrap_or(""),
+            meta.resource_version.as_deref().unwrap_or(""),
+        )
+    }
+    let o = objects;
+    let mut keys = Vec::new();
+    keys.extend(o.pods.iter().map(|x| key("Pod", &x.metadata)));
+    keys.extend(o.services.iter().map(|x| key("Service", &x.metadata)));
+    keys.extend(
+        o.endpoint_slices
+            .iter()
+            .map(|x| key("EndpointSlice", &x.metadata)),
+    );
+    keys.extend(o.namespaces.iter().map(|x| key("Namespace", &x.metadata)));
+    keys.extend(o.http_routes.iter().map(|x| key("HTTPRoute", &x.metadata)));
+    keys.extend(o.grpc_routes.iter().map(|x| key("GRPCRoute", &x.metadata)));
+    keys.extend(o.tls_routes.iter().map(|x| key("TLSRoute", &x.metadata)));
+    keys.extend(o.tcp_routes.iter().map(|x| key("TCPRoute", &x.metadata)));
+    keys.extend(o.udp_routes.iter().map(|x| key("UDPRoute", &x.metadata)));
+    keys.extend(
+        o.reference_grants
+            .iter()
+            .map(|x| key("ReferenceGrant", &x.metadata)),
+    );
+    keys.extend(
+        o.mesh_filters
+            .iter()
+            .map(|x| key("MeshFilter", &x.metadata)),
+    );
+    keys.sort_unstable();
+    #[allow(deprecated)] // SipHasher: the one std hasher whose keys are fixed.
+    let mut h = std::hash::SipHasher::new();
+    keys.hash(&mut h);
+    h.finish()
+}
+
 /// Keep of a cluster-wide Pod only what [`convert_pod`] reads, before it is stored: every node
 /// holds every pod, so a pod's containers, volumes, tolerations and statuses would be most of
 /// the daemon's memory (docs/kubernetes.md, "Scale").

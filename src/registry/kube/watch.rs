@@ -1,0 +1,335 @@
+//! The Kubernetes source's watches (IO): one kube-rs reflector per kind, feeding stores that a
+//! reload turns into one [`Objects`] and then one snapshot ([`super::objects::snapshot`]).
+//!
+//! Invariants:
+//! - Fail closed at start: [`KubeSource::synced`] is false until every kind has had its first
+//!   complete list; the daemon serves no pod before (issue #9 §1).
+//! - One object that does not deserialize is kept out of the snapshot and counted
+//!   (`DeserializeGuard`); it never stalls a watch.
+//! - A watch that fails keeps its store as it was (the last model stays in force,
+//!   spec/model.md §3.4) and is retried with backoff; a relist (after `410 Gone` or a broken
+//!   watch) replaces the store whole when it completes, so no deleted object is left behind.
+//! - A kind the API server does not serve (`404`: its CRD is not installed) counts as listed
+//!   and empty, and is retried; a kind the daemon may not read (`403`) is reported and keeps the
+//!   source unsynced (fail closed: a missing MeshFilter could drop an authorization), while the
+//!   other kinds go on.
+//! - Every change sends one tick on the `changed` channel (capacity 1: ticks coalesce); the
+//!   daemon debounces and reloads.
+
+use std::fmt::Debug;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+
+use parking_lot::Mutex;
+
+use futures_util::StreamExt;
+use gateway_api::experimental::grpcroutes::GrpcRoute;
+use gateway_api::experimental::httproutes::HttpRoute;
+use gateway_api::experimental::referencegrants::ReferenceGrant;
+use gateway_api::experimental::tcproutes::TcpRoute;
+use gateway_api::experimental::tlsroutes::TlsRoute;
+use gateway_api::experimental::udproutes::UdpRoute;
+use k8s_openapi::api::core::v1::{Namespace, Pod, Service};
+use k8s_openapi::api::discovery::v1::EndpointSlice;
+use kube::core::DeserializeGuard;
+use kube::runtime::reflector::{self, Store};
+use kube::runtime::watcher::{self, Event};
+use kube::runtime::{WatchStreamExt, watcher as watch_api};
+use kube::{Api, Client, Resource};
+use serde::de::DeserializeOwned;
+use tokio::sync::mpsc;
+use tokio::task::JoinHandle;
+use tracing::{info, warn};
+
+use super::mesh_filter::MeshFilterResource;
+use super::objects::{Objects, trim_pod};
+
+/// How one kind's watch stands.
+#[derive(Debug, Default)]
+pub struct KindState {
+    /// The kind's name (`Pod`, `HTTPRoute`, …).
+    pub kind: &'static str,
+    /// Its first complete list has arrived (or the kind does not exist on this server).
+    pub synced: AtomicBool,
+    /// The API server does not serve the kind (404): its CRD is not installed.
+    pub absent: AtomicBool,
+    /// The API server refused to let the daemon read it (403).
+    pub forbidden: AtomicBool,
+    /// Watch errors since start.
+    pub errors: AtomicU64,
+    /// Complete lists after the first (a `410 Gone`, a broken watch).
+    pub relists: AtomicU64,
+    /// The last error, for `/ready` and the logs.
+    pub last_error: Mutex<Option<String>>,
+}
+
+impl KindState {
+    fn new(kind: &'static str) -> Self {
+        Self {
+            kind,
+            ..Self::default()
+        }
+    }
+
+    /// Whether this kind lets the source be synced.
+    pub fn is_synced(&self) -> bool {
+        self.synced.load(Ordering::Acquire) && !self.forbidden.load(Ordering::Acquire)
+    }
+}
+
+/// What the watches need to know of the daemon.
+#[derive(Clone, Debug)]
+pub struct WatchSettings {
+    /// Request bookmarks and use the server's streaming lists where it has them.
+    pub streaming_lists: bool,
+    /// Page size of a paged list (when lists are not streamed).
+    pub page_size: u32,
+}
+
+impl Default for WatchSettings {
+    fn default() -> Self {
+        Self {
+            streaming_lists: false,
+            page_size: 500,
+        }
+    }
+}
+
+/// Every watch of the source, its stores and their states.
+pub struct KubeSource {
+    stores: Stores,
+    kinds: Vec<Arc<KindState>>,
+    tasks: Vec<JoinHandle<()>>,
+}
+
+struct Stores {
+    pods: Store<DeserializeGuard<Pod>>,
+    services: Store<DeserializeGuard<Service>>,
+    endpoint_slices: Store<DeserializeGuard<EndpointSlice>>,
+    namespaces: Store<DeserializeGuard<Namespace>>,
+    http_routes: Store<DeserializeGuard<HttpRoute>>,
+    grpc_routes: Store<DeserializeGuard<GrpcRoute>>,
+    tls_routes: Store<DeserializeGuard<TlsRoute>>,
+    tcp_routes: Store<DeserializeGuard<TcpRoute>>,
+    udp_routes: Store<DeserializeGuard<UdpRoute>>,
+    reference_grants: Store<DeserializeGuard<ReferenceGrant>>,
+    mesh_filters: Store<DeserializeGuard<MeshFilterResource>>,
+}
+
+/// Objects held that did not deserialize: counted, never converted.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Invalid {
+    /// `(kind, namespace/name, error)` of each.
+    pub objects: Vec<(&'static str, String, String)>,
+}
+
+impl KubeSource {
+    /// Start every watch. `changed` gets a tick after each change of any store.
+    pub fn start(client: &Client, settings: &WatchSettings, changed: &mpsc::Sender<()>) -> Self {
+        let mut kinds = Vec::new();
+        let mut tasks = Vec::new();
+        let mut start = |kind: &'static str| {
+            let state = Arc::new(KindState::new(kind));
+            kinds.push(state.clone());
+            (state, changed.clone())
+        };
+        macro_rules! watch_kind {
+            ($ty:ty, $kind:literal, $trim:expr) => {{
+                let (state, changed) = start($kind);
+                let api: Api<DeserializeGuard<$ty>> = Api::all(client.clone());
+                let (store, task) = spawn_watch(api, config(settings), $trim, state, changed);
+                tasks.push(task);
+                store
+            }};
+        }
+        let stores = Stores {
+            pods: watch_kind!(Pod, "Pod", trim_pod),
+            services: watch_kind!(Service, "Service", no_trim),
+            endpoint_slices: watch_kind!(EndpointSlice, "EndpointSlice", no_trim),
+            namespaces: watch_kind!(Namespace, "Namespace", no_trim),
+            http_routes: watch_kind!(HttpRoute, "HTTPRoute", no_trim),
+            grpc_routes: watch_kind!(GrpcRoute, "GRPCRoute", no_trim),
+            tls_routes: watch_kind!(TlsRoute, "TLSRoute", no_trim),
+            tcp_routes: watch_kind!(TcpRoute, "TCPRoute", no_trim),
+            udp_routes: watch_kind!(UdpRoute, "UDPRoute", no_trim),
+            reference_grants: watch_kind!(ReferenceGrant, "ReferenceGrant", no_trim),
+            mesh_filters: watch_kind!(MeshFilterResource, "MeshFilter", no_trim),
+        };
+        Self {
+            stores,
+            kinds,
+            tasks,
+        }
+    }
+
+    /// Whether every kind has had its first complete list (and none is forbidden).
+    pub fn synced(&self) -> bool {
+        self.kinds.iter().all(|k| k.is_synced())
+    }
+
+    /// The state of each kind's watch.
+    pub fn kinds(&self) -> &[Arc<KindState>] {
+        &self.kinds
+    }
+
+    /// Everything the stores hold now, and the objects that did not deserialize.
+    pub fn objects(&self) -> (Objects, Invalid) {
+        let mut invalid = Invalid::default();
+        let s = &self.stores;
+        let objects = Objects {
+            pods: valid(&s.pods, "Pod", &mut invalid),
+            services: valid(&s.services, "Service", &mut invalid),
+            endpoint_slices: valid(&s.endpoint_slices, "EndpointSlice", &mut invalid),
+            namespaces: valid(&s.namespaces, "Namespace", &mut invalid),
+            http_routes: valid(&s.http_routes, "HTTPRoute", &mut invalid),
+            grpc_routes: valid(&s.grpc_routes, "GRPCRoute", &mut invalid),
+            tls_routes: valid(&s.tls_routes, "TLSRoute", &mut invalid),
+            tcp_routes: valid(&s.tcp_routes, "TCPRoute", &mut invalid),
+            udp_routes: valid(&s.udp_routes, "UDPRoute", &mut invalid),
+            reference_grants: valid(&s.reference_grants, "ReferenceGrant", &mut invalid),
+            mesh_filters: valid(&s.mesh_filters, "MeshFilter", &mut invalid),
+        };
+        (objects, invalid)
+    }
+}
+
+impl Debug for KubeSource {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("KubeSource")
+            .field("kinds", &self.kinds)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Drop for KubeSource {
+    fn drop(&mut self) {
+        for t in &self.tasks {
+            t.abort();
+        }
+    }
+}
+
+fn no_trim<K>(_: &mut K) {}
+
+fn config(settings: &WatchSettings) -> watcher::Config {
+    let c = watcher::Config::default();
+    if settings.streaming_lists {
+        c.streaming_lists()
+    } else {
+        c.page_size(settings.page_size)
+    }
+}
+
+/// The objects of a store that deserialized; the others are listed in `invalid`.
+fn valid<K>(
+    store: &Store<DeserializeGuard<K>>,
+    kind: &'static str,
+    invalid: &mut Invalid,
+) -> Vec<Arc<K>>
+where
+    K: Resource + Clone + DeserializeOwned + Debug + Send + Sync + 'static,
+    K::DynamicType: Default + Eq + std::hash::Hash + Clone,
+{
+    let mut out = Vec::new();
+    for guard in store.state() {
+        match &guard.0 {
+            Ok(k) => out.push(Arc::new(k.clone())),
+            Err(e) => {
+                let name = format!(
+                    "{}/{}",
+                    e.metadata.namespace.as_deref().unwrap_or(""),
+                    e.metadata.name.as_deref().unwrap_or("")
+                );
+                invalid.objects.push((kind, name, e.error.clone()));
+            }
+        }
+    }
+    out
+}
+
+/// Start one kind's reflector: list, then watch, trimming each object before it is stored.
+fn spawn_watch<K>(
+    api: Api<DeserializeGuard<K>>,
+    config: watcher::Config,
+    trim: fn(&mut K),
+    state: Arc<KindState>,
+    changed: mpsc::Sender<()>,
+) -> (Store<DeserializeGuard<K>>, JoinHandle<()>)
+where
+    K: Resource + Clone + DeserializeOwned + Debug + Send + Sync + 'static,
+    K::DynamicType: Default + Eq + std::hash::Hash + Clone,
+{
+    let (reader, writer) = reflector::store();
+    let task = tokio::spawn(async move {
+        let stream = watch_api(api, config)
+            .modify(move |guard: &mut DeserializeGuard<K>| {
+                if let Ok(k) = &mut guard.0 {
+                    trim(k);
+                }
+            })
+            .default_backoff()
+            .reflect(writer);
+        let mut stream = std::pin::pin!(stream);
+        while let Some(item) = stream.next().await {
+            match item {
+                Ok(Event::InitDone) => {
+                    if state.synced.swap(true, Ordering::AcqRel) {
+                        state.relists.fetch_add(1, Ordering::Relaxed);
+                    } else {
+                        info!(kind = state.kind, "listed");
+                    }
+                    state.absent.store(false, Ordering::Release);
+                    state.forbidden.store(false, Ordering::Release);
+                    let _ = changed.try_send(());
+                }
+                Ok(Event::Apply(_) | Event::Delete(_)) => {
+                    let _ = changed.try_send(());
+                }
+                Ok(Event::Init | Event::InitApply(_)) => {}
+                Err(e) => on_error(&state, &e, &changed),
+            }
+        }
+    });
+    (reader, task)
+}
+
+/// The HTTP status of a watch error, when the API server answered with one.
+fn status_code(e: &watcher::Error) -> Option<u16> {
+    match e {
+        watcher::Error::InitialListFailed(kube::Error::Api(s))
+        | watcher::Error::WatchStartFailed(kube::Error::Api(s))
+        | watcher::Error::WatchFailed(kube::Error::Api(s)) => Some(s.code),
+        watcher::Error::WatchError(s) => Some(s.code),
+        _ => None,
+    }
+}
+
+fn on_error(state: &KindState, e: &watcher::Error, changed: &mpsc::Sender<()>) {
+    let n = state.errors.fetch_add(1, Ordering::Relaxed);
+    let text = crate::DisplayChain(e).to_string();
+    *state.last_error.lock() = Some(text.clone());
+    match status_code(e) {
+        Some(404) if !state.synced.load(Ordering::Acquire) => {
+            // No such resource on this server (its CRD is not installed): nothing to hold.
+            if !state.absent.swap(true, Ordering::AcqRel) {
+                warn!(kind = state.kind, error = %text, "the API server does not serve this kind; treated as empty until it does");
+            }
+            state.synced.store(true, Ordering::Release);
+            let _ = changed.try_send(());
+        }
+        Some(403) => {
+            if !state.forbidden.swap(true, Ordering::AcqRel) {
+                warn!(kind = state.kind, error = %text, "may not read this kind: the node stays not ready (check the ClusterRole)");
+            }
+            let _ = changed.try_send(());
+        }
+        // 410 Gone and broken watches: the watcher relists by itself. Logged sparingly.
+        _ if n < 3 || n.is_power_of_two() => {
+            warn!(kind = state.kind, errors = n + 1, error = %text, "watch error; retrying, the last model stays");
+        }
+        _ => {}
+    }
+}
+
+#[cfg(test)]
+mod tests;

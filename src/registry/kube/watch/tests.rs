@@ -1,0 +1,318 @@
+//! The watches against a scripted API server (`tower-test`): what the source holds and says
+//! after lists, errors and relists, with no real server.
+
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+use http::{Request, Response, StatusCode};
+use kube::client::Body;
+use serde_json::{Value, json};
+
+use super::*;
+
+/// The collection paths the source lists and watches, one per kind.
+const PATHS: &[&str] = &[
+    "/api/v1/pods",
+    "/api/v1/services",
+    "/apis/discovery.k8s.io/v1/endpointslices",
+    "/api/v1/namespaces",
+    "/apis/gateway.networking.k8s.io/v1/httproutes",
+    "/apis/gateway.networking.k8s.io/v1/grpcroutes",
+    "/apis/gateway.networking.k8s.io/v1/tlsroutes",
+    "/apis/gateway.networking.k8s.io/v1alpha2/tcproutes",
+    "/apis/gateway.networking.k8s.io/v1alpha2/udproutes",
+    "/apis/gateway.networking.k8s.io/v1/referencegrants",
+    "/apis/aether.io/v1alpha1/meshfilters",
+];
+
+/// What the scripted server answers for one request.
+#[derive(Clone, Debug)]
+enum Answer {
+    /// A list of these items at this resourceVersion.
+    List(&'static str, Vec<Value>),
+    /// An error status.
+    Status(u16, &'static str),
+    /// Watch events, then the end of the stream.
+    Events(Vec<Value>),
+    /// No answer (a watch with nothing to say).
+    Hold,
+}
+
+/// The script: per path, the answers to its lists and to its watches, in turn; the last one
+/// repeats. A path with no list script answers an empty list; a watch with none is held.
+#[derive(Default)]
+struct Script {
+    lists: BTreeMap<&'static str, Vec<Answer>>,
+    watches: BTreeMap<&'static str, Vec<Answer>>,
+}
+
+fn next(answers: Option<&mut Vec<Answer>>, default: Answer) -> Answer {
+    match answers {
+        Some(a) if a.len() > 1 => a.remove(0),
+        Some(a) if a.len() == 1 => a[0].clone(),
+        _ => default,
+    }
+}
+
+fn respond(answer: &Answer) -> Option<Response<Body>> {
+    let (code, body) = match answer {
+        Answer::List(rv, items) => (
+            200,
+            json!({"apiVersion": "v1", "kind": "List", "metadata": {"resourceVersion": rv}, "items": items}).to_string(),
+        ),
+        Answer::Status(code, reason) => (
+            *code,
+            json!({"apiVersion": "v1", "kind": "Status", "status": "Failure", "reason": reason, "message": reason, "code": code}).to_string(),
+        ),
+        Answer::Events(events) => (
+            200,
+            events.iter().map(|e| format!("{e}\n")).collect::<String>(),
+        ),
+        Answer::Hold => return None,
+    };
+    Some(
+        Response::builder()
+            .status(StatusCode::from_u16(code).unwrap())
+            .header("content-type", "application/json")
+            .body(Body::from(body.into_bytes()))
+            .unwrap(),
+    )
+}
+
+/// Start the source on a scripted server; returns the source, the change ticks and the
+/// requests the server saw (path and query).
+fn start(script: Script) -> (KubeSource, mpsc::Receiver<()>, Arc<Mutex<Vec<String>>>) {
+    let (service, mut handle) = tower_test::mock::pair::<Request<Body>, Response<Body>>();
+    let seen = Arc::new(Mutex::new(Vec::new()));
+    let log = seen.clone();
+    tokio::spawn(async move {
+        let mut script = script;
+        let mut held = Vec::new();
+        while let Some((req, send)) = handle.next_request().await {
+            let path = req.uri().path().to_owned();
+            let query = req.uri().query().unwrap_or("").to_owned();
+            log.lock().push(format!("{path}?{query}"));
+            let Some(&known) = PATHS.iter().find(|p| **p == path) else {
+                send.send_response(respond(&Answer::Status(404, "NotFound")).unwrap());
+                continue;
+            };
+            let answer = if query.contains("watch=true") {
+                next(script.watches.get_mut(known), Answer::Hold)
+            } else {
+                next(script.lists.get_mut(known), Answer::List("1", vec![]))
+            };
+            match respond(&answer) {
+                Some(r) => send.send_response(r),
+                None => held.push(send),
+            }
+        }
+    });
+    let client = Client::new(service, "default");
+    let (tx, rx) = mpsc::channel(1);
+    let source = KubeSource::start(&client, &WatchSettings::default(), &tx);
+    (source, rx, seen)
+}
+
+fn pod(name: &str, ip: &str) -> Value {
+    json!({
+        "metadata": {
+            "name": name, "namespace": "shop", "resourceVersion": "5",
+            "annotations": {"endpoint.aether.io/port": "8080", "team.example/owner": "x"},
+            "managedFields": [{"manager": "kubelet"}]
+        },
+        "spec": {"serviceAccountName": "web", "nodeName": "node-a",
+                 "containers": [{"name": "app", "image": "web:1"}]},
+        "status": {"podIP": ip, "podIPs": [{"ip": ip}],
+                   "conditions": [{"type": "Ready", "status": "True"}]}
+    })
+}
+
+/// Wait (bounded) until `f` holds of the source.
+async fn until(source: &KubeSource, what: &str, f: impl Fn(&KubeSource) -> bool) {
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+    while !f(source) {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "timed out waiting until {what}"
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+}
+
+fn kind<'a>(source: &'a KubeSource, name: &str) -> &'a KindState {
+    source.kinds().iter().find(|k| k.kind == name).unwrap()
+}
+
+fn pod_names(source: &KubeSource) -> Vec<String> {
+    let mut names: Vec<_> = source
+        .objects()
+        .0
+        .pods
+        .iter()
+        .map(|p| p.metadata.name.clone().unwrap())
+        .collect();
+    names.sort();
+    names
+}
+
+#[tokio::test]
+async fn the_source_is_synced_only_once_every_kind_has_listed_and_holds_trimmed_pods() {
+    let mut script = Script::default();
+    script.lists.insert(
+        "/api/v1/pods",
+        vec![Answer::List("3", vec![pod("web-0", "10.244.1.5")])],
+    );
+    // The MeshFilter list is late: it fails twice (a server restarting) before it answers.
+    script.lists.insert(
+        "/apis/aether.io/v1alpha1/meshfilters",
+        vec![
+            Answer::Status(500, "InternalError"),
+            Answer::Status(500, "InternalError"),
+            Answer::List("4", vec![]),
+        ],
+    );
+    let (source, mut changed, seen) = start(script);
+    until(&source, "the pods are listed", |s| {
+        kind(s, "Pod").is_synced()
+    })
+    .await;
+    assert!(
+        !source.synced() || kind(&source, "MeshFilter").errors.load(Ordering::Relaxed) >= 2,
+        "synced before the MeshFilter list answered"
+    );
+    until(&source, "every kind is listed", KubeSource::synced).await;
+    assert!(kind(&source, "MeshFilter").errors.load(Ordering::Relaxed) >= 2);
+    assert!(changed.try_recv().is_ok(), "a change was signalled");
+
+    let (objects, invalid) = source.objects();
+    assert!(invalid.objects.is_empty());
+    assert_eq!(objects.pods.len(), 1);
+    let p = &objects.pods[0];
+    assert!(
+        p.metadata.managed_fields.is_none(),
+        "trimmed before it was stored"
+    );
+    assert!(p.spec.as_ref().unwrap().containers.is_empty());
+    let annotations = p.metadata.annotations.as_ref().unwrap();
+    assert_eq!(annotations.len(), 1, "{annotations:?}");
+    let (snapshot, problems) = super::super::objects::snapshot(&objects);
+    assert!(problems.is_empty());
+    assert_eq!(snapshot.rows.len(), 1);
+    assert!(snapshot.rows[0].ready);
+
+    // Every kind was listed cluster-wide, then watched.
+    let seen = seen.lock().clone();
+    for path in PATHS {
+        assert!(
+            seen.iter()
+                .any(|r| r.starts_with(&format!("{path}?")) && !r.contains("watch=true")),
+            "{path} was not listed: {seen:?}"
+        );
+    }
+}
+
+#[tokio::test]
+async fn a_kind_the_daemon_may_not_read_keeps_it_unsynced_and_does_not_stall_the_others() {
+    let mut script = Script::default();
+    script.lists.insert(
+        "/apis/aether.io/v1alpha1/meshfilters",
+        vec![Answer::Status(403, "Forbidden")],
+    );
+    script.lists.insert(
+        "/api/v1/pods",
+        vec![Answer::List("3", vec![pod("web-0", "10.244.1.5")])],
+    );
+    let (source, _changed, _) = start(script);
+    until(&source, "the pods are listed", |s| {
+        kind(s, "Pod").is_synced()
+    })
+    .await;
+    until(&source, "the MeshFilter refusal is seen", |s| {
+        kind(s, "MeshFilter").forbidden.load(Ordering::Acquire)
+    })
+    .await;
+    assert!(!source.synced(), "fail closed while a kind may not be read");
+    assert_eq!(pod_names(&source), ["web-0"], "the other kinds went on");
+    let last = kind(&source, "MeshFilter").last_error.lock().clone();
+    assert!(last.is_some_and(|e| e.contains("403") || e.contains("Forbidden")));
+}
+
+#[tokio::test]
+async fn a_kind_the_server_does_not_serve_counts_as_listed_and_empty() {
+    let mut script = Script::default();
+    script.lists.insert(
+        "/apis/gateway.networking.k8s.io/v1alpha2/tcproutes",
+        vec![Answer::Status(404, "NotFound")],
+    );
+    let (source, _changed, _) = start(script);
+    until(&source, "every kind is listed", KubeSource::synced).await;
+    assert!(kind(&source, "TCPRoute").absent.load(Ordering::Acquire));
+    assert!(source.objects().0.tcp_routes.is_empty());
+}
+
+#[tokio::test]
+async fn a_gone_watch_relists_and_leaves_no_deleted_object_behind() {
+    let mut script = Script::default();
+    script.lists.insert(
+        "/api/v1/pods",
+        vec![
+            Answer::List(
+                "10",
+                vec![pod("web-0", "10.244.1.5"), pod("web-1", "10.244.1.6")],
+            ),
+            // After the 410, web-1 is gone (deleted while the watch was down).
+            Answer::List("20", vec![pod("web-0", "10.244.1.5")]),
+        ],
+    );
+    script.watches.insert(
+        "/api/v1/pods",
+        vec![
+            Answer::Events(vec![json!({"type": "ERROR", "object": {
+                "apiVersion": "v1", "kind": "Status", "status": "Failure",
+                "reason": "Expired", "message": "too old resource version", "code": 410}})]),
+            Answer::Hold,
+        ],
+    );
+    let (source, _changed, _) = start(script);
+    until(&source, "the pods are relisted", |s| {
+        kind(s, "Pod").relists.load(Ordering::Relaxed) >= 1
+    })
+    .await;
+    assert_eq!(
+        pod_names(&source),
+        ["web-0"],
+        "no stale pod after the relist"
+    );
+    assert!(kind(&source, "Pod").errors.load(Ordering::Relaxed) >= 1);
+}
+
+#[tokio::test]
+async fn watch_events_change_the_store_and_a_malformed_object_is_counted_not_fatal() {
+    let mut script = Script::default();
+    let mut bad = pod("web-bad", "10.244.1.9");
+    bad["spec"]["containers"] = json!("not a list");
+    script.lists.insert(
+        "/api/v1/pods",
+        vec![Answer::List("10", vec![pod("web-0", "10.244.1.5"), bad])],
+    );
+    script.watches.insert(
+        "/api/v1/pods",
+        vec![
+            Answer::Events(vec![
+                json!({"type": "ADDED", "object": pod("web-2", "10.244.1.7")}),
+                json!({"type": "DELETED", "object": pod("web-0", "10.244.1.5")}),
+            ]),
+            Answer::Hold,
+        ],
+    );
+    let (source, _changed, _) = start(script);
+    until(&source, "the watch events are applied", |s| {
+        pod_names(s) == ["web-2"]
+    })
+    .await;
+    let (_, invalid) = source.objects();
+    assert_eq!(invalid.objects.len(), 1, "{invalid:?}");
+    assert_eq!(invalid.objects[0].0, "Pod");
+    assert_eq!(invalid.objects[0].1, "shop/web-bad");
+    assert!(source.synced(), "one bad object stalls nothing");
+}
