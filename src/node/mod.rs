@@ -264,8 +264,12 @@ pub async fn run(config: NodeConfig) -> Result<(), NodeError> {
         Source::Kube(_) => empty(&config),
     };
     let mut retained = first.retained.clone();
-    info!(node = %config.node_name, source = ?config.registry_source, registry = %config.registry.display(),
-        pods = first.model.pods().count(), "registry loaded");
+    match &*source {
+        Source::File(_) => info!(node = %config.node_name, registry = %config.registry.display(),
+            pods = first.model.pods().count(), "registry loaded"),
+        Source::Kube(_) => info!(node = %config.node_name,
+            "watching the Kubernetes API server; no pod is served before every kind has listed"),
+    }
     let handle = Arc::new(ModelHandle::new(first.model));
     let fingerprint = Arc::new(std::sync::atomic::AtomicU64::new(first.fingerprint));
     let dns_table = Arc::new(ArcSwap::from_pointee(first.dns));
