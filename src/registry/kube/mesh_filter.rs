@@ -31,31 +31,6 @@ pub struct MeshFilterResource {
     pub spec: MeshFilterSpec,
 }
 
-/// So the watchers can list and watch it (`aether.io/v1alpha1`, `meshfilters`, namespaced).
-impl kube::Resource for MeshFilterResource {
-    type DynamicType = ();
-    type Scope = kube::core::NamespaceResourceScope;
-
-    fn kind(_: &()) -> std::borrow::Cow<'_, str> {
-        MESH_FILTER_KIND.into()
-    }
-    fn group(_: &()) -> std::borrow::Cow<'_, str> {
-        MESH_FILTER_GROUP.into()
-    }
-    fn version(_: &()) -> std::borrow::Cow<'_, str> {
-        "v1alpha1".into()
-    }
-    fn plural(_: &()) -> std::borrow::Cow<'_, str> {
-        "meshfilters".into()
-    }
-    fn meta(&self) -> &K8sObjectMeta {
-        &self.metadata
-    }
-    fn meta_mut(&mut self) -> &mut K8sObjectMeta {
-        &mut self.metadata
-    }
-}
-
 /// `spec`: optional targets and exactly one configuration.
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, rename_all = "camelCase")]

@@ -209,6 +209,31 @@ impl Drop for KubeSource {
     }
 }
 
+/// So the watchers can list and watch it (here, not in `mesh_filter`, which is pure data) (`aether.io/v1alpha1`, `meshfilters`, namespaced).
+impl Resource for MeshFilterResource {
+    type DynamicType = ();
+    type Scope = kube::core::NamespaceResourceScope;
+
+    fn kind(_: &()) -> std::borrow::Cow<'_, str> {
+        super::mesh_filter::MESH_FILTER_KIND.into()
+    }
+    fn group(_: &()) -> std::borrow::Cow<'_, str> {
+        super::mesh_filter::MESH_FILTER_GROUP.into()
+    }
+    fn version(_: &()) -> std::borrow::Cow<'_, str> {
+        "v1alpha1".into()
+    }
+    fn plural(_: &()) -> std::borrow::Cow<'_, str> {
+        "meshfilters".into()
+    }
+    fn meta(&self) -> &k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta {
+        &self.metadata
+    }
+    fn meta_mut(&mut self) -> &mut k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta {
+        &mut self.metadata
+    }
+}
+
 fn no_trim<K>(_: &mut K) {}
 
 fn config(settings: &WatchSettings) -> watcher::Config {
