@@ -10,6 +10,7 @@
 use std::fmt;
 use std::fs::File;
 use std::io;
+use std::net::IpAddr;
 use std::os::fd::AsFd;
 use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
@@ -74,6 +75,15 @@ pub enum NetnsError {
     NotANamespace {
         /// The path.
         path: PathBuf,
+    },
+    /// The namespace's addresses could not be listed.
+    #[error("list the addresses of network namespace {path}")]
+    Addresses {
+        /// The namespace.
+        path: PathBuf,
+        /// The cause.
+        #[source]
+        source: nix::Error,
     },
     /// The path names a namespace a pod never has: capture is never programmed there.
     #[error("{path} is {whose} network namespace, not a pod's")]
@@ -163,6 +173,44 @@ impl Netns {
     /// The path it was opened from.
     pub fn path(&self) -> &Path {
         &self.path
+    }
+
+    /// What identifies the namespace: (device, inode) of its file. A namespace made later at
+    /// the same path has another.
+    pub fn id(&self) -> (u64, u64) {
+        (self.dev, self.inode)
+    }
+
+    /// The addresses of `ips` that no interface of this namespace holds (empty: it holds them
+    /// all). Read with `getifaddrs` from inside the namespace, then back to `home`.
+    pub fn missing_addresses(
+        &self,
+        home: &Self,
+        ips: &[IpAddr],
+    ) -> Result<Vec<IpAddr>, NetnsError> {
+        if ips.is_empty() {
+            return Ok(Vec::new());
+        }
+        let held = self
+            .run(home, nix::ifaddrs::getifaddrs)?
+            .map_err(|source| NetnsError::Addresses {
+                path: self.path.clone(),
+                source,
+            })?
+            .filter_map(|a| {
+                let addr = a.address?;
+                match (addr.as_sockaddr_in(), addr.as_sockaddr_in6()) {
+                    (Some(v4), _) => Some(IpAddr::V4(v4.ip())),
+                    (None, Some(v6)) => Some(IpAddr::V6(v6.ip())),
+                    (None, None) => None,
+                }
+            })
+            .collect::<Vec<_>>();
+        Ok(ips
+            .iter()
+            .filter(|ip| !held.contains(ip))
+            .copied()
+            .collect())
     }
 
     /// Run `f` inside this namespace on the calling thread, then return to `home` (the daemon's

@@ -5,8 +5,13 @@
 //!
 //! ```text
 //! {"op":"add","namespace":"mp","pod":"mp-client","netns":"/var/run/netns/mp-client"}
+//! {"op":"add","namespace":"mp","pod":"mp-client","netns":"/var/run/netns/mp-client","ips":["10.244.1.5"]}
+//! {"op":"check","namespace":"mp","pod":"mp-client"}
 //! {"op":"del","namespace":"mp","pod":"mp-client"}
 //! ```
+//!
+//! `ips` (the pod's addresses, from the primary CNI's result) is optional: a request without it
+//! is read as it was before the field existed.
 //!
 //! and its reply, sent once the daemon has handled it, is `{"ok":true}` or
 //! `{"ok":false,"error":"..."}`. A line that is not a valid request gets an error reply and the
@@ -14,6 +19,7 @@
 //! with a reply channel, to the daemon's wiring through an `mpsc` channel ([`CniRequest`]).
 
 use std::io;
+use std::net::IpAddr;
 use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
 
@@ -40,6 +46,21 @@ pub enum CniCommand {
         pod: String,
         /// Its network namespace (`/var/run/netns/<name>` or `/proc/<pid>/ns/net`).
         netns: PathBuf,
+        /// The pod's addresses as the primary CNI assigned them; when given, the daemon
+        /// refuses the ADD unless the namespace holds every one of them.
+        #[serde(default, skip_serializing_if = "Vec::is_empty")]
+        ips: Vec<IpAddr>,
+    },
+    /// Is the pod served? (CNI CHECK.) Answered ok only when it is, or when the daemon knows
+    /// the pod from an ADD and the registry does not ask for it to be served here.
+    Check {
+        /// The pod's Kubernetes namespace.
+        namespace: String,
+        /// The pod's name.
+        pod: String,
+        /// Its network namespace, as the runtime gave it.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        netns: Option<PathBuf>,
     },
     /// The pod's network is being torn down.
     Del {
@@ -309,6 +330,7 @@ mod tests {
             namespace: "mp".into(),
             pod: "mp-client".into(),
             netns: "/var/run/netns/mp-client".into(),
+            ips: vec!["10.244.1.5".parse().unwrap()],
         };
         send(&path, &add).await.unwrap();
         assert_eq!(seen.recv().await.unwrap(), add);
@@ -325,6 +347,7 @@ mod tests {
             namespace: "mp".into(),
             pod: "bad".into(),
             netns: "/proc/1/ns/net".into(),
+            ips: Vec::new(),
         };
         match send(&path, &bad).await {
             Err(CniError::Refused { error }) => assert_eq!(error, "cannot capture bad"),
@@ -374,6 +397,7 @@ mod tests {
                 namespace: "mp".into(),
                 pod: "mp-client".into(),
                 netns: "/var/run/netns/mp-client".into(),
+                ips: Vec::new(),
             }
         );
 

@@ -265,6 +265,7 @@ async fn cni(env: &Env) -> Check {
         namespace: "mp".into(),
         pod: CNI_POD.into(),
         netns: netns.clone(),
+        ips: Vec::new(),
     };
     tokio::time::timeout(Duration::from_secs(10), send(&sock, &add))
         .await

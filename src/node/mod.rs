@@ -2,6 +2,7 @@
 //! long-lived tasks and connects the parts: registry → model → proxies, capture, DNS, admin.
 
 pub mod admin;
+pub mod cni_records;
 pub mod config;
 pub mod dns;
 pub mod handoff;
@@ -348,7 +349,9 @@ pub async fn run(config: NodeConfig) -> Result<(), NodeError> {
     };
 
     let pods = Arc::new(Mutex::new(Pods::default()));
-    let cni_pods = Arc::new(Mutex::new(CniPods::new()));
+    // The pods a CNI ADD told an earlier run of the daemon about, whose namespaces are still
+    // there: served again without a new ADD (issue #9 §4, `cni_records`).
+    let cni_pods = Arc::new(Mutex::new(rediscover(&config.state_dir, &shared.home)));
     let (ready_tx, ready_rx) = watch::channel(false);
 
     // The first reconcile: every local pod (present = desired). Ready only once every local
@@ -580,6 +583,24 @@ pub async fn run(config: NodeConfig) -> Result<(), NodeError> {
     Ok(())
 }
 
+/// The recorded CNI pods of `state_dir` that are still there; stale records are removed.
+fn rediscover(state_dir: &Path, home: &Netns) -> CniPods {
+    let (kept, dropped) = cni_records::Records::new(state_dir).reload(home);
+    for (path, why) in &dropped {
+        info!(record = %path.display(), reason = %crate::DisplayChain(why), "stale CNI record dropped");
+    }
+    if !kept.is_empty() || !dropped.is_empty() {
+        info!(
+            pods = kept.len(),
+            stale = dropped.len(),
+            "CNI pods of an earlier run found again"
+        );
+    }
+    kept.into_iter()
+        .map(|r| ((r.namespace, r.pod), r.netns))
+        .collect()
+}
+
 /// Every pod is served on the predecessor's sockets: tell it, so that it stops accepting and
 /// drains; sockets no pod took are closed.
 async fn hand_over_done(predecessor: &mut Option<handoff::Taken>, pods: &Arc<Mutex<Pods>>) {
@@ -641,11 +662,14 @@ fn serve_handoff(path: &Path, pods: Arc<Mutex<Pods>>, handed: mpsc::Sender<()>) 
     });
 }
 
-/// Handle one CNI request (issue #8, finding 11). An ADD's namespace must exist and be a
-/// pod's ([`Netns::open_pod`]); the reply waits for the reconcile, and is an error with the
-/// reason when the pod is then not served (the ADD is then forgotten, as the runtime will
-/// retry or tear down). A DEL forgets the pod. Returns the reply and, when it reconciled,
-/// whether every local pod is served.
+/// Handle one CNI request (issue #8, finding 11; issue #9 §4). An ADD's namespace must exist
+/// and be a pod's ([`Netns::open_pod`]) and hold the addresses the ADD names; it is recorded
+/// ([`cni_records`]) and the reply waits for the reconcile: an error with the reason when the
+/// pod is then not served (the ADD and its record are then forgotten, as the runtime will retry
+/// or tear down). A DEL forgets the pod and its record. A CHECK is answered ok when the pod is
+/// served, or when its ADD is known and the registry does not ask for the pod to be served here
+/// (an unmanaged pod). Returns the reply and, when it reconciled, whether every local pod is
+/// served.
 async fn handle_cni(
     command: &CniCommand,
     config: &NodeConfig,
@@ -654,19 +678,55 @@ async fn handle_cni(
     cni_pods: &Arc<Mutex<CniPods>>,
     stats: &NodeStats,
 ) -> (Result<(), String>, Option<bool>) {
+    let records = cni_records::Records::new(&config.state_dir);
     match command {
         CniCommand::Add {
             namespace,
             pod,
             netns,
+            ips,
         } => {
             let refuse = |reason: String| {
                 stats.cni_refused.inc();
                 warn!(namespace = %namespace, pod = %pod, %reason, "CNI ADD refused");
                 reason
             };
-            if let Err(e) = Netns::open_pod(netns, &shared.home) {
-                let reason = refuse(crate::DisplayChain(&e).to_string());
+            let ns = match Netns::open_pod(netns, &shared.home) {
+                Ok(ns) => ns,
+                Err(e) => {
+                    let reason = refuse(crate::DisplayChain(&e).to_string());
+                    return (Err(reason), None);
+                }
+            };
+            match ns.missing_addresses(&shared.home, ips) {
+                Ok(missing) if missing.is_empty() => {}
+                Ok(missing) => {
+                    let reason = refuse(format!(
+                        "{} does not hold {missing:?}, which the ADD names",
+                        netns.display()
+                    ));
+                    return (Err(reason), None);
+                }
+                Err(e) => {
+                    let reason = refuse(crate::DisplayChain(&e).to_string());
+                    return (Err(reason), None);
+                }
+            }
+            let record = cni_records::CniRecord {
+                namespace: namespace.clone(),
+                pod: pod.clone(),
+                netns: netns.clone(),
+                ips: ips.clone(),
+                netns_id: ns.id(),
+            };
+            // Recorded before it is served: a pod served without a record would be lost by a
+            // restart, its capture programmed and nothing listening behind it.
+            let earlier = records.read(namespace, pod);
+            if let Err(e) = records.save(&record) {
+                let reason = refuse(format!(
+                    "record the pod in {}: {e}",
+                    records.dir().display()
+                ));
                 return (Err(reason), None);
             }
             let key = (namespace.clone(), pod.clone());
@@ -679,6 +739,14 @@ async fn handle_cni(
                         Some(path) => known.insert(key, path),
                         None => known.remove(&key),
                     };
+                    drop(known);
+                    let restored = match &earlier {
+                        Some(r) => records.save(r),
+                        None => records.remove(namespace, pod),
+                    };
+                    if let Err(e) = restored {
+                        warn!(namespace = %namespace, pod = %pod, error = %e, "restoring the CNI record");
+                    }
                     let reason = refuse(format!("pod {namespace}/{pod} is not served: {reason}"));
                     (Err(reason), Some(false))
                 }
@@ -690,8 +758,32 @@ async fn handle_cni(
                 .lock()
                 .await
                 .remove(&(namespace.clone(), pod.clone()));
+            if let Err(e) = records.remove(namespace, pod) {
+                warn!(namespace = %namespace, pod = %pod, error = %e, "removing the CNI record");
+            }
             let failed = reconcile(config, shared, pods, cni_pods).await;
             (Ok(()), Some(failed.is_empty()))
+        }
+        CniCommand::Check { namespace, pod, .. } => {
+            let key = (namespace.clone(), pod.clone());
+            if pods.lock().await.is_served(&key) {
+                return (Ok(()), None);
+            }
+            let known = cni_pods.lock().await.clone();
+            let wanted = pods::desired(
+                &shared.inputs.model.load(),
+                &config.node_name,
+                &config.netns_prefix,
+                &known,
+                &config.inbound_trusted_sources,
+            )
+            .contains_key(&key);
+            let outcome = match (wanted, known.contains_key(&key)) {
+                (true, _) => Err(format!("pod {namespace}/{pod} is not served")),
+                (false, true) => Ok(()),
+                (false, false) => Err(format!("no CNI ADD is known for pod {namespace}/{pod}")),
+            };
+            (outcome, None)
         }
     }
 }

@@ -283,6 +283,11 @@ impl Pods {
             .collect()
     }
 
+    /// Whether the pod (namespace, name) is served.
+    pub fn is_served(&self, key: &(String, String)) -> bool {
+        self.served.contains_key(key)
+    }
+
     /// The served pods, for the admin endpoint.
     pub fn list(&self) -> Vec<serde_json::Value> {
         self.served

@@ -50,9 +50,16 @@ fn shared() -> (NodeConfig, Shared) {
     ));
     std::fs::create_dir_all(&dir).unwrap();
     std::fs::write(dir.join("pods.yaml"), MANIFESTS).unwrap();
+    // The CNI records go to a state directory of the test's own, never /var/run/aether.
+    let state_dir = std::env::temp_dir().join(format!(
+        "aether-node-cni-state-{}-{}",
+        std::process::id(),
+        fastrand::u64(..)
+    ));
     let config = NodeConfig {
         node_name: "node-a".into(),
         registry: dir.clone(),
+        state_dir,
         ..NodeConfig::default()
     };
     let source = Source::File(parking_lot::Mutex::new(LastGood::default()));
@@ -119,6 +126,7 @@ fn add(netns: &Path) -> CniCommand {
         namespace: "mp".into(),
         pod: "mp-cni-0".into(),
         netns: netns.to_path_buf(),
+        ips: Vec::new(),
     }
 }
 
