@@ -7,6 +7,7 @@
 
 pub mod accept;
 pub mod capture;
+pub mod cni;
 pub mod demo;
 pub mod dns;
 pub mod explain;

@@ -28,6 +28,9 @@ enum Command {
     Probe(ProbeArgs),
     /// The node daemon: capture, the data plane and the mesh hop for this node's pods.
     Node(Box<NodeArgs>),
+    /// The CNI plugin (run by the container runtime, chained after the primary CNI; the same
+    /// binary run as `aether-cni` is this), or `aether cni install` (docs/cni.md).
+    Cni(CniArgs),
     /// A whole mesh on this machine (root): pods as network namespaces, two daemons, the
     /// legs of spec/legs.md run through it; then it stays up until Ctrl-C,
     /// SIGTERM or SIGHUP, and cleans up (on those signals in every phase).
@@ -171,6 +174,100 @@ struct NodeArgs {
     /// The largest ext_authz answer body read, in bytes.
     #[arg(long, env = "AETHER_EXT_AUTHZ_MAX_BODY_BYTES")]
     ext_authz_max_body_bytes: Option<usize>,
+}
+
+#[derive(Debug, clap::Args)]
+struct CniArgs {
+    /// Without a subcommand: the plugin itself (CNI_COMMAND and the rest in the environment,
+    /// the network configuration on stdin).
+    #[command(subcommand)]
+    command: Option<CniCommand>,
+}
+
+#[derive(Debug, Subcommand)]
+enum CniCommand {
+    /// Copy this binary to `<bin-dir>/aether-cni` and chain it last in the node's primary
+    /// conflist; with --watch keep it there and take it out on SIGTERM.
+    Install(CniInstallArgs),
+}
+
+#[derive(Debug, clap::Args)]
+struct CniInstallArgs {
+    /// The node's CNI plugin directory (the host's /opt/cni/bin).
+    #[arg(long, env = "AETHER_CNI_BIN_DIR", default_value = "/opt/cni/bin")]
+    bin_dir: PathBuf,
+    /// The node's CNI configuration directory (the host's /etc/cni/net.d).
+    #[arg(long, env = "AETHER_CNI_CONF_DIR", default_value = "/etc/cni/net.d")]
+    conf_dir: PathBuf,
+    /// Keep watching the configuration directory: re-insert the plugin when the primary CNI
+    /// rewrites its file, and remove it on SIGTERM or SIGINT.
+    #[arg(long)]
+    watch: bool,
+    /// The plugin's own keys, as a JSON object (`socket`, `ignoredNamespaces`, `timeoutSecs`);
+    /// `type` is always `aether-cni`.
+    #[arg(long, env = "AETHER_CNI_PLUGIN_CONFIG", default_value = "{}")]
+    plugin_config: String,
+    /// Log filter.
+    #[arg(long, env = "AETHER_LOG", default_value = "info")]
+    log_level: String,
+}
+
+/// `aether cni`: the plugin. What it prints is the CNI protocol's; notes go to stderr, which
+/// the runtime logs.
+fn run_cni_plugin() -> ExitCode {
+    use std::io::Write as _;
+    let out = aether::cni::plugin::run();
+    let mut stdout = std::io::stdout().lock();
+    let _ = stdout.write_all(out.stdout.as_bytes());
+    let _ = stdout.flush();
+    if let Some(note) = &out.note {
+        let _ = writeln!(std::io::stderr(), "{note}");
+    }
+    ExitCode::from(out.exit)
+}
+
+fn run_cni_install(args: &CniInstallArgs) -> anyhow::Result<ExitCode> {
+    use aether::cni::{conflist, install};
+    init_logs(aether::node::config::LogFormat::Text, &args.log_level);
+    let plugin: serde_json::Value =
+        serde_json::from_str(&args.plugin_config).context("--plugin-config is not JSON")?;
+    let Some(plugin) = plugin.as_object() else {
+        bail!("--plugin-config must be a JSON object");
+    };
+    let entry = conflist::entry(plugin);
+    let exe = std::env::current_exe().context("find this binary")?;
+    if install::install_binary(&exe, &args.bin_dir)? {
+        tracing::info!(dir = %args.bin_dir.display(), "plugin binary installed");
+    }
+    if !args.watch {
+        match install::apply(&args.conf_dir, &entry)? {
+            install::Applied::Written(path) => {
+                tracing::info!(file = %path.display(), "aether-cni inserted")
+            }
+            install::Applied::Unchanged(path) => {
+                tracing::info!(file = %path.display(), "aether-cni already chained")
+            }
+        }
+        return Ok(ExitCode::SUCCESS);
+    }
+    std::fs::create_dir_all(&args.conf_dir)
+        .with_context(|| format!("create {}", args.conf_dir.display()))?;
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .context("start the runtime")?;
+    runtime.block_on(async {
+        let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
+            .context("install the SIGTERM handler")?;
+        let stop = async move {
+            tokio::select! {
+                _ = term.recv() => {}
+                _ = tokio::signal::ctrl_c() => {}
+            }
+        };
+        install::watch(&args.conf_dir, &entry, stop).await?;
+        anyhow::Ok(ExitCode::SUCCESS)
+    })
 }
 
 #[derive(Debug, clap::Args)]
@@ -897,8 +994,23 @@ fn release_freed_memory_in_background() {
 }
 
 fn main() -> ExitCode {
-    let cli = Cli::parse();
+    // The runtime runs `/opt/cni/bin/<type>`, with no arguments: run as `aether-cni`, this
+    // binary is `aether cni`.
+    let mut argv: Vec<std::ffi::OsString> = std::env::args_os().collect();
+    let invoked_as = argv
+        .first()
+        .and_then(|a| std::path::Path::new(a).file_name())
+        .and_then(|n| n.to_str())
+        .map(str::to_owned);
+    if invoked_as.as_deref() == Some(aether::cni::conflist::PLUGIN_TYPE) {
+        argv.insert(1, "cni".into());
+    }
+    let cli = Cli::parse_from(argv);
     let result = match &cli.command {
+        Command::Cni(CniArgs { command: None }) => return run_cni_plugin(),
+        Command::Cni(CniArgs {
+            command: Some(CniCommand::Install(args)),
+        }) => run_cni_install(args),
         Command::Explain(args) => run_explain(args),
         Command::Echo(args) => run_echo(args),
         Command::Probe(args) => run_probe(args),
