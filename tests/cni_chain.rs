@@ -587,7 +587,7 @@ fn chain_story(version: &'static str, subnet: u8) {
     lab.stop_daemon();
     let del = lab.del(&list, "mp", Some(&cached));
     assert!(all_ok(&del), "{del:?}");
-    let mut one_one = list.clone();
+    let mut one_one = list;
     one_one["cniVersion"] = "1.1.0".into();
     let status = lab.run_plugin(&one_one, &one_one["plugins"][1], "STATUS", "mp", None);
     assert_eq!(error_code(&status), Some(50), "{status:?}");
