@@ -28,6 +28,7 @@ status: {podIP: 10.255.0.7}
 /// The daemon's CNI side: its socket, served by the daemon's own handler.
 struct Daemon {
     socket: PathBuf,
+    state_dir: PathBuf,
     pods: Arc<Mutex<Pods>>,
     cni_pods: Arc<Mutex<CniPods>>,
     tasks: Vec<tokio::task::JoinHandle<()>>,
@@ -39,6 +40,7 @@ impl Drop for Daemon {
             t.abort();
         }
         let _ = std::fs::remove_file(&self.socket);
+        let _ = std::fs::remove_dir_all(&self.state_dir);
     }
 }
 
@@ -88,6 +90,7 @@ fn shared() -> (NodeConfig, Shared) {
 
 fn start() -> Daemon {
     let (config, shared) = shared();
+    let state_dir = config.state_dir.clone();
     let socket = std::env::temp_dir().join(format!(
         "aether-node-cni-{}-{}.sock",
         std::process::id(),
@@ -115,6 +118,7 @@ fn start() -> Daemon {
     let server = tokio::spawn(cni::serve(listener, tx, Counter::default()));
     Daemon {
         socket,
+        state_dir,
         pods,
         cni_pods,
         tasks: vec![handler, server],
@@ -234,12 +238,22 @@ async fn an_add_is_answered_once_its_pod_is_served_or_with_the_reason_it_is_not(
         d.cni_pods.lock().await.is_empty(),
         "the failed ADD was recorded"
     );
+    let records = cni_records::Records::new(&d.state_dir);
+    assert_eq!(
+        records.read("mp", "mp-cni-0"),
+        None,
+        "the failed ADD left a record"
+    );
     // The port is free again: the retried ADD is answered once the pod is served.
     drop(blocker);
     assert_eq!(ask(&d, &add(&path)).await, Ok(()));
     let served = d.pods.lock().await.list();
     assert_eq!(served.len(), 1, "{served:?}");
     assert_eq!(served[0]["netns"], path.display().to_string());
+    let record = records
+        .read("mp", "mp-cni-0")
+        .expect("the served pod has no record");
+    assert_eq!(record.netns, path);
     let del = CniCommand::Del {
         namespace: "mp".into(),
         pod: "mp-cni-0".into(),
@@ -247,4 +261,55 @@ async fn an_add_is_answered_once_its_pod_is_served_or_with_the_reason_it_is_not(
     };
     assert_eq!(ask(&d, &del).await, Ok(()));
     assert!(d.pods.lock().await.list().is_empty());
+    assert_eq!(records.read("mp", "mp-cni-0"), None, "DEL left the record");
+}
+
+#[tokio::test]
+async fn a_check_is_refused_for_a_pod_with_no_add_known() {
+    let d = start();
+    let check = CniCommand::Check {
+        namespace: "mp".into(),
+        pod: "mp-cni-0".into(),
+        netns: None,
+    };
+    let reason = ask(&d, &check)
+        .await
+        .expect_err("CHECK of a pod never added was ok");
+    assert_eq!(reason, "no CNI ADD is known for pod mp/mp-cni-0");
+}
+
+#[tokio::test]
+async fn an_add_naming_addresses_its_namespace_does_not_hold_is_refused_and_not_recorded() {
+    const TEST: &str =
+        "an_add_naming_addresses_its_namespace_does_not_hold_is_refused_and_not_recorded";
+    if needs_root::cannot_run(TEST, &["ip"]) {
+        return;
+    }
+    let name = format!("aecnip{}", std::process::id() % 100_000);
+    let made = std::process::Command::new("ip")
+        .args(["netns", "add", &name])
+        .status()
+        .unwrap();
+    assert!(made.success(), "ip netns add {name}");
+    let path = Path::new(crate::netns::NETNS_DIR).join(&name);
+    let d = start();
+    let add = CniCommand::Add {
+        namespace: "mp".into(),
+        pod: "mp-cni-0".into(),
+        netns: path.clone(),
+        ips: vec!["10.255.0.7".parse().unwrap()],
+    };
+    let reply = ask(&d, &add).await;
+    let _ = std::process::Command::new("ip")
+        .args(["netns", "del", &name])
+        .status();
+    let reason = reply.expect_err("an ADD whose namespace lacks its address was answered ok");
+    assert!(reason.contains("does not hold [10.255.0.7]"), "{reason}");
+    assert!(d.cni_pods.lock().await.is_empty());
+    let records = cni_records::Records::new(&d.state_dir);
+    assert_eq!(
+        records.read("mp", "mp-cni-0"),
+        None,
+        "the refused ADD was recorded"
+    );
 }
