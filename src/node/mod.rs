@@ -558,6 +558,15 @@ pub async fn run(config: NodeConfig) -> Result<(), NodeError> {
                 }
             }
             Some(req) = cni_rx.recv() => {
+                // Before the registry is read whole no pod can be served: an ADD is refused, so
+                // the runtime retries it and no managed pod starts uncaptured (issue #9 §4).
+                if !registry_ok && matches!(req.command, CniCommand::Add { .. }) {
+                    node_stats.cni_refused.inc();
+                    let reason = "the node's registry has not been read whole yet (the Kubernetes source is listing, or a kind may not be read)";
+                    warn!(reason, "CNI ADD refused");
+                    let _ = req.reply.send(Err(reason.to_owned()));
+                    continue;
+                }
                 let (outcome, ok) =
                     handle_cni(&req.command, &config, &shared, &pods, &cni_pods, &node_stats).await;
                 if let Some(ok) = ok {
