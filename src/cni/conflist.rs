@@ -217,21 +217,8 @@ mod tests {
             .unwrap_or_else(|e| panic!("read {name}: {e}"))
     }
 
-    /// Compare `actual` with the golden file `name`; rewrite it instead when `UPDATE_GOLDEN=1`.
     fn golden(name: &str, actual: &str) {
-        let path = golden_dir().join(name);
-        if std::env::var("UPDATE_GOLDEN").as_deref() == Ok("1") {
-            std::fs::write(&path, actual).unwrap();
-            return;
-        }
-        let expected = std::fs::read_to_string(&path)
-            .unwrap_or_else(|e| panic!("read {}: {e} (run with UPDATE_GOLDEN=1)", path.display()));
-        assert_eq!(
-            actual,
-            expected,
-            "{} differs (run with UPDATE_GOLDEN=1 to accept)",
-            path.display()
-        );
+        crate::test_util::golden::assert_golden(&golden_dir().join(name), actual);
     }
 
     fn ours() -> Value {

@@ -10,6 +10,7 @@
 //! explains it (`Why`, filter descriptions, pod names).
 
 pub mod fds;
+pub mod golden;
 pub mod needs_root;
 pub mod reference;
 
