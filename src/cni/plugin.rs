@@ -13,6 +13,9 @@ use crate::capture::cni::{self, CniError};
 /// How long the runtime has to write the configuration and close stdin.
 pub const STDIN_TIMEOUT: Duration = Duration::from_secs(10);
 
+/// How long VERSION waits for the runtime to close stdin before it answers anyway.
+const VERSION_STDIN_WAIT: Duration = Duration::from_secs(1);
+
 /// Run one invocation with the process's environment and stdin.
 pub fn run() -> Output {
     let env = CniEnv::from_lookup(|k| std::env::var(k).ok());
@@ -29,8 +32,13 @@ pub fn run() -> Output {
         }
     };
     let out = runtime.block_on(async {
-        // VERSION reads no configuration: a runtime may not send one.
+        // VERSION needs no configuration and a runtime may send none; what it sends (libcni
+        // sends `{"cniVersion": …}`) is still read, briefly, so that its write does not fail on
+        // a closed pipe when the plugin exits first.
         let stdin = if env.command.as_deref() == Some("VERSION") {
+            let mut sink = Vec::new();
+            let mut stdin = tokio::io::stdin().take(protocol::MAX_STDIN as u64);
+            let _ = tokio::time::timeout(VERSION_STDIN_WAIT, stdin.read_to_end(&mut sink)).await;
             Vec::new()
         } else {
             match read_stdin().await {
