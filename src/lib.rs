@@ -19,8 +19,10 @@ pub mod model;
 pub mod netns;
 pub mod node;
 pub mod proxy;
+pub mod registrar;
 pub mod registry;
 pub mod resolve;
+pub mod route_status;
 pub mod state;
 #[cfg(any(test, feature = "testing"))]
 pub mod test_util;

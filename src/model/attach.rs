@@ -169,6 +169,9 @@ pub struct RouteStatus {
     pub generation: i64,
     /// The parentRef, as written in the route (`<ns>/<name>[:port][#section]`).
     pub parent: String,
+    /// The parentRef itself, for the status entry's `parentRef`.
+    #[serde(skip)]
+    pub parent_ref: Option<ParentRef>,
     /// The conditions, in a fixed order.
     pub conditions: Vec<Condition>,
 }
@@ -189,6 +192,7 @@ impl RouteStatus {
             name: name.to_owned(),
             generation,
             parent: describe_parent(namespace, parent),
+            parent_ref: Some(parent.clone()),
             conditions,
         }
     }

@@ -238,7 +238,7 @@ pub struct ObjectRef {
 }
 
 /// A route's parentRef.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
 pub struct ParentRef {
     /// The parent object.
     pub target: ObjectRef,

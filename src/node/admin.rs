@@ -53,6 +53,9 @@ pub struct Admin {
     pub fingerprint: Arc<std::sync::atomic::AtomicU64>,
     /// The control side's counters (registry, CNI, mesh DNS).
     pub node_stats: Arc<super::stats::NodeStats>,
+    /// Whether the Kubernetes writers (the registrar, if this node leads, and the route-status
+    /// writer) have writes to make for the published model; always false on the file registry.
+    pub kube_writes: Arc<super::KubeWrites>,
 }
 
 fn json(value: &serde_json::Value) -> Response<Body> {
@@ -99,6 +102,8 @@ async fn handle(admin: &Admin, path: &str) -> Response<Body> {
                 "node": admin.node,
                 "generation": admin.inputs.model.generation(),
                 "registry_fingerprint": admin.fingerprint.load(std::sync::atomic::Ordering::Acquire).to_string(),
+                "kube_writes_pending": admin.kube_writes.pending(),
+                "registrar_leader": admin.kube_writes.leader(),
                 "names": model.name_count(),
                 "pods": model.pods().count(),
                 // What the compiler refused, dropped or flagged (an `ext_authz` over raw-TCP
@@ -237,6 +242,7 @@ mod tests {
             node: "node-a".into(),
             fingerprint: Arc::default(),
             node_stats: Arc::default(),
+            kube_writes: Arc::default(),
         }
     }
 

@@ -83,9 +83,41 @@ enum Source {
     Kube(Arc<KubeSource>),
 }
 
+/// The state of the Kubernetes writers, for `/model`.
+#[derive(Debug, Default)]
+pub struct KubeWrites {
+    /// The registrar's.
+    pub registrar: Arc<crate::registrar::RegistrarState>,
+    /// A route status write is still to be made for the published model.
+    pub status_pending: Arc<std::sync::atomic::AtomicBool>,
+}
+
+impl KubeWrites {
+    /// Whether a write for the published model is still to be made.
+    pub fn pending(&self) -> bool {
+        use std::sync::atomic::Ordering::Acquire;
+        self.registrar.pending.load(Acquire) || self.status_pending.load(Acquire)
+    }
+
+    /// Whether this daemon holds the registrar Lease.
+    pub fn leader(&self) -> bool {
+        self.registrar
+            .leader
+            .load(std::sync::atomic::Ordering::Acquire)
+    }
+}
+
+/// What the Kubernetes writers work from, made with a model.
+struct WriterInputs {
+    registrar: crate::registrar::RegistrarInput,
+    status: crate::route_status::StatusInput,
+}
+
 /// What one load of the registry produced.
 struct Loaded {
     model: Model,
+    /// The Kubernetes source's writer inputs.
+    writers: Option<WriterInputs>,
     /// The retention state the model was compiled with (spec/model.md §10).
     retained: Vec<crate::model::snapshot::RetainedPort>,
     dns: DnsTable,
@@ -124,6 +156,7 @@ fn load(
     previous: Option<(&Model, &[crate::model::snapshot::RetainedPort])>,
 ) -> Result<Loaded, NodeError> {
     let ctx = context(config);
+    let mut writers = None;
     let (mut snapshot, fingerprint) = match source {
         Source::File(last) => read_dir(config, &mut last.lock(), stats)?,
         Source::Kube(kube) => {
@@ -145,6 +178,18 @@ fn load(
             stats
                 .registry_objects_skipped
                 .set(i64::try_from(skipped).unwrap_or(i64::MAX));
+            let (desired, _) =
+                registrar::generated_services_except(&snapshot, &ctx.ignored_namespaces);
+            writers = Some(WriterInputs {
+                registrar: crate::registrar::RegistrarInput {
+                    desired,
+                    existing: objects.services.clone(),
+                },
+                status: crate::route_status::StatusInput {
+                    statuses: Vec::new(),
+                    held: crate::route_status::held_routes(&objects),
+                },
+            });
             (snapshot, fingerprint)
         }
     };
@@ -167,8 +212,12 @@ fn load(
     let dns = DnsTable::build(&snapshot, &ctx.domains, config.dns_kubernetes_names);
     let model = compile(&snapshot, &ctx);
     let retained = snapshot.retained.clone();
+    if let Some(w) = writers.as_mut() {
+        w.status.statuses = model.route_statuses().to_vec();
+    }
     Ok(Loaded {
         model,
+        writers,
         retained,
         dns,
         fingerprint,
@@ -216,6 +265,7 @@ fn empty(config: &NodeConfig) -> Loaded {
     Loaded {
         dns: DnsTable::build(&snapshot, &ctx.domains, config.dns_kubernetes_names),
         model: compile(&snapshot, &ctx),
+        writers: None,
         retained: Vec::new(),
         fingerprint: 0,
     }
@@ -237,6 +287,8 @@ pub async fn run(config: NodeConfig) -> Result<(), NodeError> {
     // Registry changes.
     let (changed_tx, mut changed_rx) = mpsc::channel::<()>(1);
     let mut _file_watcher = None;
+    let kube_writes = Arc::new(KubeWrites::default());
+    let mut writer_tx = None;
     let source = Arc::new(match config.registry_source {
         config::RegistrySource::File => {
             _file_watcher = watch_registry(&config.registry, changed_tx.clone());
@@ -244,6 +296,7 @@ pub async fn run(config: NodeConfig) -> Result<(), NodeError> {
         }
         config::RegistrySource::Kube => {
             let client = kube::Client::try_default().await.map_err(NodeError::Kube)?;
+            writer_tx = Some(spawn_writers(&config, &client, &kube_writes, &node_stats));
             Source::Kube(Arc::new(KubeSource::start(
                 &client,
                 &WatchSettings::default(),
@@ -401,6 +454,7 @@ pub async fn run(config: NodeConfig) -> Result<(), NodeError> {
         node: config.node_name.clone(),
         fingerprint: fingerprint.clone(),
         node_stats: node_stats.clone(),
+        kube_writes: kube_writes.clone(),
     };
     let admin = Arc::new(admin);
     let admin_sock = state_dir.join("admin.sock");
@@ -516,6 +570,14 @@ pub async fn run(config: NodeConfig) -> Result<(), NodeError> {
                     Ok(l) => {
                         retained = l.retained.clone();
                         debug!(retained = retained.len(), "recompiled");
+                        if let (Some(w), Some((reg, st))) = (l.writers, &writer_tx) {
+                            // Marked pending before the fingerprint below: a reader of `/model`
+                            // never sees this registry state as settled before the writers
+                            // looked at it.
+                            kube_writes.status_pending.store(true, std::sync::atomic::Ordering::Release);
+                            let _ = reg.send(Arc::new(w.registrar));
+                            let _ = st.send(Arc::new(w.status));
+                        }
                         let generation = handle.publish(l.model);
                         dns_table.store(Arc::new(l.dns));
                         info!(generation, "model published");
@@ -590,6 +652,52 @@ pub async fn run(config: NodeConfig) -> Result<(), NodeError> {
         let _ = std::fs::remove_file(&handoff_path);
     }
     Ok(())
+}
+
+/// The senders of the Kubernetes writers' inputs.
+type WriterSenders = (
+    watch::Sender<Arc<crate::registrar::RegistrarInput>>,
+    watch::Sender<Arc<crate::route_status::StatusInput>>,
+);
+
+/// Start the registrar (spec/model.md §8, under the Lease) and the route-status writer
+/// (spec/routes.md §6); they act on the inputs sent with each published model.
+fn spawn_writers(
+    config: &NodeConfig,
+    client: &kube::Client,
+    writes: &KubeWrites,
+    stats: &Arc<NodeStats>,
+) -> WriterSenders {
+    use tracing::Instrument;
+    let (reg_tx, reg_rx) = watch::channel(Arc::default());
+    let (st_tx, st_rx) = watch::channel(Arc::default());
+    let settings = crate::registrar::RegistrarSettings {
+        namespace: config.release_namespace.clone(),
+        lease_name: crate::registrar::LEASE_NAME.to_owned(),
+        // Unique per process: two daemons of one node (an upgrade) are two claimants.
+        identity: format!("{}-{:08x}", config.node_name, fastrand::u32(..)),
+        timing: crate::registrar::lease::LeaseTiming::default(),
+    };
+    tokio::spawn(
+        crate::registrar::run(
+            client.clone(),
+            settings,
+            reg_rx,
+            writes.registrar.clone(),
+            stats.clone(),
+        )
+        .instrument(tracing::info_span!("registrar")),
+    );
+    tokio::spawn(
+        crate::route_status::run(
+            client.clone(),
+            st_rx,
+            writes.status_pending.clone(),
+            stats.clone(),
+        )
+        .instrument(tracing::info_span!("route_status")),
+    );
+    (reg_tx, st_tx)
 }
 
 /// The recorded CNI pods of `state_dir` that are still there; stale records are removed.

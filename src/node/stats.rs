@@ -30,6 +30,22 @@ pub struct NodeStats {
     /// Objects the Kubernetes source holds that did not deserialize, or did not convert, and
     /// are left out of the model (`aether_registry_objects_skipped`).
     pub registry_objects_skipped: Gauge,
+    /// 1 while this daemon holds the registrar Lease, else 0 (`aether_registrar_leader`).
+    pub registrar_leader: Gauge,
+    /// Generated Services applied or deleted by this daemon as the registrar
+    /// (`aether_registrar_writes_total`).
+    pub registrar_writes: Counter,
+    /// Registrar writes the API server refused or failed; each is retried
+    /// (`aether_registrar_write_errors_total`).
+    pub registrar_write_errors: Counter,
+    /// Route status writes made (`aether_route_status_writes_total`).
+    pub route_status_writes: Counter,
+    /// Route status writes that failed, a `409` conflict included; each is retried
+    /// (`aether_route_status_write_errors_total`).
+    pub route_status_write_errors: Counter,
+    /// Route status writes held back because another writer keeps overwriting aether's entry
+    /// (spec/routes.md §6.5) (`aether_route_status_backoffs_total`).
+    pub route_status_backoffs: Counter,
 }
 
 impl NodeStats {
@@ -74,6 +90,36 @@ impl NodeStats {
             "aether_registry_objects_skipped",
             "Registry objects left out of the model: they did not deserialize or convert",
             self.registry_objects_skipped.clone(),
+        );
+        registry.register(
+            "aether_registrar_leader",
+            "1 while this daemon holds the registrar Lease and writes the generated Services",
+            self.registrar_leader.clone(),
+        );
+        registry.register(
+            "aether_registrar_writes",
+            "Generated Services applied or deleted by this daemon as the registrar",
+            self.registrar_writes.clone(),
+        );
+        registry.register(
+            "aether_registrar_write_errors",
+            "Registrar writes the API server refused or failed (retried)",
+            self.registrar_write_errors.clone(),
+        );
+        registry.register(
+            "aether_route_status_writes",
+            "Route status writes this daemon made",
+            self.route_status_writes.clone(),
+        );
+        registry.register(
+            "aether_route_status_write_errors",
+            "Route status writes that failed, conflicts included (retried)",
+            self.route_status_write_errors.clone(),
+        );
+        registry.register(
+            "aether_route_status_backoffs",
+            "Route status rewrites held back: another writer keeps overwriting aether's entry",
+            self.route_status_backoffs.clone(),
         );
     }
 }

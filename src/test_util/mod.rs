@@ -11,6 +11,9 @@
 
 pub mod fds;
 pub mod golden;
+// tower-test is a dev-dependency: only the library's own unit tests have it.
+#[cfg(test)]
+pub mod kube_mock;
 pub mod needs_root;
 pub mod reference;
 

@@ -1,0 +1,314 @@
+//! The registrar role on Kubernetes (spec/model.md §8; issue #9 §2): exactly one daemon at a
+//! time, elected with the `coordination.k8s.io/v1` Lease `aether-registrar` in the release
+//! namespace, writes the generated Services the rows call for.
+//!
+//! Layer 2 (IO). [`lease`] is the election as a pure state machine (client-go's algorithm, the
+//! resourceVersion as the fence, the clock given); [`plan`] is the pure diff of desired against
+//! held Services. [`run`] is the task that reads the Lease every retry period, takes or renews
+//! it, and while it leads applies the plan:
+//! - server-side apply under one field manager ([`FIELD_MANAGER`]), every Service labelled as
+//!   aether's; deletes only Services carrying both labels, with uid and resourceVersion
+//!   preconditions; never a Service it does not own;
+//! - [`lease::Elector::is_leader`] is checked before every write, so a leader that lost the Lease
+//!   (a `409` on renewal, or no renewal within the renew deadline) stops writing at once;
+//! - a plan is carried out once per input: a write that changed nothing on the server brings no
+//!   new input and is not repeated every tick; a failed write is retried on the next tick.
+
+pub mod lease;
+pub mod plan;
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Duration;
+
+use k8s_openapi::api::coordination::v1::{Lease, LeaseSpec};
+use k8s_openapi::api::core::v1::Service as K8sService;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{MicroTime, ObjectMeta};
+use kube::api::{DeleteParams, Patch, PatchParams, PostParams, Preconditions};
+use kube::{Api, Client};
+use tokio::sync::watch;
+use tracing::{debug, info, warn};
+
+use crate::model::snapshot::Service;
+use crate::node::stats::NodeStats;
+pub use crate::registry::kube::generated::FIELD_MANAGER;
+use lease::{Attempt, Elector, LeaseRecord, LeaseTiming};
+use plan::ServiceWrite;
+
+/// The Lease's name.
+pub const LEASE_NAME: &str = "aether-registrar";
+
+/// Where and as whom the registrar runs.
+#[derive(Clone, Debug)]
+pub struct RegistrarSettings {
+    /// The namespace of the Lease (the release namespace).
+    pub namespace: String,
+    /// The Lease's name ([`LEASE_NAME`]).
+    pub lease_name: String,
+    /// This claimant's identity: unique per daemon process (`<node>-<random>`), so that two
+    /// daemons of one node during an upgrade are two claimants.
+    pub identity: String,
+    /// The Lease's timing.
+    pub timing: LeaseTiming,
+}
+
+/// What the registrar works from, made with each published model: the generated Services the
+/// rows call for and every Service the watch holds.
+#[derive(Clone, Debug, Default)]
+pub struct RegistrarInput {
+    /// The desired generated Services ([`crate::model::registrar::generated_services_except`]).
+    pub desired: Vec<Service>,
+    /// Every Service the API server holds, as the watch has them.
+    pub existing: Vec<Arc<K8sService>>,
+}
+
+/// What the registrar task says of itself, for `/model` and the metrics.
+#[derive(Debug, Default)]
+pub struct RegistrarState {
+    /// This daemon holds the Lease.
+    pub leader: AtomicBool,
+    /// This daemon leads and has writes to make for its latest input.
+    pub pending: AtomicBool,
+}
+
+/// A Lease or Service request failed.
+#[derive(Debug, thiserror::Error)]
+pub enum RegistrarError {
+    /// The API server refused or failed the request.
+    #[error("{verb} {what}")]
+    Api {
+        /// `read lease`, `apply service`, ...
+        verb: &'static str,
+        /// `<namespace>/<name>`.
+        what: String,
+        /// The cause.
+        #[source]
+        source: kube::Error,
+    },
+}
+
+impl RegistrarError {
+    fn is_conflict(&self) -> bool {
+        let Self::Api { source, .. } = self;
+        matches!(source, kube::Error::Api(s) if s.code == 409)
+    }
+}
+
+/// Run the registrar until the input's sender goes away.
+pub async fn run(
+    client: Client,
+    settings: RegistrarSettings,
+    mut input: watch::Receiver<Arc<RegistrarInput>>,
+    state: Arc<RegistrarState>,
+    stats: Arc<NodeStats>,
+) {
+    // tokio's clock: the one a test pauses and advances (no waiting for a lease to lapse).
+    let origin = tokio::time::Instant::now();
+    let elapsed = move || tokio::time::Instant::now().saturating_duration_since(origin);
+    let leases: Api<Lease> = Api::namespaced(client.clone(), &settings.namespace);
+    let mut elector: Elector<MicroTime> = Elector::new(settings.identity.clone(), settings.timing);
+    let mut tick = tokio::time::interval(settings.timing.retry_period);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    // The input whose plan was carried out whole while leading.
+    let mut done: Option<Arc<RegistrarInput>> = None;
+    let mut was_leader = false;
+    loop {
+        tokio::select! {
+            _ = tick.tick() => {}
+            changed = input.changed() => if changed.is_err() { return },
+        }
+        if let Err(e) = elect(&leases, &settings, &mut elector, elapsed()).await {
+            elector.failed(e.is_conflict());
+            debug!(error = %crate::DisplayChain(&e), "registrar lease");
+        }
+        let leader = elector.is_leader(elapsed());
+        if leader != was_leader {
+            info!(identity = %settings.identity, leader, "registrar lease");
+            was_leader = leader;
+            done = None;
+        }
+        state.leader.store(leader, Ordering::Release);
+        stats.registrar_leader.set(i64::from(leader));
+        let current = input.borrow_and_update().clone();
+        if !leader || done.as_ref().is_some_and(|d| Arc::ptr_eq(d, &current)) {
+            state.pending.store(false, Ordering::Release);
+            continue;
+        }
+        let writes = plan::plan(&current.desired, &current.existing);
+        state.pending.store(!writes.is_empty(), Ordering::Release);
+        let mut whole = true;
+        for w in writes {
+            // Fenced: a leader that lost the Lease since the last renewal writes nothing more.
+            if !elector.is_leader(elapsed()) {
+                warn!("registrar lease lost: remaining writes left to the next leader");
+                whole = false;
+                break;
+            }
+            let subject = w.subject();
+            match write(&client, w).await {
+                Ok(op) => {
+                    stats.registrar_writes.inc();
+                    info!(service = %subject, op, "generated service written");
+                }
+                Err(e) => {
+                    stats.registrar_write_errors.inc();
+                    warn!(service = %subject, error = %crate::DisplayChain(&e), "generated service write failed; retried");
+                    whole = false;
+                }
+            }
+        }
+        if whole {
+            done = Some(current);
+        }
+    }
+}
+
+/// Read the Lease and take, renew or follow it.
+async fn elect(
+    leases: &Api<Lease>,
+    settings: &RegistrarSettings,
+    elector: &mut Elector<MicroTime>,
+    now: Duration,
+) -> Result<(), RegistrarError> {
+    let what = || format!("{}/{}", settings.namespace, settings.lease_name);
+    let err = |verb| {
+        move |source| RegistrarError::Api {
+            verb,
+            what: what(),
+            source,
+        }
+    };
+    let current = leases
+        .get_opt(&settings.lease_name)
+        .await
+        .map_err(err("read lease"))?;
+    let current = current.map(|l| {
+        (
+            record_of(l.spec.unwrap_or_default()),
+            l.metadata.resource_version.unwrap_or_default(),
+        )
+    });
+    let stamp = MicroTime(now_timestamp());
+    match elector.attempt(now, stamp, current) {
+        Attempt::Follow { holder } => {
+            debug!(%holder, "registrar lease held by another daemon");
+            Ok(())
+        }
+        Attempt::Create(record) => {
+            let lease = lease_object(settings, &record, None);
+            let made = leases
+                .create(&PostParams::default(), &lease)
+                .await
+                .map_err(err("create lease"))?;
+            elector.written(
+                now,
+                record,
+                made.metadata.resource_version.unwrap_or_default(),
+            );
+            Ok(())
+        }
+        Attempt::Update { record, version } => {
+            let lease = lease_object(settings, &record, Some(version));
+            let made = leases
+                .replace(&settings.lease_name, &PostParams::default(), &lease)
+                .await
+                .map_err(err("update lease"))?;
+            elector.written(
+                now,
+                record,
+                made.metadata.resource_version.unwrap_or_default(),
+            );
+            Ok(())
+        }
+    }
+}
+
+fn now_timestamp() -> k8s_openapi::jiff::Timestamp {
+    k8s_openapi::jiff::Timestamp::try_from(crate::time::wall())
+        .unwrap_or(k8s_openapi::jiff::Timestamp::UNIX_EPOCH)
+}
+
+fn record_of(spec: LeaseSpec) -> LeaseRecord<MicroTime> {
+    LeaseRecord {
+        holder: spec.holder_identity,
+        lease_duration_secs: spec.lease_duration_seconds,
+        acquire_time: spec.acquire_time,
+        renew_time: spec.renew_time,
+        transitions: spec.lease_transitions,
+    }
+}
+
+fn lease_object(
+    settings: &RegistrarSettings,
+    record: &LeaseRecord<MicroTime>,
+    version: Option<String>,
+) -> Lease {
+    Lease {
+        metadata: ObjectMeta {
+            name: Some(settings.lease_name.clone()),
+            namespace: Some(settings.namespace.clone()),
+            resource_version: version,
+            ..ObjectMeta::default()
+        },
+        spec: Some(LeaseSpec {
+            holder_identity: record.holder.clone(),
+            lease_duration_seconds: record.lease_duration_secs,
+            acquire_time: record.acquire_time.clone(),
+            renew_time: record.renew_time.clone(),
+            lease_transitions: record.transitions,
+            ..LeaseSpec::default()
+        }),
+    }
+}
+
+/// Carry out one write; the operation's name.
+async fn write(client: &Client, w: ServiceWrite) -> Result<&'static str, RegistrarError> {
+    let subject = w.subject();
+    match w {
+        ServiceWrite::Apply(service) => {
+            let ns = service.metadata.namespace.clone().unwrap_or_default();
+            let name = service.metadata.name.clone().unwrap_or_default();
+            let api: Api<K8sService> = Api::namespaced(client.clone(), &ns);
+            api.patch(
+                &name,
+                &PatchParams::apply(FIELD_MANAGER).force(),
+                &Patch::Apply(&*service),
+            )
+            .await
+            .map_err(|source| RegistrarError::Api {
+                verb: "apply service",
+                what: subject,
+                source,
+            })?;
+            Ok("apply")
+        }
+        ServiceWrite::Delete {
+            namespace,
+            name,
+            uid,
+            resource_version,
+        } => {
+            let api: Api<K8sService> = Api::namespaced(client.clone(), &namespace);
+            let params = DeleteParams {
+                preconditions: Some(Preconditions {
+                    uid,
+                    resource_version,
+                }),
+                ..DeleteParams::default()
+            };
+            match api.delete(&name, &params).await {
+                Ok(_) => Ok("delete"),
+                // Gone already: what the delete wanted.
+                Err(kube::Error::Api(s)) if s.code == 404 => Ok("delete"),
+                Err(source) => Err(RegistrarError::Api {
+                    verb: "delete service",
+                    what: subject,
+                    source,
+                }),
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests;
