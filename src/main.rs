@@ -35,6 +35,10 @@ enum Command {
     /// legs of spec/legs.md run through it; then it stays up until Ctrl-C,
     /// SIGTERM or SIGHUP, and cleans up (on those signals in every phase).
     Demo(DemoArgs),
+    /// The local lab's stand-in for a Kubernetes API server (a test fixture, not for
+    /// production): serves a manifest directory over plain HTTP to daemons on the Kubernetes
+    /// source (docs/demo.md, "On the Kubernetes source").
+    LabApiserver(LabApiserverArgs),
 }
 
 /// Every `aether node` setting; each overrides the config file, and each has an environment
@@ -226,6 +230,18 @@ fn run_cni_plugin() -> ExitCode {
     ExitCode::from(out.exit)
 }
 
+/// A future that resolves on SIGTERM or Ctrl-C (install it inside the runtime).
+fn term_or_interrupt() -> anyhow::Result<impl Future<Output = ()>> {
+    let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
+        .context("install the SIGTERM handler")?;
+    Ok(async move {
+        tokio::select! {
+            _ = term.recv() => {}
+            _ = tokio::signal::ctrl_c() => {}
+        }
+    })
+}
+
 fn run_cni_install(args: &CniInstallArgs) -> anyhow::Result<ExitCode> {
     use aether::cni::{conflist, install};
     init_logs(aether::node::config::LogFormat::Text, &args.log_level);
@@ -257,14 +273,7 @@ fn run_cni_install(args: &CniInstallArgs) -> anyhow::Result<ExitCode> {
         .build()
         .context("start the runtime")?;
     runtime.block_on(async {
-        let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
-            .context("install the SIGTERM handler")?;
-        let stop = async move {
-            tokio::select! {
-                _ = term.recv() => {}
-                _ = tokio::signal::ctrl_c() => {}
-            }
-        };
+        let stop = term_or_interrupt()?;
         install::watch(&args.conf_dir, &entry, stop).await?;
         anyhow::Ok(ExitCode::SUCCESS)
     })
@@ -300,6 +309,28 @@ struct DemoArgs {
     /// Write the leg results as JSON to this file.
     #[arg(long)]
     json: Option<PathBuf>,
+}
+
+#[derive(Debug, clap::Args)]
+struct LabApiserverArgs {
+    /// The address to serve the API on.
+    #[arg(long, default_value = "127.0.0.1:6443")]
+    listen: std::net::SocketAddr,
+    /// The manifest directory loaded at start.
+    #[arg(long)]
+    dir: Option<PathBuf>,
+    /// Apply every change of the directory, as `kubectl apply` would.
+    #[arg(long, requires = "dir")]
+    watch_dir: bool,
+    /// The control API's unix socket (reload, expire, stop, start, objects, writes).
+    #[arg(long)]
+    control: Option<PathBuf>,
+    /// A JSON file `{"namespace/name": "address"}`: the ClusterIPs Services get at create.
+    #[arg(long)]
+    cluster_ips: Option<PathBuf>,
+    /// The range other Services get their ClusterIPs from.
+    #[arg(long, default_value = aether::lab::DEFAULT_SERVICE_CIDR)]
+    service_cidr: ipnet::IpNet,
 }
 
 #[derive(Debug, Clone, Copy, ValueEnum)]
@@ -966,6 +997,33 @@ fn run_demo(args: &DemoArgs) -> anyhow::Result<ExitCode> {
     })
 }
 
+fn run_lab_apiserver(args: &LabApiserverArgs) -> anyhow::Result<ExitCode> {
+    init_logs(aether::node::config::LogFormat::Text, "info");
+    let mut settings = aether::lab::apiserver::Settings {
+        service_cidr: args.service_cidr,
+        ..Default::default()
+    };
+    if let Some(path) = &args.cluster_ips {
+        settings.cluster_ips = aether::lab::apiserver::read_cluster_ips(path)?;
+    }
+    let opts = aether::lab::apiserver::RunOptions {
+        listen: args.listen,
+        dir: args.dir.clone(),
+        watch_dir: args.watch_dir,
+        control: args.control.clone(),
+        settings,
+    };
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .context("start the runtime")?;
+    runtime.block_on(async {
+        let stop = term_or_interrupt()?;
+        aether::lab::apiserver::run(opts, stop).await?;
+        anyhow::Ok(ExitCode::SUCCESS)
+    })
+}
+
 /// The shell's convention for a run a signal ended: 128 plus the signal's number.
 fn signal_exit(signal: aether::demo::StopSignal) -> ExitCode {
     ExitCode::from(u8::try_from(128 + signal.number()).unwrap_or(u8::MAX))
@@ -1016,6 +1074,7 @@ fn main() -> ExitCode {
         Command::Probe(args) => run_probe(args),
         Command::Node(args) => run_node(args),
         Command::Demo(args) => run_demo(args),
+        Command::LabApiserver(args) => run_lab_apiserver(args),
     };
     match result {
         Ok(code) => code,

@@ -14,6 +14,7 @@
 //! - [`plan_dir`] is the whole path from a directory: load, complete (the registrar's generated
 //!   Services and ClusterIPs), read the pods' environment, plan.
 
+pub mod apiserver;
 pub mod manifest;
 pub mod plan;
 pub mod run;

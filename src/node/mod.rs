@@ -291,7 +291,7 @@ pub async fn run(config: NodeConfig) -> Result<(), NodeError> {
     let mut writer_tx = None;
     let source = Arc::new(match config.registry_source {
         config::RegistrySource::File => {
-            _file_watcher = watch_registry(&config.registry, changed_tx.clone());
+            _file_watcher = crate::registry::file::watch_dir(&config.registry, changed_tx.clone());
             Source::File(parking_lot::Mutex::new(LastGood::default()))
         }
         config::RegistrySource::Kube => {
@@ -950,25 +950,6 @@ async fn drain(inputs: &Inputs, pods: &Arc<Mutex<Pods>>, bound: Duration) {
     if left > 0 {
         warn!(connections = left, "drain bound reached; closing");
     }
-}
-
-/// Watch the registry directory; every change sends a tick.
-fn watch_registry(dir: &Path, tx: mpsc::Sender<()>) -> Option<notify::RecommendedWatcher> {
-    use notify::Watcher;
-    let mut watcher = notify::recommended_watcher(move |event: notify::Result<notify::Event>| {
-        // The daemon's own reads of the directory are access events: only changes count, or
-        // every load would trigger the next.
-        if event.is_ok_and(|e| !matches!(e.kind, notify::EventKind::Access(_))) {
-            let _ = tx.try_send(());
-        }
-    })
-    .map_err(|e| error!(error = %e, "registry watcher"))
-    .ok()?;
-    watcher
-        .watch(dir, notify::RecursiveMode::Recursive)
-        .map_err(|e| error!(error = %e, dir = %dir.display(), "registry watcher"))
-        .ok()?;
-    Some(watcher)
 }
 
 #[cfg(test)]

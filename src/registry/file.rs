@@ -323,7 +323,7 @@ fn read_whole(
 
 /// A file's YAML documents (empty ones as `Null`) up to the first that does not parse, and
 /// that one's 1-based index and the parser's message.
-fn split_documents(text: &str) -> (Vec<YamlValue>, Option<(usize, String)>) {
+pub fn split_documents(text: &str) -> (Vec<YamlValue>, Option<(usize, String)>) {
     let mut documents = Vec::new();
     for (i, document) in serde_yaml::Deserializer::from_str(text).enumerate() {
         match YamlValue::deserialize(document) {
@@ -375,6 +375,28 @@ pub fn fingerprint(dir: &Path) -> Result<u64, FileError> {
         }
     }
     Ok(hasher.finish())
+}
+
+/// Watches `dir` (recursively) for changes; every change sends a tick on `tx` (capacity 1 is
+/// enough: ticks coalesce). Reads of the directory are not changes, so a reader that reloads on
+/// a tick does not trigger the next one. `None` (logged) when the watch cannot be set up.
+pub fn watch_dir(
+    dir: &Path,
+    tx: tokio::sync::mpsc::Sender<()>,
+) -> Option<notify::RecommendedWatcher> {
+    use notify::Watcher;
+    let mut watcher = notify::recommended_watcher(move |event: notify::Result<notify::Event>| {
+        if event.is_ok_and(|e| !matches!(e.kind, notify::EventKind::Access(_))) {
+            let _ = tx.try_send(());
+        }
+    })
+    .map_err(|e| tracing::error!(error = %e, "registry watcher"))
+    .ok()?;
+    watcher
+        .watch(dir, notify::RecursiveMode::Recursive)
+        .map_err(|e| tracing::error!(error = %e, dir = %dir.display(), "registry watcher"))
+        .ok()?;
+    Some(watcher)
 }
 
 fn collect_files(dir: &Path, out: &mut Vec<PathBuf>) -> Result<(), FileError> {

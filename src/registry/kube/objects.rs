@@ -144,16 +144,31 @@ pub fn snapshot(objects: &Objects) -> (Snapshot, Vec<ObjectProblem>) {
     (s, problems)
 }
 
+/// The kinds the Kubernetes source watches, by the names [`fingerprint`] gives them (their
+/// Kubernetes kinds).
+pub const WATCHED_KINDS: [&str; 11] = [
+    "Pod",
+    "Service",
+    "EndpointSlice",
+    "Namespace",
+    "HTTPRoute",
+    "GRPCRoute",
+    "TLSRoute",
+    "TCPRoute",
+    "UDPRoute",
+    "ReferenceGrant",
+    "MeshFilter",
+];
+
+/// One object's part of a fingerprint: its kind (one of [`WATCHED_KINDS`]), namespace (empty
+/// for a cluster-scoped object), name and resourceVersion.
+pub type FingerprintKey<'a> = (&'a str, &'a str, &'a str, &'a str);
+
 /// A fingerprint of the objects held: each object's kind, namespace, name and resourceVersion.
 /// The same store contents give the same value in every process (what `/model` reports as
 /// loaded, so a test can wait until a change it made to the API server is served).
 pub fn fingerprint(objects: &Objects) -> u64 {
-    use std::hash::{Hash, Hasher};
-    // SipHash with fixed keys: the same in every process, unlike `RandomState`.
-    fn key<'a>(
-        kind: &'static str,
-        meta: &'a ObjectMeta,
-    ) -> (&'static str, &'a str, &'a str, &'a str) {
+    fn key<'a>(kind: &'a str, meta: &'a ObjectMeta) -> FingerprintKey<'a> {
         (
             kind,
             meta.namespace.as_deref().unwrap_or(""),
@@ -162,31 +177,41 @@ pub fn fingerprint(objects: &Objects) -> u64 {
         )
     }
     let o = objects;
-    let mut keys = Vec::new();
-    keys.extend(o.pods.iter().map(|x| key("Pod", &x.metadata)));
-    keys.extend(o.services.iter().map(|x| key("Service", &x.metadata)));
-    keys.extend(
-        o.endpoint_slices
-            .iter()
-            .map(|x| key("EndpointSlice", &x.metadata)),
-    );
-    keys.extend(o.namespaces.iter().map(|x| key("Namespace", &x.metadata)));
-    keys.extend(o.http_routes.iter().map(|x| key("HTTPRoute", &x.metadata)));
-    keys.extend(o.grpc_routes.iter().map(|x| key("GRPCRoute", &x.metadata)));
-    keys.extend(o.tls_routes.iter().map(|x| key("TLSRoute", &x.metadata)));
-    keys.extend(o.tcp_routes.iter().map(|x| key("TCPRoute", &x.metadata)));
-    keys.extend(o.udp_routes.iter().map(|x| key("UDPRoute", &x.metadata)));
-    keys.extend(
-        o.reference_grants
-            .iter()
-            .map(|x| key("ReferenceGrant", &x.metadata)),
-    );
-    keys.extend(
-        o.mesh_filters
-            .iter()
-            .map(|x| key("MeshFilter", &x.metadata)),
-    );
+    let [
+        pod,
+        service,
+        slice,
+        namespace,
+        http,
+        grpc,
+        tls,
+        tcp,
+        udp,
+        grant,
+        filter,
+    ] = WATCHED_KINDS;
+    let keys = (o.pods.iter().map(|x| key(pod, &x.metadata)))
+        .chain(o.services.iter().map(|x| key(service, &x.metadata)))
+        .chain(o.endpoint_slices.iter().map(|x| key(slice, &x.metadata)))
+        .chain(o.namespaces.iter().map(|x| key(namespace, &x.metadata)))
+        .chain(o.http_routes.iter().map(|x| key(http, &x.metadata)))
+        .chain(o.grpc_routes.iter().map(|x| key(grpc, &x.metadata)))
+        .chain(o.tls_routes.iter().map(|x| key(tls, &x.metadata)))
+        .chain(o.tcp_routes.iter().map(|x| key(tcp, &x.metadata)))
+        .chain(o.udp_routes.iter().map(|x| key(udp, &x.metadata)))
+        .chain(o.reference_grants.iter().map(|x| key(grant, &x.metadata)))
+        .chain(o.mesh_filters.iter().map(|x| key(filter, &x.metadata)));
+    fingerprint_keys(keys)
+}
+
+/// The fingerprint of a set of objects given by their keys, in any order: what [`fingerprint`]
+/// computes over the stores, and the lab's fake API server over the objects it holds (so that a
+/// test can wait until every daemon holds exactly what the server holds).
+pub fn fingerprint_keys<'a>(keys: impl IntoIterator<Item = FingerprintKey<'a>>) -> u64 {
+    use std::hash::{Hash, Hasher};
+    let mut keys: Vec<FingerprintKey<'a>> = keys.into_iter().collect();
     keys.sort_unstable();
+    // SipHash with fixed keys: the same in every process, unlike `RandomState`.
     #[allow(deprecated)] // SipHasher: the one std hasher whose keys are fixed.
     let mut h = std::hash::SipHasher::new();
     keys.hash(&mut h);

@@ -1,0 +1,552 @@
+//! The fake API server as a real `kube::Client` sees it, on loopback: lists and watches,
+//! preconditions, patches, apply, `/status`, Leases, `410 Gone` through the daemon's own
+//! [`KubeSource`], directory reloads, and the limits every listener keeps.
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+use futures_util::{StreamExt, TryStreamExt};
+use k8s_openapi::api::coordination::v1::Lease;
+use k8s_openapi::api::core::v1::{Pod, Service};
+use kube::api::{
+    Api, DeleteParams, ListParams, Patch, PatchParams, PostParams, WatchEvent, WatchParams,
+};
+use kube::{Client, ResourceExt};
+use serde_json::json;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::TcpStream;
+
+use super::*;
+use crate::registry::kube::objects::fingerprint;
+use crate::registry::kube::watch::{KubeSource, WatchSettings};
+
+/// A server on an ephemeral loopback port, its address, and a client of it.
+async fn serve(settings: Settings, dir: Option<PathBuf>) -> (Arc<ApiServer>, SocketAddr, Client) {
+    let _ = rustls::crypto::ring::default_provider().install_default();
+    let server = ApiServer::new(settings, dir);
+    let s = server.clone();
+    tokio::task::spawn_blocking(move || s.reload())
+        .await
+        .unwrap()
+        .unwrap();
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    tokio::spawn(http::serve(server.clone(), listener));
+    let config = kube::Config::new(format!("http://{addr}").parse().unwrap());
+    let client = Client::try_from(config).unwrap();
+    (server, addr, client)
+}
+
+fn pod(name: &str, node: &str) -> Pod {
+    serde_json::from_value(json!({
+        "apiVersion": "v1", "kind": "Pod",
+        "metadata": {"name": name, "namespace": "shop", "labels": {"app": "web"}},
+        "spec": {"nodeName": node, "serviceAccountName": "web",
+                 "containers": [{"name": "app", "image": "web:1"}]},
+    }))
+    .unwrap()
+}
+
+async fn within<T>(what: &str, f: impl Future<Output = T>) -> T {
+    tokio::time::timeout(Duration::from_secs(10), f)
+        .await
+        .unwrap_or_else(|_| panic!("timed out: {what}"))
+}
+
+fn api_code(e: kube::Error) -> u16 {
+    match e {
+        kube::Error::Api(s) => s.code,
+        other => panic!("not an API error: {other}"),
+    }
+}
+
+#[tokio::test]
+async fn a_list_then_a_watch_see_every_added_modified_and_deleted_object() {
+    let (_server, _, client) = serve(Settings::default(), None).await;
+    let pods: Api<Pod> = Api::namespaced(client, "shop");
+    pods.create(&PostParams::default(), &pod("web-0", "node-a"))
+        .await
+        .unwrap();
+    let list = pods.list(&ListParams::default()).await.unwrap();
+    assert_eq!(list.items.len(), 1);
+    let rv = list.metadata.resource_version.unwrap();
+    let mut events = pods
+        .watch(&WatchParams::default().timeout(30), &rv)
+        .await
+        .unwrap()
+        .boxed();
+    pods.create(&PostParams::default(), &pod("web-1", "node-a"))
+        .await
+        .unwrap();
+    pods.patch(
+        "web-0",
+        &PatchParams::default(),
+        &Patch::Merge(json!({"metadata": {"labels": {"tier": "front"}}})),
+    )
+    .await
+    .unwrap();
+    pods.delete("web-1", &DeleteParams::default())
+        .await
+        .unwrap();
+    let mut seen = Vec::new();
+    while seen.len() < 3 {
+        match within("three events", events.try_next())
+            .await
+            .unwrap()
+            .unwrap()
+        {
+            WatchEvent::Added(p) => seen.push(format!("ADDED {}", p.name_any())),
+            WatchEvent::Modified(p) => seen.push(format!(
+                "MODIFIED {} tier={}",
+                p.name_any(),
+                p.labels().get("tier").cloned().unwrap_or_default()
+            )),
+            WatchEvent::Deleted(p) => seen.push(format!("DELETED {}", p.name_any())),
+            WatchEvent::Bookmark(_) => {}
+            WatchEvent::Error(e) => panic!("watch error {e:?}"),
+        }
+    }
+    assert_eq!(
+        seen,
+        ["ADDED web-1", "MODIFIED web-0 tier=front", "DELETED web-1"]
+    );
+}
+
+#[tokio::test]
+async fn a_node_local_watch_by_field_selector_sees_only_its_node() {
+    let (_server, _, client) = serve(Settings::default(), None).await;
+    let pods: Api<Pod> = Api::all(client.clone());
+    let shop: Api<Pod> = Api::namespaced(client, "shop");
+    shop.create(&PostParams::default(), &pod("a-0", "node-a"))
+        .await
+        .unwrap();
+    shop.create(&PostParams::default(), &pod("b-0", "node-b"))
+        .await
+        .unwrap();
+    let lp = ListParams::default().fields("spec.nodeName=node-a");
+    let names: Vec<String> = pods
+        .list(&lp)
+        .await
+        .unwrap()
+        .items
+        .iter()
+        .map(ResourceExt::name_any)
+        .collect();
+    assert_eq!(names, ["a-0"]);
+    let wp = WatchParams::default()
+        .fields("spec.nodeName=node-a")
+        .timeout(30);
+    let mut events = pods.watch(&wp, "0").await.unwrap().boxed();
+    match within("the initial event", events.try_next())
+        .await
+        .unwrap()
+        .unwrap()
+    {
+        WatchEvent::Added(p) => assert_eq!(p.name_any(), "a-0"),
+        other => panic!("{other:?}"),
+    }
+    shop.create(&PostParams::default(), &pod("b-1", "node-b"))
+        .await
+        .unwrap();
+    shop.create(&PostParams::default(), &pod("a-1", "node-a"))
+        .await
+        .unwrap();
+    match within("the node-a event", events.try_next())
+        .await
+        .unwrap()
+        .unwrap()
+    {
+        WatchEvent::Added(p) => assert_eq!(p.name_any(), "a-1", "node-b's pod was not sent"),
+        other => panic!("{other:?}"),
+    }
+}
+
+#[tokio::test]
+async fn a_put_with_a_stale_resource_version_is_refused_with_409() {
+    let (_server, _, client) = serve(Settings::default(), None).await;
+    let leases: Api<Lease> = Api::namespaced(client, "aether-system");
+    let lease: Lease = serde_json::from_value(json!({
+        "metadata": {"name": "aether-registrar"},
+        "spec": {"holderIdentity": "node-a", "leaseDurationSeconds": 15},
+    }))
+    .unwrap();
+    let created = leases.create(&PostParams::default(), &lease).await.unwrap();
+    // The holder renews with the resourceVersion it read: accepted, a new version.
+    let mut renew = created.clone();
+    renew.spec.as_mut().unwrap().lease_duration_seconds = Some(16);
+    let renewed = leases
+        .replace("aether-registrar", &PostParams::default(), &renew)
+        .await
+        .unwrap();
+    assert_ne!(renewed.resource_version(), created.resource_version());
+    // A claimant that read the old version loses.
+    let mut claim = created;
+    claim.spec.as_mut().unwrap().holder_identity = Some("node-b".into());
+    let e = leases
+        .replace("aether-registrar", &PostParams::default(), &claim)
+        .await
+        .unwrap_err();
+    assert_eq!(api_code(e), 409);
+    let now = leases.get("aether-registrar").await.unwrap();
+    assert_eq!(now.spec.unwrap().holder_identity.as_deref(), Some("node-a"));
+    let e = leases.get("nobody").await.unwrap_err();
+    assert_eq!(api_code(e), 404);
+    let e = leases
+        .create(&PostParams::default(), &lease)
+        .await
+        .unwrap_err();
+    assert_eq!(api_code(e), 409, "AlreadyExists");
+}
+
+#[tokio::test]
+async fn a_merge_patch_with_a_stale_resource_version_is_refused_and_other_patch_types_are_415() {
+    let (_server, _, client) = serve(Settings::default(), None).await;
+    let pods: Api<Pod> = Api::namespaced(client, "shop");
+    let p = pods
+        .create(&PostParams::default(), &pod("web-0", "node-a"))
+        .await
+        .unwrap();
+    let rv = p.resource_version().unwrap();
+    let patched = pods
+        .patch(
+            "web-0",
+            &PatchParams::default(),
+            &Patch::Merge(
+                json!({"metadata": {"resourceVersion": rv, "labels": {"app": null, "v": "2"}}}),
+            ),
+        )
+        .await
+        .unwrap();
+    assert_eq!(patched.labels().get("v").map(String::as_str), Some("2"));
+    assert!(
+        !patched.labels().contains_key("app"),
+        "null removes (RFC 7386)"
+    );
+    let e = pods
+        .patch(
+            "web-0",
+            &PatchParams::default(),
+            &Patch::Merge(json!({"metadata": {"resourceVersion": rv, "labels": {"v": "3"}}})),
+        )
+        .await
+        .unwrap_err();
+    assert_eq!(api_code(e), 409);
+    let e = pods
+        .patch(
+            "web-0",
+            &PatchParams::default(),
+            &Patch::Strategic(json!({"metadata": {"labels": {"v": "4"}}})),
+        )
+        .await
+        .unwrap_err();
+    assert_eq!(api_code(e), 415);
+}
+
+#[tokio::test]
+async fn apply_creates_then_updates_keeps_the_cluster_ip_and_is_counted_per_field_manager() {
+    let mut settings = Settings::default();
+    settings
+        .cluster_ips
+        .insert("mp/mp-multi".into(), "10.96.44.44".parse().unwrap());
+    let (server, _, client) = serve(settings, None).await;
+    let services: Api<Service> = Api::namespaced(client, "mp");
+    let pp = PatchParams::apply("aether-registrar");
+    let svc = |port: i32| {
+        json!({"apiVersion": "v1", "kind": "Service",
+               "metadata": {"name": "mp-multi", "namespace": "mp", "labels": {"aether.io/generated": "true"}},
+               "spec": {"ports": [{"name": format!("p{port}-tcp"), "port": port}]}})
+    };
+    let created = services
+        .patch("mp-multi", &pp, &Patch::Apply(svc(9090)))
+        .await
+        .unwrap();
+    let spec = created.spec.unwrap();
+    assert_eq!(
+        spec.cluster_ip.as_deref(),
+        Some("10.96.44.44"),
+        "the planned address"
+    );
+    let updated = services
+        .patch("mp-multi", &pp, &Patch::Apply(svc(8080)))
+        .await
+        .unwrap();
+    let spec = updated.spec.unwrap();
+    assert_eq!(
+        spec.ports.unwrap()[0].port,
+        8080,
+        "the applied list replaced the old one"
+    );
+    assert_eq!(
+        spec.cluster_ip.as_deref(),
+        Some("10.96.44.44"),
+        "kept on update"
+    );
+    let e = services
+        .patch("mp-multi", &PatchParams::default(), &Patch::Apply(svc(1)))
+        .await
+        .unwrap_err();
+    assert_eq!(api_code(e), 400, "apply needs a field manager");
+    let writes = server.read(|s| s.writes().clone());
+    assert_eq!(
+        writes.get(&("apply".into(), "services".into(), "aether-registrar".into())),
+        Some(&2)
+    );
+}
+
+#[tokio::test]
+async fn a_status_write_changes_only_the_status_and_a_main_write_keeps_it() {
+    let (server, _, client) = serve(Settings::default(), None).await;
+    let pods: Api<Pod> = Api::namespaced(client, "shop");
+    pods.create(&PostParams::default(), &pod("web-0", "node-a"))
+        .await
+        .unwrap();
+    let mut p = pods.get("web-0").await.unwrap();
+    p.spec.as_mut().unwrap().node_name = Some("node-z".into());
+    p.status = Some(serde_json::from_value(json!({"podIP": "10.244.1.5"})).unwrap());
+    let after = pods
+        .replace_status("web-0", &PostParams::default(), &p)
+        .await
+        .unwrap();
+    assert_eq!(
+        after.status.as_ref().unwrap().pod_ip.as_deref(),
+        Some("10.244.1.5")
+    );
+    assert_eq!(
+        after.spec.as_ref().unwrap().node_name.as_deref(),
+        Some("node-a")
+    );
+    // A main write with another status keeps the stored one.
+    let mut main = after.clone();
+    main.status = Some(serde_json::from_value(json!({"podIP": "6.6.6.6"})).unwrap());
+    main.metadata.labels = Some([("v".to_owned(), "2".to_owned())].into());
+    let kept = pods
+        .replace("web-0", &PostParams::default(), &main)
+        .await
+        .unwrap();
+    assert_eq!(kept.status.unwrap().pod_ip.as_deref(), Some("10.244.1.5"));
+    let writes = server.read(|s| s.writes().clone());
+    assert_eq!(
+        writes.get(&("update".into(), "pods/status".into(), String::new())),
+        Some(&1)
+    );
+}
+
+/// Until `f` holds of the source (bounded).
+async fn until(source: &KubeSource, what: &str, f: impl Fn(&KubeSource) -> bool) {
+    within(what, async {
+        while !f(source) {
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    })
+    .await;
+}
+
+fn pod_names(source: &KubeSource) -> Vec<String> {
+    let mut names: Vec<String> = source
+        .objects()
+        .0
+        .pods
+        .iter()
+        .map(|p| p.name_any())
+        .collect();
+    names.sort();
+    names
+}
+
+fn relists(source: &KubeSource) -> u64 {
+    source
+        .kinds()
+        .iter()
+        .find(|k| k.kind == "Pod")
+        .map_or(0, |k| k.relists.load(std::sync::atomic::Ordering::Relaxed))
+}
+
+#[tokio::test]
+async fn after_an_expiry_the_daemons_source_relists_and_holds_no_deleted_object() {
+    let (server, _, client) = serve(Settings::default(), None).await;
+    let pods: Api<Pod> = Api::namespaced(client.clone(), "shop");
+    for name in ["web-0", "web-1"] {
+        pods.create(&PostParams::default(), &pod(name, "node-a"))
+            .await
+            .unwrap();
+    }
+    let (tx, _rx) = tokio::sync::mpsc::channel(1);
+    let source = KubeSource::start(&client, &WatchSettings::default(), &tx);
+    until(&source, "every kind is listed", KubeSource::synced).await;
+    assert_eq!(pod_names(&source), ["web-0", "web-1"]);
+    assert_eq!(
+        fingerprint(&source.objects().0),
+        server.fingerprint(),
+        "the daemon's fingerprint of what it holds is the server's"
+    );
+    // An open watch gets 410 Gone: the source relists.
+    server.expire();
+    until(&source, "the pods are relisted", |s| relists(s) >= 1).await;
+    // A deletion the watch never sees: the server is down while web-1 goes and the history is
+    // dropped, so the watch resumes into a 410 and only the relist can tell.
+    server.stop();
+    server.write(|s| {
+        let key = store::Key {
+            resource: resources::by_plural("", "pods").unwrap(),
+            namespace: "shop".into(),
+            name: "web-1".into(),
+        };
+        s.delete(&key).unwrap();
+        s.expire();
+    });
+    let before = relists(&source);
+    assert_eq!(
+        pod_names(&source),
+        ["web-0", "web-1"],
+        "stopped: the last state is kept"
+    );
+    server.start();
+    until(&source, "the pods are relisted again", |s| {
+        relists(s) > before
+    })
+    .await;
+    until(&source, "web-1 is gone", |s| pod_names(s) == ["web-0"]).await;
+    assert_eq!(fingerprint(&source.objects().0), server.fingerprint());
+}
+
+#[tokio::test]
+async fn a_stopped_server_refuses_requests_and_serves_again_once_started() {
+    let (server, _, client) = serve(Settings::default(), None).await;
+    let pods: Api<Pod> = Api::namespaced(client, "shop");
+    server.stop();
+    assert!(
+        within("a refused list", pods.list(&ListParams::default()))
+            .await
+            .is_err()
+    );
+    server.start();
+    assert!(
+        within("a list", pods.list(&ListParams::default()))
+            .await
+            .is_ok()
+    );
+}
+
+#[tokio::test]
+async fn a_directory_reload_turns_into_watch_events() {
+    let dir = std::env::temp_dir().join(format!("aether-apiserver-reload-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    let route = |port: u16| {
+        format!(
+            "apiVersion: gateway.networking.k8s.io/v1\nkind: HTTPRoute\nmetadata: {{name: r, namespace: mp}}\n\
+             spec:\n  parentRefs: [{{group: \"\", kind: Service, name: mp-multi, port: {port}}}]\n"
+        )
+    };
+    std::fs::write(dir.join("a.yaml"), route(9090)).unwrap();
+    let (server, _, client) = serve(Settings::default(), Some(dir.clone())).await;
+    let routes: Api<gateway_api::experimental::httproutes::HttpRoute> =
+        Api::namespaced(client, "mp");
+    let list = routes.list(&ListParams::default()).await.unwrap();
+    assert_eq!(list.items.len(), 1);
+    let rv = list.metadata.resource_version.unwrap();
+    let mut events = routes
+        .watch(&WatchParams::default().timeout(30), &rv)
+        .await
+        .unwrap()
+        .boxed();
+    let reload = |server: &Arc<ApiServer>| {
+        let s = server.clone();
+        async move {
+            tokio::task::spawn_blocking(move || s.reload())
+                .await
+                .unwrap()
+                .unwrap()
+        }
+    };
+    std::fs::write(dir.join("a.yaml"), route(8080)).unwrap();
+    std::fs::write(dir.join("b.yaml"), route(1).replace("name: r,", "name: s,")).unwrap();
+    reload(&server).await;
+    std::fs::remove_file(dir.join("b.yaml")).unwrap();
+    let fp = reload(&server).await;
+    let mut seen = Vec::new();
+    while seen.len() < 3 {
+        let e = within("the reload's events", events.try_next())
+            .await
+            .unwrap()
+            .unwrap();
+        let (kind, r) = match e {
+            WatchEvent::Added(r) => ("ADDED", r),
+            WatchEvent::Modified(r) => ("MODIFIED", r),
+            WatchEvent::Deleted(r) => ("DELETED", r),
+            _ => continue,
+        };
+        let port = r.spec.parent_refs.as_ref().unwrap()[0].port.unwrap_or(0);
+        seen.push(format!("{kind} {} {port}", r.name_any()));
+    }
+    assert_eq!(seen, ["MODIFIED r 8080", "ADDED s 1", "DELETED s 1"]);
+    assert_eq!(fp, server.fingerprint());
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[tokio::test]
+async fn a_body_over_the_cap_is_413_a_slow_head_is_cut_and_connections_are_capped() {
+    let settings = Settings {
+        max_body: 1024,
+        head_timeout: Duration::from_millis(300),
+        max_connections: 2,
+        ..Settings::default()
+    };
+    let (_server, addr, client) = serve(settings, None).await;
+    let pods: Api<Pod> = Api::namespaced(client, "shop");
+    let mut big = pod("web-0", "node-a");
+    big.metadata.annotations = Some([("x".to_owned(), "y".repeat(4096))].into());
+    let e = pods.create(&PostParams::default(), &big).await.unwrap_err();
+    assert_eq!(api_code(e), 413);
+    // A peer that sends half a head is closed after the head timeout.
+    let mut slow = TcpStream::connect(addr).await.unwrap();
+    slow.write_all(b"GET /api/v1/pods HTTP/1.1\r\n")
+        .await
+        .unwrap();
+    let mut buf = Vec::new();
+    let cut = tokio::time::timeout(Duration::from_secs(3), slow.read_to_end(&mut buf)).await;
+    assert!(
+        cut.is_ok(),
+        "the connection stayed open past the head timeout"
+    );
+    // Two held connections fill the cap: the third is closed without an answer.
+    let _a = TcpStream::connect(addr).await.unwrap();
+    let _b = TcpStream::connect(addr).await.unwrap();
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    let mut c = TcpStream::connect(addr).await.unwrap();
+    c.write_all(b"GET /api/v1/pods HTTP/1.1\r\nHost: x\r\n\r\n")
+        .await
+        .ok();
+    let mut buf = Vec::new();
+    let _ = within("the third connection is closed", c.read_to_end(&mut buf)).await;
+    assert!(
+        buf.is_empty(),
+        "no answer over the cap: {}",
+        String::from_utf8_lossy(&buf)
+    );
+}
+
+#[tokio::test]
+async fn the_control_api_answers_every_listed_request() {
+    let (server, _, _client) = serve(Settings::default(), None).await;
+    for (method, path) in control::CONTROL_ENDPOINTS {
+        let path = if path.ends_with('/') {
+            format!("{path}core/pods")
+        } else {
+            (*path).to_owned()
+        };
+        let req = ::http::Request::builder()
+            .method(*method)
+            .uri(&path)
+            .body(())
+            .unwrap();
+        let r = control::handle(&server, &req).await;
+        assert_eq!(r.status(), 200, "{method} {path}");
+    }
+    server.start();
+    let req = ::http::Request::builder()
+        .uri("/lab/nothing")
+        .body(())
+        .unwrap();
+    assert_eq!(control::handle(&server, &req).await.status(), 404);
+}
