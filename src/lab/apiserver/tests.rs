@@ -550,3 +550,148 @@ async fn the_control_api_answers_every_listed_request() {
         .unwrap();
     assert_eq!(control::handle(&server, &req).await.status(), 404);
 }
+
+/// The daemon's Kubernetes writers against the fake with a real client: the registrar takes the
+/// Lease and applies a generated Service, which gets a ClusterIP; the status writer puts
+/// aether's entry beside another controller's.
+#[tokio::test]
+async fn the_registrar_and_the_status_writer_write_through_a_real_client() {
+    use std::sync::atomic::Ordering;
+
+    use crate::model::port::Transport;
+    use crate::model::snapshot::{ServicePort as SnapPort, TargetPort};
+    use crate::registrar::{RegistrarInput, RegistrarSettings, RegistrarState, lease::LeaseTiming};
+
+    let (_server, _, client) = serve(Settings::default(), None).await;
+    let desired = crate::model::snapshot::Service {
+        namespace: "shop".into(),
+        name: "cart".into(),
+        cluster_ips: Vec::new(),
+        headless: false,
+        generated: true,
+        selector: None,
+        ports: vec![SnapPort {
+            name: Some("p8080-tcp".into()),
+            port: 8080,
+            target: TargetPort::Same,
+            transport: Transport::Tcp,
+            app_protocol: Some("http".into()),
+        }],
+    };
+    let (tx, rx) = tokio::sync::watch::channel(Arc::new(RegistrarInput {
+        desired: vec![desired],
+        existing: Vec::new(),
+    }));
+    let state = Arc::new(RegistrarState::default());
+    let task = tokio::spawn(crate::registrar::run(
+        client.clone(),
+        RegistrarSettings {
+            namespace: "aether-system".into(),
+            lease_name: crate::registrar::LEASE_NAME.into(),
+            identity: "node-a-1".into(),
+            timing: LeaseTiming::default(),
+        },
+        rx,
+        state.clone(),
+        Arc::default(),
+    ));
+    let services: Api<Service> = Api::namespaced(client.clone(), "shop");
+    let svc = within("the generated Service", async {
+        loop {
+            if let Some(s) = services.get_opt("cart").await.unwrap() {
+                return s;
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    })
+    .await;
+    assert!(state.leader.load(Ordering::Acquire));
+    assert!(crate::registry::kube::generated::is_owned(&svc));
+    let spec = svc.spec.unwrap();
+    assert!(spec.cluster_ip.is_some_and(|ip| !ip.is_empty()));
+    assert_eq!(spec.ports.unwrap()[0].app_protocol.as_deref(), Some("http"));
+    let leases: Api<Lease> = Api::namespaced(client.clone(), "aether-system");
+    let lease = leases.get("aether-registrar").await.unwrap();
+    assert_eq!(
+        lease.spec.unwrap().holder_identity.as_deref(),
+        Some("node-a-1")
+    );
+    drop(tx);
+    task.await.unwrap();
+
+    // Route status: an HTTPRoute holding another controller's entry.
+    let ar = crate::route_status::api_resource("HTTPRoute").unwrap();
+    let routes: Api<kube::api::DynamicObject> = Api::namespaced_with(client.clone(), "shop", &ar);
+    let route: kube::api::DynamicObject = serde_json::from_value(json!({
+        "apiVersion": "gateway.networking.k8s.io/v1", "kind": "HTTPRoute",
+        "metadata": {"name": "web", "namespace": "shop"},
+        "spec": {"parentRefs": [{"group": "", "kind": "Service", "name": "cart", "port": 8080}]},
+    }))
+    .unwrap();
+    let made = routes.create(&PostParams::default(), &route).await.unwrap();
+    let mut with_other = made.clone();
+    let other = json!({"parentRef": {"name": "gw"}, "controllerName": "example.com/other",
+        "conditions": []});
+    with_other.data["status"] = json!({"parents": [other.clone()]});
+    routes
+        .replace_status("web", &PostParams::default(), &with_other)
+        .await
+        .unwrap();
+    let parent = crate::model::snapshot::ParentRef {
+        target: crate::model::snapshot::ObjectRef {
+            group: String::new(),
+            kind: "Service".into(),
+            namespace: None,
+            name: "cart".into(),
+        },
+        port: Some(8080),
+        section_name: None,
+    };
+    let status = crate::model::attach::RouteStatus::of(
+        "HTTPRoute",
+        "shop",
+        "web",
+        1,
+        &parent,
+        vec![crate::model::attach::Condition {
+            type_: "Accepted".into(),
+            status: "True".into(),
+            reason: "Accepted".into(),
+            message: String::new(),
+        }],
+    );
+    let key = ("HTTPRoute".to_owned(), "shop".to_owned(), "web".to_owned());
+    let (stx, srx) = tokio::sync::watch::channel(Arc::new(crate::route_status::StatusInput {
+        statuses: vec![status],
+        held: BTreeMap::from([(key, crate::route_status::HeldRoute { ours: Vec::new() })]),
+    }));
+    let pending = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let writer = tokio::spawn(crate::route_status::run(
+        client.clone(),
+        srx,
+        pending,
+        Arc::default(),
+    ));
+    let parents = within("aether's status entry", async {
+        loop {
+            let r = routes.get("web").await.unwrap();
+            let parents = r.data["status"]["parents"]
+                .as_array()
+                .cloned()
+                .unwrap_or_default();
+            if parents.len() == 2 {
+                return parents;
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    })
+    .await;
+    assert_eq!(parents[0], other);
+    assert_eq!(
+        parents[1]["controllerName"],
+        json!(crate::route_status::CONTROLLER_NAME)
+    );
+    assert_eq!(parents[1]["conditions"][0]["status"], json!("True"));
+    drop(stx);
+    writer.await.unwrap();
+}
