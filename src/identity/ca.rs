@@ -1,8 +1,9 @@
-//! The mesh's certificate authority: an ECDSA P-256 key and its self-signed certificate,
-//! which signs every workload certificate and is the whole trust bundle.
+//! The mesh's certificate authority: a key and its self-signed certificate, which signs every
+//! workload certificate and is the whole trust bundle.
 //!
-//! IO: reads and writes the two PEM files. A CA is either given (`load`) or kept by the
-//! daemon in a directory (`load_or_create`, used by the demo and the file registry).
+//! IO: reads and writes the two PEM files. A CA is either given (`load`: a key of any kind and
+//! PEM form [`super::ca_key`] reads, as cert-manager or openssl write it) or kept by the daemon in
+//! a directory (`load_or_create`, used by the demo and the file registry: ECDSA P-256, PKCS#8).
 
 use std::fs::{self, OpenOptions};
 use std::io::Write;
@@ -14,10 +15,11 @@ use rcgen::{
     BasicConstraints, CertificateParams, DnType, IsCa, Issuer, KeyPair, KeyUsagePurpose,
     PKCS_ECDSA_P256_SHA256,
 };
-use rustls_pki_types::CertificateDer;
 use rustls_pki_types::pem::PemObject;
+use rustls_pki_types::{CertificateDer, PrivateKeyDer, PrivatePkcs8KeyDer};
 
 use super::IdentityError;
+use super::ca_key::{CaKey, KeyForm};
 
 /// The file name of the CA certificate in a [`Ca::load_or_create`] directory.
 pub const CA_CERT_FILE: &str = "ca.pem";
@@ -35,7 +37,7 @@ const CA_BACKDATE: Duration = Duration::from_secs(3600);
 /// [`super::Identities::new`]; [`Ca::bundle`] is the trust anchor set of every verifier.
 #[derive(Debug)]
 pub struct Ca {
-    issuer: Issuer<'static, KeyPair>,
+    issuer: Issuer<'static, CaKey>,
     cert: CertificateDer<'static>,
     cert_pem: String,
     key_pem: String,
@@ -58,6 +60,10 @@ impl Ca {
         let cert = params.self_signed(&key)?;
         let cert_pem = cert.pem();
         let key_pem = key.serialize_pem();
+        let der = PrivateKeyDer::Pkcs8(PrivatePkcs8KeyDer::from(key.serialize_der()));
+        // A key rcgen just made always loads; a failure is reported, never unwrapped.
+        let key = CaKey::from_der(KeyForm::Pkcs8, &der)
+            .map_err(|_| IdentityError::Generate(rcgen::Error::CouldNotParseKeyPair))?;
         Ok(Self {
             issuer: Issuer::new(params, key),
             cert: cert.der().clone(),
@@ -66,8 +72,9 @@ impl Ca {
         })
     }
 
-    /// Loads a CA from a PEM certificate and a PEM private key (PKCS#8, ECDSA P-256 or any
-    /// key rcgen can sign with). The key must be the certificate's.
+    /// Loads a CA from a PEM certificate and a PEM private key: PKCS#8, PKCS#1 or SEC1; ECDSA
+    /// P-256 or P-384, RSA or Ed25519 ([`super::ca_key`]). The key must be the certificate's.
+    /// Any other key is refused with the file and the form named ([`IdentityError::CaKey`]).
     pub fn load(cert_pem_path: &Path, key_pem_path: &Path) -> Result<Self, IdentityError> {
         let cert_pem = read(cert_pem_path)?;
         let key_pem = read(key_pem_path)?;
@@ -107,7 +114,7 @@ impl Ca {
     }
 
     /// The signer of workload certificates.
-    pub(super) fn issuer(&self) -> &Issuer<'static, KeyPair> {
+    pub(super) fn issuer(&self) -> &Issuer<'static, CaKey> {
         &self.issuer
     }
 
@@ -122,9 +129,9 @@ impl Ca {
             what: "certificate",
         };
         let cert = CertificateDer::from_pem_slice(cert_pem.as_bytes()).map_err(|_| no_cert())?;
-        let key = KeyPair::from_pem(key_pem).map_err(|_| IdentityError::Pem {
+        let key = CaKey::from_pem(key_pem).map_err(|problem| IdentityError::CaKey {
             path: key_path.to_path_buf(),
-            what: "private key",
+            problem,
         })?;
         let (_, parsed) = x509_parser::parse_x509_certificate(&cert).map_err(|_| no_cert())?;
         if parsed.public_key().subject_public_key.data.as_ref() != key.public_key_raw() {
@@ -231,6 +238,146 @@ mod tests {
         )
         .unwrap_err();
         assert!(matches!(err, IdentityError::Pem { .. }), "{err}");
+        fs::remove_dir_all(&dir).unwrap();
+    }
+
+    /// A file of `tests/fixtures/ca-keys` (made by its `gen.sh`).
+    fn fixture(name: &str) -> PathBuf {
+        Path::new(env!("CARGO_MANIFEST_DIR"))
+            .join("tests/fixtures/ca-keys")
+            .join(name)
+    }
+
+    #[test]
+    fn a_ca_key_in_each_pem_form_and_kind_loads_and_signs_in_its_own_algorithm() {
+        use rcgen::{PKCS_ECDSA_P384_SHA384, PKCS_ED25519, PKCS_RSA_SHA256};
+        for (name, form, algorithm) in [
+            ("p256-pkcs8", KeyForm::Pkcs8, &PKCS_ECDSA_P256_SHA256),
+            ("p256-sec1", KeyForm::Sec1, &PKCS_ECDSA_P256_SHA256),
+            ("p384-pkcs8", KeyForm::Pkcs8, &PKCS_ECDSA_P384_SHA384),
+            ("p384-sec1", KeyForm::Sec1, &PKCS_ECDSA_P384_SHA384),
+            ("rsa-pkcs8", KeyForm::Pkcs8, &PKCS_RSA_SHA256),
+            ("rsa-pkcs1", KeyForm::Pkcs1, &PKCS_RSA_SHA256),
+            ("ed25519-pkcs8", KeyForm::Pkcs8, &PKCS_ED25519),
+        ] {
+            let ca = Ca::load(
+                &fixture(&format!("{name}.crt.pem")),
+                &fixture(&format!("{name}.key.pem")),
+            )
+            .unwrap_or_else(|e| panic!("{name}: {e}"));
+            assert_eq!(ca.issuer().key().form(), form, "{name}");
+            assert_eq!(ca.issuer().key().signature_algorithm(), algorithm, "{name}");
+        }
+    }
+
+    #[test]
+    fn the_pkcs8_and_the_sec1_or_pkcs1_file_of_one_key_match_the_same_certificate() {
+        for (cert, key) in [
+            ("p256-pkcs8", "p256-sec1"),
+            ("p384-sec1", "p384-pkcs8"),
+            ("rsa-pkcs8", "rsa-pkcs1"),
+        ] {
+            let a = Ca::load(
+                &fixture(&format!("{cert}.crt.pem")),
+                &fixture(&format!("{key}.key.pem")),
+            )
+            .unwrap_or_else(|e| panic!("{cert} with {key}: {e}"));
+            assert_eq!(a.bundle().len(), 1);
+        }
+        // Another key of the same form is still refused.
+        let err = Ca::load(
+            &fixture("p256-pkcs8.crt.pem"),
+            &fixture("p384-sec1.key.pem"),
+        )
+        .unwrap_err();
+        assert_eq!(
+            err.to_string(),
+            format!(
+                "ca file {} holds no usable pem private key matching the certificate",
+                fixture("p384-sec1.key.pem").display()
+            )
+        );
+    }
+
+    #[test]
+    fn a_key_the_ca_cannot_sign_with_is_refused_naming_the_file_and_the_form() {
+        let cert = fixture("p256-pkcs8.crt.pem");
+        for (key, want) in [
+            (
+                "encrypted-pkcs8.key.pem",
+                "holds an encrypted private key (ENCRYPTED PRIVATE KEY): give the key unencrypted",
+            ),
+            (
+                "encrypted-pkcs1.key.pem",
+                "holds an encrypted private key (RSA PRIVATE KEY with Proc-Type: 4,ENCRYPTED)",
+            ),
+            (
+                "public.key.pem",
+                "holds a public key (PUBLIC KEY), not the CA's private key",
+            ),
+            (
+                "p521-sec1.key.pem",
+                "holds a SEC1 (BEGIN EC PRIVATE KEY) key of the elliptic curve secp521r1 (1.3.132.0.35): the CA signs with ECDSA P-256 or P-384, RSA of 2048 bits or more, or Ed25519",
+            ),
+            (
+                "p521-pkcs8.key.pem",
+                "holds a PKCS#8 (BEGIN PRIVATE KEY) key of the elliptic curve secp521r1 (1.3.132.0.35)",
+            ),
+            (
+                "secp256k1-sec1.key.pem",
+                "holds a SEC1 (BEGIN EC PRIVATE KEY) key of the elliptic curve 1.3.132.0.10",
+            ),
+            (
+                "rsa1024-pkcs1.key.pem",
+                "holds a PKCS#1 (BEGIN RSA PRIVATE KEY) key that cannot sign (",
+            ),
+            (
+                "two-keys.key.pem",
+                "holds 2 private keys: give the CA's key alone",
+            ),
+            (
+                "p256-pkcs8.crt.pem",
+                "holds no private key, only: CERTIFICATE",
+            ),
+        ] {
+            let path = fixture(key);
+            let err = Ca::load(&cert, &path).unwrap_err();
+            let text = err.to_string();
+            assert!(matches!(err, IdentityError::CaKey { .. }), "{key}: {text}");
+            let file = format!("ca key file {} ", path.display());
+            assert!(
+                text.starts_with(&file) && text[file.len()..].starts_with(want),
+                "{key}: {text}"
+            );
+        }
+    }
+
+    #[test]
+    fn a_key_file_that_is_not_pem_is_refused_as_such() {
+        let dir = temp_dir("notpem");
+        fs::create_dir_all(&dir).unwrap();
+        let cert = fixture("p256-pkcs8.crt.pem");
+        for (name, text, want) in [
+            ("empty.pem", "", "holds no PEM block"),
+            (
+                "cut.pem",
+                "-----BEGIN PRIVATE KEY-----\nMIGHAgEA\n",
+                "is not readable PEM: a BEGIN line without its matching END line",
+            ),
+            (
+                "base64.pem",
+                "-----BEGIN PRIVATE KEY-----\n!!!!\n-----END PRIVATE KEY-----\n",
+                "is not readable PEM: ",
+            ),
+        ] {
+            let path = dir.join(name);
+            fs::write(&path, text).unwrap();
+            let text = Ca::load(&cert, &path).unwrap_err().to_string();
+            assert!(
+                text.starts_with(&format!("ca key file {} {want}", path.display())),
+                "{name}: {text}"
+            );
+        }
         fs::remove_dir_all(&dir).unwrap();
     }
 

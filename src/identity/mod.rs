@@ -3,12 +3,14 @@
 //!
 //! Layer 2 (IO edge): it reads key files and the wall clock (through [`crate::time`]). Its
 //! pure part is [`id`]. The rest:
-//! - [`ca::Ca`] loads or creates the signing CA and gives the trust bundle;
+//! - [`ca::Ca`] loads or creates the signing CA and gives the trust bundle; [`ca_key`] reads its
+//!   key in every PEM form CA tools write;
 //! - [`certs::Identities`] issues, caches and rotates workload certificates;
 //! - [`tls`] builds TLS 1.3 server and client configs whose certificates follow rotation
 //!   without a rebuild, and reads the peer's identity from its certificate.
 
 pub mod ca;
+pub mod ca_key;
 pub mod certs;
 pub mod id;
 pub mod tls;
@@ -34,13 +36,21 @@ pub enum IdentityError {
         #[source]
         source: io::Error,
     },
-    /// A CA file holds no usable PEM certificate or key.
+    /// A CA file holds no usable PEM certificate, or a key that is not the certificate's.
     #[error("ca file {path} holds no usable pem {what}")]
     Pem {
         /// The file.
         path: PathBuf,
-        /// `certificate` or `private key`.
+        /// `certificate` or `private key matching the certificate`.
         what: &'static str,
+    },
+    /// The CA key file holds no key the CA can sign with: the form and why.
+    #[error("ca key file {path} {problem}")]
+    CaKey {
+        /// The file.
+        path: PathBuf,
+        /// What is wrong with its key.
+        problem: ca_key::InvalidCaKey,
     },
     /// Generating a key or signing a certificate failed.
     #[error("certificate generation failed: {0}")]

@@ -106,6 +106,60 @@ async fn two_workloads_handshake_and_each_sees_the_others_spiffe_id() {
 }
 
 #[tokio::test]
+async fn workload_certificates_of_a_ca_key_of_every_form_and_kind_verify_on_the_hop() {
+    use x509_parser::oid_registry::{
+        OID_PKCS1_SHA256WITHRSA, OID_SIG_ECDSA_WITH_SHA256, OID_SIG_ECDSA_WITH_SHA384,
+        OID_SIG_ED25519,
+    };
+    let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/ca-keys");
+    for (name, signed_with) in [
+        ("p256-pkcs8", OID_SIG_ECDSA_WITH_SHA256),
+        ("p256-sec1", OID_SIG_ECDSA_WITH_SHA256),
+        ("p384-pkcs8", OID_SIG_ECDSA_WITH_SHA384),
+        ("p384-sec1", OID_SIG_ECDSA_WITH_SHA384),
+        ("rsa-pkcs8", OID_PKCS1_SHA256WITHRSA),
+        ("rsa-pkcs1", OID_PKCS1_SHA256WITHRSA),
+        ("ed25519-pkcs8", OID_SIG_ED25519),
+    ] {
+        let ca = Ca::load(
+            &dir.join(format!("{name}.crt.pem")),
+            &dir.join(format!("{name}.key.pem")),
+        )
+        .unwrap_or_else(|e| panic!("{name}: {e}"));
+        let ids = identities(&Arc::new(ca), "cluster.local");
+        let leaf = ids
+            .certificate("mp", "mp-multi", crate::time::wall())
+            .unwrap();
+        let (_, x509) = x509_parser::parse_x509_certificate(leaf.leaf()).unwrap();
+        assert_eq!(x509.signature_algorithm.algorithm, signed_with, "{name}");
+
+        let server = server_config(&ids, "mp", "mp-multi", &[H2]).unwrap();
+        let client = client_config(&ids, "mp", "mp-client", &[H2]).unwrap();
+        let out = handshake(
+            server,
+            client,
+            ids.server_name(8080, "mp-multi", "mp").unwrap(),
+        )
+        .await;
+        let mut s = out
+            .server
+            .unwrap_or_else(|e| panic!("{name}: the server refused: {e}"));
+        let mut c = out
+            .client
+            .unwrap_or_else(|e| panic!("{name}: the client refused: {e}"));
+        let caller = ids
+            .peer_identity(s.get_ref().1.peer_certificates().unwrap())
+            .unwrap();
+        assert_eq!(
+            caller.to_string(),
+            "spiffe://cluster.local/ns/mp/sa/mp-client",
+            "{name}"
+        );
+        assert!(exchange(&mut c, Some(&mut s)).await, "{name}: data flows");
+    }
+}
+
+#[tokio::test]
 async fn a_client_certificate_of_another_ca_is_refused_by_the_server() {
     let ids = identities(&ca(), "cluster.local");
     let stranger = identities(&ca(), "cluster.local");
