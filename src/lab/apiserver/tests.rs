@@ -578,7 +578,7 @@ async fn the_registrar_and_the_status_writer_write_through_a_real_client() {
             app_protocol: Some("http".into()),
         }],
     };
-    let (tx, rx) = tokio::sync::watch::channel(Arc::new(RegistrarInput {
+    let (tx, rx) = watch::channel(Arc::new(RegistrarInput {
         desired: vec![desired],
         existing: Vec::new(),
     }));
@@ -661,7 +661,7 @@ async fn the_registrar_and_the_status_writer_write_through_a_real_client() {
         }],
     );
     let key = ("HTTPRoute".to_owned(), "shop".to_owned(), "web".to_owned());
-    let (stx, srx) = tokio::sync::watch::channel(Arc::new(crate::route_status::StatusInput {
+    let (stx, srx) = watch::channel(Arc::new(crate::route_status::StatusInput {
         statuses: vec![status],
         held: BTreeMap::from([(key, crate::route_status::HeldRoute { ours: Vec::new() })]),
     }));
