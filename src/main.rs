@@ -358,6 +358,11 @@ struct ExplainArgs {
     output: Output,
 }
 
+/// A domain as a flag gives it, as names are compared: without a trailing dot, lower case.
+fn domain_arg(flag: &str) -> String {
+    flag.trim_end_matches('.').to_ascii_lowercase()
+}
+
 fn run_explain(args: &ExplainArgs) -> anyhow::Result<ExitCode> {
     let load = aether::registry::file::load_dir(&args.registry)
         .with_context(|| format!("reading the registry {}", args.registry.display()))?;
@@ -375,11 +380,8 @@ fn run_explain(args: &ExplainArgs) -> anyhow::Result<ExitCode> {
     }
     let mut snapshot = load.snapshot;
     let mut ctx = NodeContext::default();
-    ctx.domains.mesh = args.mesh_domain.trim_end_matches('.').to_ascii_lowercase();
-    ctx.domains.cluster = args
-        .cluster_domain
-        .trim_end_matches('.')
-        .to_ascii_lowercase();
+    ctx.domains.mesh = domain_arg(&args.mesh_domain);
+    ctx.domains.cluster = domain_arg(&args.cluster_domain);
     ctx.ignored_namespaces = args.ignored_namespaces.iter().cloned().collect();
     registrar::complete_snapshot_except(&mut snapshot, args.service_cidr, &ctx.ignored_namespaces);
     let model = compile(&snapshot, &ctx);
@@ -530,6 +532,11 @@ struct ProbeArgs {
     /// With --legs: only these legs (repeatable).
     #[arg(long = "leg", requires = "legs")]
     leg: Vec<String>,
+    /// With --legs: the mesh domain the daemons serve (their `mesh_domain`, the chart's
+    /// `mesh.domain`): the legs name services `<svc>.<ns>.<mesh-domain>`. Not tied to --legs,
+    /// so that `AETHER_MESH_DOMAIN` in a pod's environment breaks no other probe.
+    #[arg(long, default_value = "aether.internal", env = "AETHER_MESH_DOMAIN")]
+    mesh_domain: String,
     /// Send HTTP/1.1 (the default).
     #[arg(long)]
     http1: bool,
@@ -700,7 +707,7 @@ async fn run_probe_legs(args: &ProbeArgs) -> anyhow::Result<ExitCode> {
         home: here.clone(),
         clients: [(pod, here)].into_iter().collect(),
         snapshot,
-        mesh_domain: "aether.internal".into(),
+        mesh_domain: domain_arg(&args.mesh_domain),
         registry: None,
         ca_dir: None,
         restart: None,
