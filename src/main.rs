@@ -119,6 +119,10 @@ struct NodeArgs {
     /// Quiet time after a registry change before recompiling, in milliseconds.
     #[arg(long, env = "AETHER_WATCH_DEBOUNCE_MS")]
     watch_debounce_ms: Option<u64>,
+    /// How long a CNI ADD for a pod the registry does not hold yet waits for it, in
+    /// milliseconds; then it is answered "try again".
+    #[arg(long, env = "AETHER_CNI_ADD_WAIT_MS")]
+    cni_add_wait_ms: Option<u64>,
     /// Connections open at once through the daemon.
     #[arg(long, env = "AETHER_MAX_CONNECTIONS")]
     max_connections: Option<usize>,
@@ -822,6 +826,7 @@ fn node_config(args: &NodeArgs) -> anyhow::Result<aether::node::NodeConfig> {
         dns_kubernetes_names,
         cert_lifetime_hours,
         watch_debounce_ms,
+        cni_add_wait_ms,
         max_connections,
         max_connections_per_pod,
         metrics_max_connections,
