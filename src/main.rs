@@ -123,6 +123,10 @@ struct NodeArgs {
     /// Quiet time after a registry change before recompiling, in milliseconds.
     #[arg(long, env = "AETHER_WATCH_DEBOUNCE_MS")]
     watch_debounce_ms: Option<u64>,
+    /// How long a CNI ADD for a pod the registry does not hold yet waits for it, in
+    /// milliseconds; then it is answered "try again".
+    #[arg(long, env = "AETHER_CNI_ADD_WAIT_MS")]
+    cni_add_wait_ms: Option<u64>,
     /// Connections open at once through the daemon.
     #[arg(long, env = "AETHER_MAX_CONNECTIONS")]
     max_connections: Option<usize>,
@@ -389,6 +393,11 @@ struct ExplainArgs {
     output: Output,
 }
 
+/// A domain as a flag gives it, as names are compared: without a trailing dot, lower case.
+fn domain_arg(flag: &str) -> String {
+    flag.trim_end_matches('.').to_ascii_lowercase()
+}
+
 fn run_explain(args: &ExplainArgs) -> anyhow::Result<ExitCode> {
     let load = aether::registry::file::load_dir(&args.registry)
         .with_context(|| format!("reading the registry {}", args.registry.display()))?;
@@ -406,11 +415,8 @@ fn run_explain(args: &ExplainArgs) -> anyhow::Result<ExitCode> {
     }
     let mut snapshot = load.snapshot;
     let mut ctx = NodeContext::default();
-    ctx.domains.mesh = args.mesh_domain.trim_end_matches('.').to_ascii_lowercase();
-    ctx.domains.cluster = args
-        .cluster_domain
-        .trim_end_matches('.')
-        .to_ascii_lowercase();
+    ctx.domains.mesh = domain_arg(&args.mesh_domain);
+    ctx.domains.cluster = domain_arg(&args.cluster_domain);
     ctx.ignored_namespaces = args.ignored_namespaces.iter().cloned().collect();
     registrar::complete_snapshot_except(&mut snapshot, args.service_cidr, &ctx.ignored_namespaces);
     let model = compile(&snapshot, &ctx);
@@ -561,6 +567,11 @@ struct ProbeArgs {
     /// With --legs: only these legs (repeatable).
     #[arg(long = "leg", requires = "legs")]
     leg: Vec<String>,
+    /// With --legs: the mesh domain the daemons serve (their `mesh_domain`, the chart's
+    /// `mesh.domain`): the legs name services `<svc>.<ns>.<mesh-domain>`. Not tied to --legs,
+    /// so that `AETHER_MESH_DOMAIN` in a pod's environment breaks no other probe.
+    #[arg(long, default_value = "aether.internal", env = "AETHER_MESH_DOMAIN")]
+    mesh_domain: String,
     /// Send HTTP/1.1 (the default).
     #[arg(long)]
     http1: bool,
@@ -731,7 +742,7 @@ async fn run_probe_legs(args: &ProbeArgs) -> anyhow::Result<ExitCode> {
         home: here.clone(),
         clients: [(pod, here)].into_iter().collect(),
         snapshot,
-        mesh_domain: "aether.internal".into(),
+        mesh_domain: domain_arg(&args.mesh_domain),
         registry: None,
         ca_dir: None,
         restart: None,
@@ -846,6 +857,7 @@ fn node_config(args: &NodeArgs) -> anyhow::Result<aether::node::NodeConfig> {
         dns_kubernetes_names,
         cert_lifetime_hours,
         watch_debounce_ms,
+        cni_add_wait_ms,
         max_connections,
         max_connections_per_pod,
         metrics_max_connections,

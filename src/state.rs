@@ -49,9 +49,17 @@ impl ModelHandle {
     /// Wait until a model newer than `seen` is published, at most `bound`. Returns whether one
     /// was.
     pub async fn newer_than(&self, seen: u64, bound: Duration) -> bool {
-        let mut rx = self.generation.subscribe();
-        tokio::time::timeout(bound, rx.wait_for(|g| *g > seen))
+        tokio::time::timeout(bound, self.published_after(seen))
             .await
-            .is_ok_and(|r| r.is_ok())
+            .is_ok()
+    }
+
+    /// Wait, without a bound, until a model newer than `seen` is published (at once when one
+    /// already is). Read `seen` with [`ModelHandle::generation`] before what it guards, so no
+    /// publish between the two is missed.
+    pub async fn published_after(&self, seen: u64) {
+        let mut rx = self.generation.subscribe();
+        // The sender lives in `self`, so the channel cannot close while this borrows it.
+        let _ = rx.wait_for(|g| *g > seen).await;
     }
 }

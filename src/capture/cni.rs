@@ -13,8 +13,10 @@
 //! `ips` (the pod's addresses, from the primary CNI's result) is optional: a request without it
 //! is read as it was before the field existed.
 //!
-//! and its reply, sent once the daemon has handled it, is `{"ok":true}` or
-//! `{"ok":false,"error":"..."}`. A line that is not a valid request gets an error reply and the
+//! and its reply, sent once the daemon has handled it, is `{"ok":true}`, `{"ok":false,"error":"..."}`
+//! or, when the daemon cannot serve the pod yet and asking again later may succeed,
+//! `{"ok":false,"error":"...","try_again":true}` (the CNI plugin answers the runtime error 11 then,
+//! [`CniRefusal::TryAgain`]). A line that is not a valid request gets an error reply and the
 //! connection stays usable. The server does not program capture itself: it hands each request,
 //! with a reply channel, to the daemon's wiring through an `mpsc` channel ([`CniRequest`]).
 
@@ -82,31 +84,58 @@ pub struct CniReply {
     /// Why not, when `ok` is false.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub error: Option<String>,
+    /// With `ok` false: the daemon cannot do it yet, and the same request later may succeed
+    /// ([`CniRefusal::TryAgain`]). Absent means false, as before the field existed.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub try_again: bool,
 }
 
 impl CniReply {
-    fn from_result(r: Result<(), String>) -> Self {
-        match r {
-            Ok(()) => Self {
-                ok: true,
-                error: None,
-            },
-            Err(e) => Self {
-                ok: false,
-                error: Some(e),
-            },
+    fn from_result(r: Result<(), CniRefusal>) -> Self {
+        let (error, try_again) = match r {
+            Ok(()) => {
+                return Self {
+                    ok: true,
+                    error: None,
+                    try_again: false,
+                };
+            }
+            Err(CniRefusal::Refused(e)) => (e, false),
+            Err(CniRefusal::TryAgain(e)) => (e, true),
+        };
+        Self {
+            ok: false,
+            error: Some(error),
+            try_again,
         }
     }
 }
 
+/// Why the daemon did not do what a request asked, and whether asking again may succeed.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum CniRefusal {
+    /// It cannot be done as asked (the namespace is gone or not a pod's, the pod could not be
+    /// served): the runtime gets CNI error 100 with this reason.
+    Refused(String),
+    /// Not yet: the daemon's registry is not read whole, or does not hold the pod yet. The
+    /// runtime gets CNI error 11 ("try again later") and retries the ADD.
+    TryAgain(String),
+}
+
+impl From<String> for CniRefusal {
+    fn from(reason: String) -> Self {
+        Self::Refused(reason)
+    }
+}
+
 /// One request handed to the daemon: it handles `command`, then answers on `reply` with `Ok` or
-/// the text of its error (sent to the caller as is).
+/// its refusal (whose text is sent to the caller as is).
 #[derive(Debug)]
 pub struct CniRequest {
     /// What was asked.
     pub command: CniCommand,
     /// Where the outcome goes.
-    pub reply: oneshot::Sender<Result<(), String>>,
+    pub reply: oneshot::Sender<Result<(), CniRefusal>>,
 }
 
 /// A failure of the CNI socket, on either side.
@@ -157,6 +186,12 @@ pub enum CniError {
     /// The daemon handled the request and refused it.
     #[error("the daemon refused the request: {error}")]
     Refused {
+        /// The daemon's reason.
+        error: String,
+    },
+    /// The daemon cannot do it yet; the same request later may succeed.
+    #[error("the daemon cannot do it yet: {error}")]
+    TryAgain {
         /// The daemon's reason.
         error: String,
     },
@@ -226,7 +261,7 @@ async fn serve_connection(stream: UnixStream, daemon: mpsc::Sender<CniRequest>) 
             continue;
         }
         let outcome = match serde_json::from_slice::<CniCommand>(&line) {
-            Err(e) => Err(format!("bad request: {e}")),
+            Err(e) => Err(CniRefusal::Refused(format!("bad request: {e}"))),
             Ok(command) => handle(command, &daemon).await,
         };
         let mut out = serde_json::to_vec(&CniReply::from_result(outcome))
@@ -237,14 +272,18 @@ async fn serve_connection(stream: UnixStream, daemon: mpsc::Sender<CniRequest>) 
     Ok(())
 }
 
-async fn handle(command: CniCommand, daemon: &mpsc::Sender<CniRequest>) -> Result<(), String> {
+async fn handle(command: CniCommand, daemon: &mpsc::Sender<CniRequest>) -> Result<(), CniRefusal> {
     let (reply, outcome) = oneshot::channel();
     if daemon.send(CniRequest { command, reply }).await.is_err() {
-        return Err("the daemon is shutting down".to_owned());
+        return Err(CniRefusal::Refused(
+            "the daemon is shutting down".to_owned(),
+        ));
     }
-    outcome
-        .await
-        .unwrap_or_else(|_| Err("the daemon dropped the request".to_owned()))
+    outcome.await.unwrap_or_else(|_| {
+        Err(CniRefusal::Refused(
+            "the daemon dropped the request".to_owned(),
+        ))
+    })
 }
 
 /// Send `command` to the daemon's CNI socket at `path` and wait for its reply. The caller
@@ -276,12 +315,18 @@ pub async fn send(path: &Path, command: &CniCommand) -> Result<(), CniError> {
         path: path.to_path_buf(),
         source,
     })?;
-    if reply.ok {
-        Ok(())
-    } else {
-        Err(CniError::Refused {
-            error: reply.error.unwrap_or_default(),
-        })
+    match reply {
+        CniReply { ok: true, .. } => Ok(()),
+        CniReply {
+            error,
+            try_again: true,
+            ..
+        } => Err(CniError::TryAgain {
+            error: error.unwrap_or_default(),
+        }),
+        CniReply { error, .. } => Err(CniError::Refused {
+            error: error.unwrap_or_default(),
+        }),
     }
 }
 
@@ -308,7 +353,10 @@ mod tests {
             while let Some(req) = rx.recv().await {
                 let outcome = match &req.command {
                     CniCommand::Add { pod, .. } | CniCommand::Del { pod, .. } if pod == "bad" => {
-                        Err(format!("cannot capture {pod}"))
+                        Err(CniRefusal::Refused(format!("cannot capture {pod}")))
+                    }
+                    CniCommand::Add { pod, .. } if pod == "later" => {
+                        Err(CniRefusal::TryAgain(format!("{pod} is not known yet")))
                     }
                     _ => Ok(()),
                 };
@@ -352,6 +400,17 @@ mod tests {
         match send(&path, &bad).await {
             Err(CniError::Refused { error }) => assert_eq!(error, "cannot capture bad"),
             other => panic!("expected a refusal, got {other:?}"),
+        }
+
+        let later = CniCommand::Add {
+            namespace: "mp".into(),
+            pod: "later".into(),
+            netns: "/proc/1/ns/net".into(),
+            ips: Vec::new(),
+        };
+        match send(&path, &later).await {
+            Err(CniError::TryAgain { error }) => assert_eq!(error, "later is not known yet"),
+            other => panic!("expected try-again, got {other:?}"),
         }
 
         server.abort();
@@ -408,6 +467,17 @@ mod tests {
         assert_eq!(
             lines.next_line().await.unwrap().unwrap(),
             r#"{"ok":false,"error":"cannot capture bad"}"#
+        );
+
+        write
+            .write_all(
+                b"{\"op\":\"add\",\"namespace\":\"mp\",\"pod\":\"later\",\"netns\":\"/x\"}\n",
+            )
+            .await
+            .unwrap();
+        assert_eq!(
+            lines.next_line().await.unwrap().unwrap(),
+            r#"{"ok":false,"error":"later is not known yet","try_again":true}"#
         );
 
         server.abort();

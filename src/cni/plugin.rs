@@ -96,6 +96,7 @@ pub async fn ask_daemon(ask: &Ask) -> Result<(), AskError> {
             Some(command) => cni::send(&ask.socket, command).await.map_err(|e| match e {
                 CniError::Connect { source, .. } => AskError::NotReady(source.to_string()),
                 CniError::Refused { error } => AskError::Refused(error),
+                CniError::TryAgain { error } => AskError::TryAgain(error),
                 other => AskError::Io(crate::DisplayChain(&other).to_string()),
             }),
             None => tokio::net::UnixStream::connect(&ask.socket)
@@ -158,7 +159,9 @@ mod tests {
             let mut kept = Vec::new();
             while let Some(req) = rx.recv().await {
                 if matches!(&req.command, CniCommand::Add { pod, .. } if pod == "refused") {
-                    let _ = req.reply.send(Err("pod mp/refused is not served".into()));
+                    let _ = req
+                        .reply
+                        .send(Err("pod mp/refused is not served".to_owned().into()));
                 } else {
                     kept.push(req);
                 }

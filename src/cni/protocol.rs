@@ -61,7 +61,8 @@ pub mod code {
     pub const DECODE: u32 = 6;
     /// Invalid network configuration.
     pub const INVALID_CONFIG: u32 = 7;
-    /// Try again later: a transient condition (here, the daemon is not ready).
+    /// Try again later: a transient condition (here, the daemon is not ready, or does not know
+    /// the pod yet).
     pub const TRY_AGAIN: u32 = 11;
     /// STATUS: the plugin is not available (cannot serve ADD).
     pub const NOT_AVAILABLE: u32 = 50;
@@ -216,6 +217,8 @@ pub enum AskError {
     Timeout(Duration),
     /// The daemon handled the request and said no.
     Refused(String),
+    /// The daemon said not yet (its registry does not hold the pod yet): a retry may succeed.
+    TryAgain(String),
     /// The exchange broke (a closed connection, an unreadable reply).
     Io(String),
 }
@@ -570,6 +573,14 @@ pub fn finish(ask: &Ask, outcome: Result<(), AskError>) -> Output {
             ),
             format!("{socket}: {}", describe(&e)),
         ),
+        (_, Err(AskError::TryAgain(reason))) => Output::error(
+            version,
+            code::TRY_AGAIN,
+            format!(
+                "the aether daemon cannot serve the pod yet; {what} fails so that no pod starts uncaptured"
+            ),
+            reason,
+        ),
         (_, Err(AskError::Refused(reason))) => Output::error(
             version,
             code::DAEMON_REFUSED,
@@ -590,6 +601,7 @@ fn describe(e: &AskError) -> String {
         AskError::NotReady(why) => format!("no daemon listens: {why}"),
         AskError::Timeout(t) => format!("no answer within {t:?}"),
         AskError::Refused(why) => format!("refused: {why}"),
+        AskError::TryAgain(why) => format!("not yet: {why}"),
         AskError::Io(why) => why.clone(),
     }
 }

@@ -102,6 +102,11 @@ pub struct NodeConfig {
     pub drain_timeout_secs: u64,
     /// Quiet time after a registry change before recompiling, in milliseconds.
     pub watch_debounce_ms: u64,
+    /// How long a CNI ADD for a pod no published model knows yet waits for one that does, in
+    /// milliseconds, *for each such ADD*; then it is answered "try again" (CNI error 11).
+    /// Default 5000, at most 600000 (the plugin's longest `timeoutSecs`). Key `cni_add_wait_ms`,
+    /// `AETHER_CNI_ADD_WAIT_MS`.
+    pub cni_add_wait_ms: u64,
     /// Log format.
     pub log_format: LogFormat,
     /// Log filter (tracing-subscriber `EnvFilter` syntax).
@@ -178,6 +183,7 @@ impl Default for NodeConfig {
             cert_lifetime_hours: 24,
             drain_timeout_secs: 5,
             watch_debounce_ms: 200,
+            cni_add_wait_ms: 5000,
             log_format: LogFormat::Text,
             log_level: "info".into(),
             max_connections: 100_000,
@@ -270,6 +276,16 @@ impl NodeConfig {
                     message: format!("{value:?} is not a domain"),
                 });
             }
+        }
+        // `aether cni` waits at most 600 s for any answer (docs/cni.md, `timeoutSecs`).
+        if self.cni_add_wait_ms > 600_000 {
+            return Err(ConfigError::Invalid {
+                setting: "cni_add_wait_ms",
+                message: format!(
+                    "{} ms is longer than the CNI plugin waits for an answer (600000 ms at most)",
+                    self.cni_add_wait_ms
+                ),
+            });
         }
         for (setting, value) in [
             ("max_connections", self.max_connections as u64),

@@ -2,6 +2,7 @@
 //! long-lived tasks and connects the parts: registry → model → proxies, capture, DNS, admin.
 
 pub mod admin;
+mod cni_gate;
 pub mod cni_records;
 pub mod config;
 pub mod dns;
@@ -19,7 +20,7 @@ use arc_swap::ArcSwap;
 use tokio::sync::{Mutex, mpsc, watch};
 use tracing::{debug, error, info, warn};
 
-use crate::capture::cni::{self, CniCommand, CniRequest};
+use crate::capture::cni::{self, CniCommand, CniRefusal, CniRequest};
 use crate::dns::table::DnsTable;
 use crate::identity::{Ca, Identities, IdentitySettings};
 use crate::model::names::Domains;
@@ -499,15 +500,23 @@ pub async fn run(config: NodeConfig) -> Result<(), NodeError> {
         });
     }
 
-    // The CNI API.
+    // The CNI API. An ADD for a pod the model does not hold yet waits for it on its own task
+    // before it reaches the loop below (`cni_gate`).
     let cni_sock = state_dir.join("cni.sock");
     let cni_listener = cni::bind(&cni_sock)?;
+    let (socket_tx, socket_rx) = mpsc::channel::<CniRequest>(64);
     let (cni_tx, mut cni_rx) = mpsc::channel::<CniRequest>(64);
     tokio::spawn(cni::serve(
         cni_listener,
-        cni_tx,
+        socket_tx,
         inputs.stats.accept_errors("cni"),
     ));
+    let gate = cni_gate::AddGate {
+        model: handle.clone(),
+        bound: Duration::from_millis(config.cni_add_wait_ms),
+        stats: node_stats.clone(),
+    };
+    tokio::spawn(gate.run(socket_rx, cni_tx));
 
     // Certificate rotation.
     let rotating = identities.clone();
@@ -620,13 +629,14 @@ pub async fn run(config: NodeConfig) -> Result<(), NodeError> {
                 }
             }
             Some(req) = cni_rx.recv() => {
-                // Before the registry is read whole no pod can be served: an ADD is refused, so
-                // the runtime retries it and no managed pod starts uncaptured (issue #9 §4).
+                // Before the registry is read whole no pod can be served: an ADD is answered "try
+                // again", so the runtime retries it and no managed pod starts uncaptured (issue
+                // #9 §4).
                 if !registry_ok && matches!(req.command, CniCommand::Add { .. }) {
                     node_stats.cni_refused.inc();
                     let reason = "the node's registry has not been read whole yet (the Kubernetes source is listing, or a kind may not be read)";
                     warn!(reason, "CNI ADD refused");
-                    let _ = req.reply.send(Err(reason.to_owned()));
+                    let _ = req.reply.send(Err(CniRefusal::TryAgain(reason.to_owned())));
                     continue;
                 }
                 let (outcome, ok) =
@@ -634,7 +644,7 @@ pub async fn run(config: NodeConfig) -> Result<(), NodeError> {
                 if let Some(ok) = ok {
                     let _ = ready_tx.send(ok && registry_ok);
                 }
-                let _ = req.reply.send(outcome);
+                let _ = req.reply.send(outcome.map_err(CniRefusal::Refused));
             }
         }
     }

@@ -12,9 +12,13 @@ pub struct NodeStats {
     /// Manifest files served from their last good content now
     /// (`aether_registry_files_held`).
     pub registry_files_held: Gauge,
-    /// CNI ADDs answered with an error: a namespace that does not exist or is not a pod's, or
-    /// a pod that could not be served (`aether_cni_refused_total`).
+    /// CNI ADDs answered with an error: a namespace that does not exist or is not a pod's, a pod
+    /// that could not be served, or one the registry did not bring within `cni_add_wait_ms`
+    /// (`aether_cni_refused_total`).
     pub cni_refused: Counter,
+    /// CNI ADDs waiting now for their pod to appear in the registry (`cni_add_wait_ms`,
+    /// `aether_cni_adds_waiting`).
+    pub cni_adds_waiting: Gauge,
     /// DNS-over-TCP connections closed at once because their pod's server had
     /// `dns_tcp_max_clients` open (`aether_dns_tcp_refused_total`).
     pub dns_tcp_refused: Counter,
@@ -63,8 +67,13 @@ impl NodeStats {
         );
         registry.register(
             "aether_cni_refused",
-            "CNI ADDs answered with an error (no such namespace, not a pod's, pod not served)",
+            "CNI ADDs answered with an error (no such namespace, not a pod's, pod not served, pod not in the registry in time)",
             self.cni_refused.clone(),
+        );
+        registry.register(
+            "aether_cni_adds_waiting",
+            "CNI ADDs waiting for their pod to appear in the registry",
+            self.cni_adds_waiting.clone(),
         );
         registry.register(
             "aether_dns_tcp_refused",

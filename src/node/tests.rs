@@ -1,11 +1,14 @@
 //! The daemon's CNI handling over a real CNI socket (issue #8, finding 11): an ADD is answered
 //! once its pod is served, or with the reason it is not; a namespace that does not exist, or
-//! the daemon's own, is refused before anything is programmed.
+//! the daemon's own, is refused before anything is programmed. An ADD for a pod the registry
+//! does not hold yet waits for it, at most `cni_add_wait_ms`, then is answered "try again"
+//! (issue #9 §4, [`super::cni_gate`]).
 
 use std::path::{Path, PathBuf};
 
 use super::*;
 use crate::capture::cni::CniError;
+use crate::cni::protocol;
 use crate::proxy::{Counter, Stats};
 use crate::test_util::{NoTls, needs_root};
 
@@ -25,12 +28,22 @@ spec: {serviceAccountName: mp-cni, nodeName: node-a}
 status: {podIP: 10.255.0.7}
 "#;
 
-/// The daemon's CNI side: its socket, served by the daemon's own handler.
+/// The same registry before the runtime's ADD: the namespace, and no pod yet.
+const NO_POD_YET: &str = r#"
+apiVersion: v1
+kind: Namespace
+metadata: {name: mp}
+"#;
+
+/// The daemon's CNI side: its socket, the ADD gate and the daemon's own handler.
 struct Daemon {
     socket: PathBuf,
     state_dir: PathBuf,
     pods: Arc<Mutex<Pods>>,
     cni_pods: Arc<Mutex<CniPods>>,
+    /// The published model (publish into it to change the registry).
+    model: Arc<ModelHandle>,
+    stats: Arc<NodeStats>,
     tasks: Vec<tokio::task::JoinHandle<()>>,
 }
 
@@ -44,14 +57,30 @@ impl Drop for Daemon {
     }
 }
 
-fn shared() -> (NodeConfig, Shared) {
+/// The compiled registry of `manifests`, read as the daemon of `config` reads its directory.
+fn compiled(config: &NodeConfig, manifests: &str) -> Loaded {
     let dir = std::env::temp_dir().join(format!(
         "aether-node-cni-{}-{}",
         std::process::id(),
         fastrand::u64(..)
     ));
     std::fs::create_dir_all(&dir).unwrap();
-    std::fs::write(dir.join("pods.yaml"), MANIFESTS).unwrap();
+    std::fs::write(dir.join("pods.yaml"), manifests).unwrap();
+    let config = NodeConfig {
+        registry: dir.clone(),
+        ..config.clone()
+    };
+    let source = Source::File(parking_lot::Mutex::new(LastGood::default()));
+    let loaded = load(&config, &source, &NodeStats::default(), None).unwrap();
+    std::fs::remove_dir_all(&dir).unwrap();
+    loaded
+}
+
+fn shared() -> (NodeConfig, Shared) {
+    shared_with(MANIFESTS)
+}
+
+fn shared_with(manifests: &str) -> (NodeConfig, Shared) {
     // The CNI records go to a state directory of the test's own, never /var/run/aether.
     let state_dir = std::env::temp_dir().join(format!(
         "aether-node-cni-state-{}-{}",
@@ -60,13 +89,10 @@ fn shared() -> (NodeConfig, Shared) {
     ));
     let config = NodeConfig {
         node_name: "node-a".into(),
-        registry: dir.clone(),
         state_dir,
         ..NodeConfig::default()
     };
-    let source = Source::File(parking_lot::Mutex::new(LastGood::default()));
-    let loaded = load(&config, &source, &NodeStats::default(), None).unwrap();
-    std::fs::remove_dir_all(&dir).unwrap();
+    let loaded = compiled(&config, manifests);
     let shared = Shared {
         inputs: Arc::new(Inputs {
             model: Arc::new(ModelHandle::new(loaded.model)),
@@ -89,15 +115,31 @@ fn shared() -> (NodeConfig, Shared) {
 }
 
 fn start() -> Daemon {
-    let (config, shared) = shared();
+    start_with(MANIFESTS, Duration::from_secs(5))
+}
+
+/// The daemon's CNI side on the registry `manifests`, an ADD for a pod it does not hold waiting
+/// at most `wait` (`cni_add_wait_ms`).
+fn start_with(manifests: &str, wait: Duration) -> Daemon {
+    let (config, shared) = shared_with(manifests);
     let state_dir = config.state_dir.clone();
+    let model = shared.inputs.model.clone();
+    let stats = Arc::new(NodeStats::default());
     let socket = std::env::temp_dir().join(format!(
         "aether-node-cni-{}-{}.sock",
         std::process::id(),
         fastrand::u64(..)
     ));
     let listener = cni::bind(&socket).unwrap();
+    // As the daemon wires it: socket → ADD gate → handler.
+    let (socket_tx, socket_rx) = mpsc::channel::<CniRequest>(8);
     let (tx, mut rx) = mpsc::channel::<CniRequest>(8);
+    let gate = cni_gate::AddGate {
+        model: model.clone(),
+        bound: wait,
+        stats: stats.clone(),
+    };
+    let gate = tokio::spawn(gate.run(socket_rx, tx));
     let pods = Arc::new(Mutex::new(Pods::default()));
     let cni_pods = Arc::new(Mutex::new(CniPods::new()));
     let (p, c) = (pods.clone(), cni_pods.clone());
@@ -112,16 +154,18 @@ fn start() -> Daemon {
                 &NodeStats::default(),
             )
             .await;
-            let _ = req.reply.send(outcome);
+            let _ = req.reply.send(outcome.map_err(CniRefusal::Refused));
         }
     });
-    let server = tokio::spawn(cni::serve(listener, tx, Counter::default()));
+    let server = tokio::spawn(cni::serve(listener, socket_tx, Counter::default()));
     Daemon {
         socket,
         state_dir,
         pods,
         cni_pods,
-        tasks: vec![handler, server],
+        model,
+        stats,
+        tasks: vec![handler, gate, server],
     }
 }
 
@@ -141,6 +185,168 @@ async fn ask(d: &Daemon, command: &CniCommand) -> Result<(), String> {
         Err(CniError::Refused { error }) => Err(error),
         Err(e) => panic!("the CNI socket failed: {e}"),
     }
+}
+
+/// What `aether cni` answers the runtime for an ADD of mp-cni-0 in `netns`, after asking the
+/// daemon `d` (the plugin's own exchange, with a 20 s bound): `None` for success, else the CNI
+/// error object.
+async fn plugin_add(d: &Daemon, netns: &Path) -> Option<serde_json::Value> {
+    let ask = protocol::Ask {
+        socket: d.socket.clone(),
+        timeout: Duration::from_secs(20),
+        command: Some(add(netns)),
+        version: "1.0.0".into(),
+        prev_result: Some("{}".into()),
+        verb: protocol::Verb::Add,
+    };
+    let out = protocol::finish(&ask, crate::cni::plugin::ask_daemon(&ask).await);
+    (out.exit != 0).then(|| serde_json::from_str(&out.stdout).unwrap())
+}
+
+/// A network namespace of the test's own (`ip netns add <prefix><pid>`), deleted on drop.
+struct TestNetns {
+    name: String,
+    path: PathBuf,
+}
+
+impl TestNetns {
+    fn add(prefix: &str) -> Self {
+        let name = format!("{prefix}{}", std::process::id() % 100_000);
+        let made = std::process::Command::new("ip")
+            .args(["netns", "add", &name])
+            .status()
+            .unwrap();
+        assert!(made.success(), "ip netns add {name}");
+        let path = Path::new(crate::netns::NETNS_DIR).join(&name);
+        Self { name, path }
+    }
+}
+
+impl Drop for TestNetns {
+    fn drop(&mut self) {
+        let _ = std::process::Command::new("ip")
+            .args(["netns", "del", &self.name])
+            .status();
+    }
+}
+
+/// Wait (real time, at most 10 s) until `n` ADDs are held for their pod.
+async fn until_waiting(d: &Daemon, n: i64) {
+    for _ in 0..1000 {
+        if d.stats.cni_adds_waiting.get() == n {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    panic!(
+        "{n} ADDs never waited; {} do",
+        d.stats.cni_adds_waiting.get()
+    );
+}
+
+#[tokio::test(start_paused = true)]
+async fn an_add_for_a_pod_the_registry_does_not_hold_is_answered_try_again_after_the_bound() {
+    let d = start_with(NO_POD_YET, Duration::from_secs(5));
+    let started = tokio::time::Instant::now();
+    let err = plugin_add(&d, Path::new("/var/run/netns/never-opened"))
+        .await
+        .expect("an ADD for a pod the registry does not hold succeeded");
+    assert!(
+        started.elapsed() >= Duration::from_secs(5),
+        "answered after {:?}, before the bound",
+        started.elapsed()
+    );
+    assert_eq!(err["code"], protocol::code::TRY_AGAIN, "{err}");
+    assert_eq!(
+        err["details"],
+        "pod mp/mp-cni-0 is not in the node's registry yet (waited 5000 ms for the pod watch to bring it)"
+    );
+    // It never reached the daemon: nothing recorded, nothing served, counted once.
+    assert!(d.cni_pods.lock().await.is_empty());
+    assert!(d.pods.lock().await.list().is_empty());
+    let records = cni_records::Records::new(&d.state_dir);
+    assert_eq!(records.read("mp", "mp-cni-0"), None);
+    assert_eq!(d.stats.cni_refused.get(), 1);
+    assert_eq!(d.stats.cni_adds_waiting.get(), 0);
+}
+
+#[tokio::test]
+async fn an_add_waiting_for_its_pod_holds_up_no_other_request() {
+    let d = start_with(NO_POD_YET, Duration::from_secs(60));
+    let socket = d.socket.clone();
+    let held = tokio::spawn(async move {
+        cni::send(&socket, &add(Path::new("/var/run/netns/never-opened"))).await
+    });
+    until_waiting(&d, 1).await;
+    // A CHECK, a DEL and an ADD of a pod the registry holds are answered while it waits.
+    let check = CniCommand::Check {
+        namespace: "mp".into(),
+        pod: "mp-cni-0".into(),
+        netns: None,
+    };
+    let answer = tokio::time::timeout(Duration::from_secs(10), ask(&d, &check)).await;
+    assert_eq!(
+        answer.expect("CHECK waited behind the held ADD"),
+        Err("no CNI ADD is known for pod mp/mp-cni-0".to_owned())
+    );
+    let del = CniCommand::Del {
+        namespace: "mp".into(),
+        pod: "other".into(),
+        netns: None,
+    };
+    let answer = tokio::time::timeout(Duration::from_secs(10), ask(&d, &del)).await;
+    assert_eq!(answer.expect("DEL waited behind the held ADD"), Ok(()));
+    assert!(!held.is_finished(), "the held ADD was answered early");
+    // A second ADD for a pod the registry does not hold waits beside the first.
+    let socket = d.socket.clone();
+    let second = tokio::spawn(async move {
+        cni::send(&socket, &add(Path::new("/var/run/netns/never-opened"))).await
+    });
+    until_waiting(&d, 2).await;
+    held.abort();
+    second.abort();
+}
+
+#[tokio::test]
+async fn an_add_whose_pod_appears_within_the_bound_is_answered_once_the_pod_is_served() {
+    const TEST: &str =
+        "an_add_whose_pod_appears_within_the_bound_is_answered_once_the_pod_is_served";
+    if needs_root::cannot_run(TEST, &["ip", "nft", "nsenter"]) {
+        return;
+    }
+    let pod_ns = TestNetns::add("aecniw");
+    let path = pod_ns.path.clone();
+    // Real time: serving the pod runs nft. The bound is far above the test's own pace.
+    let d = start_with(NO_POD_YET, Duration::from_secs(10));
+    let (socket, netns) = (d.socket.clone(), path.clone());
+    let held = tokio::spawn(async move { cni::send(&socket, &add(&netns)).await });
+    until_waiting(&d, 1).await;
+    assert!(
+        d.pods.lock().await.list().is_empty(),
+        "served before its pod was known"
+    );
+    // The pod watch brings the pod.
+    let config = NodeConfig {
+        node_name: "node-a".into(),
+        ..NodeConfig::default()
+    };
+    d.model.publish(compiled(&config, MANIFESTS).model);
+    let answer = tokio::time::timeout(Duration::from_secs(10), held)
+        .await
+        .expect("the ADD was not answered once its pod was known")
+        .unwrap();
+    assert!(answer.is_ok(), "{answer:?}");
+    let served = d.pods.lock().await.list();
+    assert_eq!(served.len(), 1, "{served:?}");
+    assert_eq!(served[0]["netns"], path.display().to_string());
+    assert_eq!(d.stats.cni_adds_waiting.get(), 0);
+    assert_eq!(d.stats.cni_refused.get(), 0);
+    let del = CniCommand::Del {
+        namespace: "mp".into(),
+        pod: "mp-cni-0".into(),
+        netns: None,
+    };
+    assert_eq!(ask(&d, &del).await, Ok(()));
 }
 
 #[tokio::test]
@@ -203,22 +409,8 @@ async fn an_add_is_answered_once_its_pod_is_served_or_with_the_reason_it_is_not(
     if needs_root::cannot_run(TEST, &["ip", "nft", "nsenter"]) {
         return;
     }
-    let name = format!("aecni{}", std::process::id() % 100_000);
-    let made = std::process::Command::new("ip")
-        .args(["netns", "add", &name])
-        .status()
-        .unwrap();
-    assert!(made.success(), "ip netns add {name}");
-    struct Del(String);
-    impl Drop for Del {
-        fn drop(&mut self) {
-            let _ = std::process::Command::new("ip")
-                .args(["netns", "del", &self.0])
-                .status();
-        }
-    }
-    let _del = Del(name.clone());
-    let path = Path::new(crate::netns::NETNS_DIR).join(&name);
+    let pod_ns = TestNetns::add("aecni");
+    let path = pod_ns.path.clone();
     let d = start();
     // Something in the pod already listens on the proxy port: the pod cannot be served.
     let home = Netns::current().unwrap();
@@ -285,13 +477,8 @@ async fn an_add_naming_addresses_its_namespace_does_not_hold_is_refused_and_not_
     if needs_root::cannot_run(TEST, &["ip"]) {
         return;
     }
-    let name = format!("aecnip{}", std::process::id() % 100_000);
-    let made = std::process::Command::new("ip")
-        .args(["netns", "add", &name])
-        .status()
-        .unwrap();
-    assert!(made.success(), "ip netns add {name}");
-    let path = Path::new(crate::netns::NETNS_DIR).join(&name);
+    let pod_ns = TestNetns::add("aecnip");
+    let path = pod_ns.path.clone();
     let d = start();
     let add = CniCommand::Add {
         namespace: "mp".into(),
@@ -300,9 +487,7 @@ async fn an_add_naming_addresses_its_namespace_does_not_hold_is_refused_and_not_
         ips: vec!["10.255.0.7".parse().unwrap()],
     };
     let reply = ask(&d, &add).await;
-    let _ = std::process::Command::new("ip")
-        .args(["netns", "del", &name])
-        .status();
+    drop(pod_ns);
     let reason = reply.expect_err("an ADD whose namespace lacks its address was answered ok");
     assert!(reason.contains("does not hold [10.255.0.7]"), "{reason}");
     assert!(d.cni_pods.lock().await.is_empty());

@@ -182,6 +182,10 @@ fn a_daemon_that_is_not_ready_refuses_or_times_out_fails_add_with_a_cni_error() 
         ),
         (AskError::Timeout(Duration::from_secs(20)), code::TRY_AGAIN),
         (
+            AskError::TryAgain("pod mp/p is not in the node's registry yet".into()),
+            code::TRY_AGAIN,
+        ),
+        (
             AskError::Refused("pod mp/p is not served: bind 18081".into()),
             code::DAEMON_REFUSED,
         ),
@@ -196,7 +200,7 @@ fn a_daemon_that_is_not_ready_refuses_or_times_out_fails_add_with_a_cni_error() 
         assert_eq!(err["cniVersion"], "0.3.1");
         assert!(!err["msg"].as_str().unwrap().is_empty());
         assert!(out.note.is_some());
-        if let AskError::Refused(reason) = &outcome {
+        if let AskError::Refused(reason) | AskError::TryAgain(reason) = &outcome {
             assert_eq!(err["details"], reason.as_str());
         }
         assert_eq!(out.error_code(), Some(code));
@@ -222,6 +226,7 @@ fn del_tells_the_daemon_and_succeeds_when_the_daemon_is_gone() {
         AskError::NotReady("gone".into()),
         AskError::Timeout(Duration::from_secs(1)),
         AskError::Refused("no".into()),
+        AskError::TryAgain("not yet".into()),
         AskError::Io("broken".into()),
     ] {
         let out = finish(&ask, Err(outcome));

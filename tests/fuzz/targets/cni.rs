@@ -16,7 +16,7 @@ use std::path::PathBuf;
 use std::sync::OnceLock;
 use std::time::Duration;
 
-use aether::capture::cni::{CniCommand, CniReply, CniRequest, bind, serve};
+use aether::capture::cni::{CniCommand, CniRefusal, CniReply, CniRequest, bind, serve};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::UnixStream;
 use tokio::runtime::Runtime;
@@ -76,7 +76,7 @@ fn server() -> &'static Server {
                         CniCommand::Add { pod, .. } | CniCommand::Del { pod, .. }
                             if pod == "bad" =>
                         {
-                            Err(format!("cannot capture {pod}"))
+                            Err(CniRefusal::Refused(format!("cannot capture {pod}")))
                         }
                         _ => Ok(()),
                     };
