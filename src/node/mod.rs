@@ -724,7 +724,15 @@ fn rediscover(state_dir: &Path, home: &Netns) -> CniPods {
         );
     }
     kept.into_iter()
-        .map(|r| ((r.namespace, r.pod), r.netns))
+        .map(|r| {
+            (
+                (r.namespace, r.pod),
+                pods::CniPod {
+                    netns: r.netns,
+                    ips: r.ips,
+                },
+            )
+        })
         .collect()
 }
 
@@ -857,13 +865,19 @@ async fn handle_cni(
                 return (Err(reason), None);
             }
             let key = (namespace.clone(), pod.clone());
-            let before = cni_pods.lock().await.insert(key.clone(), netns.clone());
+            let before = cni_pods.lock().await.insert(
+                key.clone(),
+                pods::CniPod {
+                    netns: netns.clone(),
+                    ips: ips.clone(),
+                },
+            );
             let failed = reconcile(config, shared, pods, cni_pods).await;
             match failed.get(&key) {
                 Some(reason) => {
                     let mut known = cni_pods.lock().await;
                     match before {
-                        Some(path) => known.insert(key, path),
+                        Some(earlier) => known.insert(key, earlier),
                         None => known.remove(&key),
                     };
                     drop(known);

@@ -89,8 +89,27 @@ pub struct Pods {
     inherited: Inherited,
 }
 
-/// Netns paths the CNI API told the daemon about, by (namespace, pod).
-pub type CniPods = BTreeMap<(String, String), PathBuf>;
+/// What a CNI ADD told the daemon about a pod: its network namespace and the addresses the
+/// primary CNI gave it (checked to be in that namespace).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct CniPod {
+    /// The pod's network namespace.
+    pub netns: PathBuf,
+    /// Its addresses, as the ADD named them (possibly none).
+    pub ips: Vec<IpAddr>,
+}
+
+impl From<PathBuf> for CniPod {
+    fn from(netns: PathBuf) -> Self {
+        Self {
+            netns,
+            ips: Vec::new(),
+        }
+    }
+}
+
+/// The pods the CNI API told the daemon about, by (namespace, pod).
+pub type CniPods = BTreeMap<(String, String), CniPod>;
 
 /// The local pods a model asks for.
 pub fn desired(
@@ -107,8 +126,9 @@ pub fn desired(
             continue;
         }
         let key = (p.namespace.clone(), p.name.clone());
-        let netns = match (cni.get(&key), &p.netns) {
-            (Some(path), _) => path.clone(),
+        let from_cni = cni.get(&key);
+        let netns = match (from_cni, &p.netns) {
+            (Some(c), _) => c.netns.clone(),
             // Served from the CNI ADD that names its namespace, not before (docs/node.md).
             (None, _) if p.netns_from_cni => continue,
             (None, Some(name)) if name.contains('/') => PathBuf::from(name),
@@ -117,11 +137,18 @@ pub fn desired(
             }
             (None, None) => continue,
         };
-        let ipv4 = p.ips.iter().find_map(|ip| match ip {
+        // On Kubernetes the pod's IPs reach the API only after the ADD (kubelet reports them
+        // once the sandbox is up): until then the ADD's own addresses, which the daemon checked
+        // in the pod's namespace, are what it captures with, so the pod never runs uncaptured.
+        let ips: &[IpAddr] = match from_cni {
+            Some(c) if p.ips.is_empty() => &c.ips,
+            _ => &p.ips,
+        };
+        let ipv4 = ips.iter().find_map(|ip| match ip {
             IpAddr::V4(v) => Some(*v),
             IpAddr::V6(_) => None,
         });
-        let ipv6: Option<Ipv6Addr> = p.ips.iter().find_map(|ip| match ip {
+        let ipv6: Option<Ipv6Addr> = ips.iter().find_map(|ip| match ip {
             IpAddr::V6(v) => Some(*v),
             IpAddr::V4(_) => None,
         });

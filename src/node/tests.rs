@@ -388,7 +388,7 @@ async fn a_pod_annotated_with_the_daemons_own_namespace_is_not_served() {
     let mut cni = CniPods::new();
     cni.insert(
         ("mp".into(), "mp-cni-0".into()),
-        "/proc/thread-self/ns/net".into(),
+        PathBuf::from("/proc/thread-self/ns/net").into(),
     );
     let want = pods::desired(&model, "node-a", "", &cni, &[]);
     assert_eq!(want.len(), 1);
@@ -497,4 +497,51 @@ async fn an_add_naming_addresses_its_namespace_does_not_hold_is_refused_and_not_
         None,
         "the refused ADD was recorded"
     );
+}
+
+/// The registry as the API server has it at the runtime's ADD: the pod exists, its IP does not
+/// yet (kubelet reports it once the sandbox is up, after the ADD).
+const POD_WITHOUT_IP: &str = r#"
+apiVersion: v1
+kind: Namespace
+metadata: {name: mp}
+---
+apiVersion: v1
+kind: Pod
+metadata:
+  name: mp-cni-0
+  namespace: mp
+  annotations: {aether.io/netns-from: cni}
+spec: {serviceAccountName: mp-cni, nodeName: node-a}
+"#;
+
+#[test]
+fn a_pod_whose_ip_the_api_does_not_have_yet_is_captured_with_the_adds_addresses() {
+    let config = NodeConfig {
+        node_name: "node-a".into(),
+        ..NodeConfig::default()
+    };
+    let model = compiled(&config, POD_WITHOUT_IP).model;
+    let key = ("mp".to_owned(), "mp-cni-0".to_owned());
+    // Without an ADD's addresses the pod cannot be captured yet.
+    let path = PathBuf::from("/var/run/netns/cni-1234");
+    let bare = CniPods::from([(key.clone(), pods::CniPod::from(path.clone()))]);
+    assert!(pods::desired(&model, "node-a", "", &bare, &[]).is_empty());
+    // With them it is, on exactly those addresses.
+    let ip: std::net::IpAddr = "10.244.1.9".parse().unwrap();
+    let added = CniPods::from([(
+        key.clone(),
+        pods::CniPod {
+            netns: path.clone(),
+            ips: vec![ip],
+        },
+    )]);
+    let want = pods::desired(&model, "node-a", "", &added, &[]);
+    let d = want.get(&key).expect("the pod is captured from its ADD");
+    assert_eq!(d.netns, path);
+    assert_eq!(d.capture.ipv4, Some("10.244.1.9".parse().unwrap()));
+    // Once the API has the pod's IP, that is what counts.
+    let model = compiled(&config, MANIFESTS).model;
+    let want = pods::desired(&model, "node-a", "", &added, &[]);
+    assert_eq!(want[&key].capture.ipv4, Some("10.255.0.7".parse().unwrap()));
 }
