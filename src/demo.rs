@@ -17,9 +17,11 @@ use std::time::Duration;
 use tokio::signal::unix::{SignalKind, signal};
 use tokio::sync::watch;
 
+use crate::lab::plan::{APISERVER_IP, APISERVER_PORT, RELEASE_NAMESPACE};
 use crate::lab::run::{Lab, UpOptions};
 use crate::lab::{LabError, plan::LabOptions, plan_dir};
 use crate::legs::{self, Env, LegResult, RegistryControl};
+use crate::node::config::RegistrySource;
 
 /// What the demo runs on.
 #[derive(Debug, Clone)]
@@ -42,6 +44,9 @@ pub struct DemoOptions {
     pub mesh_domain: String,
     /// Extra arguments for every daemon (e.g. `--log-format json`).
     pub daemon_args: Vec<String>,
+    /// Where the daemons read the registry: the manifest directory itself (`file`), or the
+    /// lab's API server loaded from it (`kube`, [`crate::lab::apiserver`]).
+    pub registry_source: RegistrySource,
 }
 
 impl DemoOptions {
@@ -59,6 +64,7 @@ impl DemoOptions {
             legs: Vec::new(),
             mesh_domain: "aether.internal".into(),
             daemon_args: Vec::new(),
+            registry_source: RegistrySource::File,
         }
     }
 }
@@ -98,6 +104,16 @@ pub enum DemoError {
     /// A signal stopped the demo before the mesh was up; what was made has been removed.
     #[error("stopped by {0} while bringing the mesh up")]
     Interrupted(StopSignal),
+    /// The lab's API server did not answer its control socket in time.
+    #[error("the lab's API server did not answer within {secs} s: {detail} (log: {log})")]
+    ApiServerNotReady {
+        /// The bound.
+        secs: u64,
+        /// The last answer.
+        detail: String,
+        /// Its log file.
+        log: PathBuf,
+    },
     /// A pod's workload did not start listening.
     #[error("pod {pod} not listening on {port}: {detail}")]
     PodNotListening {
@@ -395,6 +411,8 @@ pub async fn up_until(opts: &DemoOptions, stop: &Stop) -> Result<Running, DemoEr
             dir: registry,
             variants: opts.variants.clone(),
             admin_sockets: sockets.into_iter().map(|(_, s)| s).collect(),
+            apiserver: (opts.registry_source == RegistrySource::Kube)
+                .then(|| run_dir.join(APISERVER_CONTROL)),
         }),
         ca_dir: Some(ca_dir),
         restart: Some(restart),
@@ -412,8 +430,88 @@ pub async fn up_until(opts: &DemoOptions, stop: &Stop) -> Result<Running, DemoEr
 
 /// A node's admin socket, per node.
 type Sockets = Vec<(String, PathBuf)>;
-/// A node's daemon command line and admin socket, per node (for restarts).
-type Argvs = std::collections::BTreeMap<String, (Vec<String>, PathBuf)>;
+/// A node's daemon, per node (for restarts).
+type Argvs = std::collections::BTreeMap<String, Daemon>;
+
+/// How a node's daemon was started: what a restart or an upgrade starts again.
+#[derive(Clone, Debug)]
+struct Daemon {
+    /// Its command line.
+    argv: Vec<String>,
+    /// What its environment adds to the demo's (the kubeconfig on the Kubernetes source).
+    env: Vec<(String, String)>,
+    /// Its admin socket.
+    socket: PathBuf,
+}
+
+/// The lab API server's control socket under the run directory.
+pub const APISERVER_CONTROL: &str = "apiserver.sock";
+
+/// The run's kubeconfig: the lab's API server over plain HTTP, no credentials.
+fn kubeconfig() -> String {
+    format!(
+        "apiVersion: v1\nkind: Config\nclusters:\n- name: lab\n  cluster:\n    server: http://{APISERVER_IP}:{APISERVER_PORT}\n\
+         users:\n- name: lab\n  user: {{}}\ncontexts:\n- name: lab\n  context:\n    cluster: lab\n    user: lab\n\
+         current-context: lab\n"
+    )
+}
+
+/// Starts the lab's API server in the underlay namespace, loaded from the run's registry copy
+/// (watched), with the planned snapshot's ClusterIPs, writes `<run>/kubeconfig` and waits until
+/// the server answers; the environment every daemon then gets.
+async fn start_apiserver(
+    lab: &mut Lab,
+    opts: &DemoOptions,
+    planned: &crate::lab::PlannedDir,
+    stop: &Stop,
+) -> Result<Vec<(String, String)>, DemoError> {
+    let run_dir = &opts.run_dir;
+    let ips: std::collections::BTreeMap<String, String> = planned
+        .snapshot
+        .services
+        .iter()
+        .filter_map(|s| {
+            let ip = s.cluster_ips.first()?;
+            Some((format!("{}/{}", s.namespace, s.name), ip.to_string()))
+        })
+        .collect();
+    let ips_file = run_dir.join("cluster-ips.json");
+    let text = serde_json::to_string_pretty(&ips).unwrap_or_default();
+    std::fs::write(&ips_file, text).map_err(io("write", &ips_file))?;
+    let config = run_dir.join("kubeconfig");
+    std::fs::write(&config, kubeconfig()).map_err(io("write", &config))?;
+    let control = run_dir.join(APISERVER_CONTROL);
+    let argv: Vec<String> = vec![
+        "aether".into(),
+        "lab-apiserver".into(),
+        "--listen".into(),
+        format!("{APISERVER_IP}:{APISERVER_PORT}"),
+        "--dir".into(),
+        run_dir.join("registry").display().to_string(),
+        "--watch-dir".into(),
+        "--control".into(),
+        control.display().to_string(),
+        "--cluster-ips".into(),
+        ips_file.display().to_string(),
+    ];
+    let _ = std::fs::remove_file(&control);
+    lab.start_apiserver(&argv)?;
+    let bound = Duration::from_secs(30);
+    stop.guard(wait_answer(&control, "/lab/fingerprint", bound))
+        .await?
+        .map_err(|detail| DemoError::ApiServerNotReady {
+            secs: bound.as_secs(),
+            detail,
+            log: run_dir.join("logs").join("apiserver.log"),
+        })?;
+    Ok(vec![
+        ("KUBECONFIG".to_owned(), config.display().to_string()),
+        (
+            "AETHER_RELEASE_NAMESPACE".to_owned(),
+            RELEASE_NAMESPACE.to_owned(),
+        ),
+    ])
+}
 
 /// Starts the daemons, waits for their `/ready`, starts the pods and waits until they listen;
 /// each wait gives way to `stop`.
@@ -428,15 +526,26 @@ async fn start(
     let ca_dir = run_dir.join("ca");
     let mut sockets = Vec::new();
     let mut argvs = std::collections::BTreeMap::new();
+    let env = match opts.registry_source {
+        RegistrySource::File => Vec::new(),
+        RegistrySource::Kube => start_apiserver(lab, opts, planned, stop).await?,
+    };
     let nodes: Vec<String> = planned.plan.nodes.iter().map(|n| n.name.clone()).collect();
     for node in &nodes {
         stop.check()?;
         let state = run_dir.join(format!("node-{node}"));
-        let mut argv: Vec<String> = ["aether", "node", "--node-name", node, "--registry"]
+        let mut argv: Vec<String> = ["aether", "node", "--node-name", node]
             .iter()
             .map(|s| (*s).to_owned())
             .collect();
-        argv.push(registry.display().to_string());
+        match opts.registry_source {
+            RegistrySource::File => {
+                argv.extend(["--registry".to_owned(), registry.display().to_string()]);
+            }
+            RegistrySource::Kube => {
+                argv.extend(["--registry-source".to_owned(), "kube".to_owned()]);
+            }
+        }
         argv.extend([
             "--state-dir".to_owned(),
             state.display().to_string(),
@@ -448,9 +557,16 @@ async fn start(
             opts.netns_prefix.clone(),
         ]);
         argv.extend(opts.daemon_args.iter().cloned());
-        lab.start_daemon(node, &argv)?;
+        lab.start_daemon(node, &argv, &env)?;
         sockets.push((node.clone(), state.join("admin.sock")));
-        argvs.insert(node.clone(), (argv, state.join("admin.sock")));
+        argvs.insert(
+            node.clone(),
+            Daemon {
+                argv,
+                env: env.clone(),
+                socket: state.join("admin.sock"),
+            },
+        );
     }
     for (node, sock) in &sockets {
         stop.guard(wait_ready(sock, Duration::from_secs(30)))
@@ -480,9 +596,15 @@ async fn start(
 
 /// Poll a daemon's `/ready` until it answers 200, at most `bound`; the last answer otherwise.
 async fn wait_ready(sock: &Path, bound: Duration) -> Result<(), String> {
+    wait_answer(sock, "/ready", bound).await
+}
+
+/// Poll `GET path` on a unix socket until it answers 200, at most `bound`; the last answer
+/// otherwise.
+async fn wait_answer(sock: &Path, path: &str, bound: Duration) -> Result<(), String> {
     let deadline = crate::time::now() + bound;
     loop {
-        match legs::admin_get(sock, "/ready").await {
+        match legs::admin_get(sock, path).await {
             Ok(_) => return Ok(()),
             Err(detail) if crate::time::now() > deadline => return Err(detail),
             Err(_) => tokio::time::sleep(Duration::from_millis(100)).await,
@@ -492,23 +614,21 @@ async fn wait_ready(sock: &Path, bound: Duration) -> Result<(), String> {
 
 /// The legs' way to restart a node's daemon: stop it, start it again with the same arguments,
 /// wait for its `/ready`.
-fn restart_hook(
-    lab: Arc<tokio::sync::Mutex<Option<Lab>>>,
-    argvs: std::collections::BTreeMap<String, (Vec<String>, PathBuf)>,
-) -> legs::RestartHook {
+fn restart_hook(lab: Arc<tokio::sync::Mutex<Option<Lab>>>, argvs: Argvs) -> legs::RestartHook {
     let argvs = Arc::new(argvs);
     legs::RestartHook(Arc::new(move |node: String| {
         let lab = lab.clone();
         let argvs = argvs.clone();
         Box::pin(async move {
-            let (argv, sock) = argvs
+            let daemon = argvs
                 .get(&node)
                 .cloned()
                 .ok_or_else(|| format!("no daemon of node {node}"))?;
+            let sock = daemon.socket.clone();
             let mut guard = lab.lock_owned().await;
             let restarted = tokio::task::spawn_blocking(move || {
                 let lab = guard.as_mut().ok_or("the lab is down")?;
-                lab.restart_daemon(&node, &argv)
+                lab.restart_daemon(&node, &daemon.argv, &daemon.env)
                     .map_err(|e| crate::DisplayChain(&e).to_string())
             })
             .await
@@ -521,20 +641,18 @@ fn restart_hook(
 
 /// The UPGRADE leg's hook: start a node's daemon beside the running one and wait until the new
 /// one has taken the listening sockets and serves (it replaces `handoff.sock` then).
-fn upgrade_hook(
-    lab: Arc<tokio::sync::Mutex<Option<Lab>>>,
-    argvs: std::collections::BTreeMap<String, (Vec<String>, PathBuf)>,
-) -> legs::RestartHook {
+fn upgrade_hook(lab: Arc<tokio::sync::Mutex<Option<Lab>>>, argvs: Argvs) -> legs::RestartHook {
     use std::os::unix::fs::MetadataExt;
     let argvs = Arc::new(argvs);
     legs::RestartHook(Arc::new(move |node: String| {
         let lab = lab.clone();
         let argvs = argvs.clone();
         Box::pin(async move {
-            let (argv, sock) = argvs
+            let daemon = argvs
                 .get(&node)
                 .cloned()
                 .ok_or_else(|| format!("no daemon of node {node}"))?;
+            let sock = daemon.socket.clone();
             let handoff = sock.with_file_name("handoff.sock");
             // The new daemon binds its own handoff socket once it serves: a new file (its inode
             // number may be reused, its change time is not).
@@ -547,7 +665,7 @@ fn upgrade_hook(
             let mut guard = lab.lock_owned().await;
             let started = tokio::task::spawn_blocking(move || {
                 let lab = guard.as_mut().ok_or("the lab is down")?;
-                lab.upgrade_daemon(&node, &argv)
+                lab.upgrade_daemon(&node, &daemon.argv, &daemon.env)
                     .map_err(|e| crate::DisplayChain(&e).to_string())
             })
             .await

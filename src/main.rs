@@ -313,6 +313,11 @@ struct DemoArgs {
     /// Write the leg results as JSON to this file.
     #[arg(long)]
     json: Option<PathBuf>,
+    /// Where the daemons read the registry: the manifest directory (`file`), or the lab's API
+    /// server loaded from it (`kube`: the daemons on the Kubernetes source; issue #9 calls it
+    /// `--registry kube`).
+    #[arg(long, value_enum, default_value = "file")]
+    registry_source: aether::node::config::RegistrySource,
 }
 
 #[derive(Debug, clap::Args)]
@@ -931,6 +936,7 @@ fn run_demo(args: &DemoArgs) -> anyhow::Result<ExitCode> {
         legs: args.legs.clone(),
         mesh_domain: "aether.internal".into(),
         daemon_args: Vec::new(),
+        registry_source: args.registry_source,
     };
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .enable_all()

@@ -43,6 +43,14 @@ pub const UNDERLAY_BRIDGE: &str = "ul0";
 pub const POD_IF: &str = "eth0";
 /// The addresses of the nodes on the underlay: node `i` (sorted by name) gets `.(i + 1)`.
 pub const UNDERLAY_SUBNET: &str = "192.168.244.0/24";
+/// The lab's API server on the underlay (`aether lab-apiserver`, Kubernetes-source runs): the
+/// last address of [`UNDERLAY_SUBNET`], which no node gets (at most 253 nodes).
+pub const APISERVER_IP: Ipv4Addr = Ipv4Addr::new(192, 168, 244, 254);
+/// The lab's API server's port.
+pub const APISERVER_PORT: u16 = 6443;
+/// The namespace the daemons run in on the Kubernetes source (`AETHER_RELEASE_NAMESPACE`):
+/// the registrar's Lease is there.
+pub const RELEASE_NAMESPACE: &str = "aether-system";
 /// Where the daemon serves mesh DNS inside each managed pod.
 pub const MESH_DNS: Ipv4Addr = Ipv4Addr::new(127, 0, 0, 53);
 /// The argv\[0\] that [`LabOptions::binary`] replaces.
@@ -248,7 +256,9 @@ pub enum InvalidLab {
         node: String,
     },
     /// More nodes than the underlay has addresses.
-    #[error("{0} nodes: the underlay {UNDERLAY_SUBNET} has room for 254")]
+    #[error(
+        "{0} nodes: the underlay {UNDERLAY_SUBNET} has room for 253 (.254 is the lab's API server)"
+    )]
     TooManyNodes(usize),
     /// A `fieldRef` the lab cannot resolve.
     #[error(
@@ -418,7 +428,7 @@ fn plan_nodes(
             });
         }
     }
-    if subnets.len() > 254 {
+    if subnets.len() > 253 {
         return Err(InvalidLab::TooManyNodes(subnets.len()));
     }
     let underlay: Ipv4Net = UNDERLAY_SUBNET.parse().unwrap_or_default();

@@ -28,8 +28,8 @@ use serde::{Deserialize, Serialize};
 use tokio::net::TcpSocket;
 
 use crate::lab::plan::{
-    AETHER_ARGV0, InvalidLab, LabPlan, NODE_BRIDGE, NODE_UNDERLAY_IF, POD_IF, UNDERLAY_BRIDGE,
-    UNDERLAY_SUBNET,
+    AETHER_ARGV0, APISERVER_IP, InvalidLab, LabPlan, NODE_BRIDGE, NODE_UNDERLAY_IF, POD_IF,
+    UNDERLAY_BRIDGE, UNDERLAY_SUBNET,
 };
 use crate::netns::{NETNS_DIR, Netns, NetnsError};
 use crate::registry::file::FileError;
@@ -480,12 +480,15 @@ impl Lab {
         fs::write(&file, text).map_err(io_err(&file))
     }
 
+    /// Starts `argv` in `netns`. `env`: the whole environment (a pod's), else the caller's;
+    /// `add_env` is added on top either way.
     fn spawn(
         &mut self,
         what: String,
         netns: &str,
         argv: &[String],
         env: Option<&[(String, String)]>,
+        add_env: &[(String, String)],
         log: PathBuf,
     ) -> Result<u32, LabError> {
         let out = File::create(&log).map_err(io_err(&log))?;
@@ -502,6 +505,7 @@ impl Lab {
             cmd.envs(env.iter().map(|(k, v)| (k, v)));
             cmd.envs(self.opts.extra_pod_env.iter().map(|(k, v)| (k, v)));
         }
+        cmd.envs(add_env.iter().map(|(k, v)| (k, v)));
         let child = cmd.spawn().map_err(|source| LabError::Spawn {
             command: format!("ip netns exec {netns} {}", argv.join(" ")),
             source,
@@ -524,35 +528,66 @@ impl Lab {
         Ok(pid)
     }
 
+    /// An argv whose argv\[0\] `aether` is replaced by the plan's binary.
+    fn resolve_argv(&self, what: &str, argv: &[String]) -> Result<Vec<String>, LabError> {
+        let mut argv = argv.to_vec();
+        match argv.first_mut() {
+            None => return Err(LabError::EmptyCommand(what.to_owned())),
+            Some(first) if first == AETHER_ARGV0 => {
+                *first = self.plan.binary.display().to_string();
+            }
+            Some(_) => {}
+        }
+        Ok(argv)
+    }
+
     /// Starts `argv` in node `node`'s namespace (`ip netns exec <node-ns> argv...`), with the
-    /// caller's environment, output to `<run>/logs/node-<node>.log`. An argv\[0\] of `aether` is
-    /// replaced by the plan's binary. Returns the PID.
-    pub fn start_daemon(&mut self, node: &str, argv: &[String]) -> Result<u32, LabError> {
+    /// caller's environment plus `env`, output to `<run>/logs/node-<node>.log`. An argv\[0\] of
+    /// `aether` is replaced by the plan's binary. Returns the PID.
+    pub fn start_daemon(
+        &mut self,
+        node: &str,
+        argv: &[String],
+        env: &[(String, String)],
+    ) -> Result<u32, LabError> {
         let netns = self
             .plan
             .node(node)
             .ok_or_else(|| LabError::UnknownNode(node.to_owned()))?
             .netns
             .clone();
-        let mut argv = argv.to_vec();
-        match argv.first_mut() {
-            None => return Err(LabError::EmptyCommand(format!("node {node}"))),
-            Some(first) if first == AETHER_ARGV0 => {
-                *first = self.plan.binary.display().to_string();
-            }
-            Some(_) => {}
-        }
+        let argv = self.resolve_argv(&format!("node {node}"), argv)?;
         let log = self
             .opts
             .run_dir
             .join("logs")
             .join(format!("node-{node}.log"));
-        self.spawn(format!("node {node}"), &netns, &argv, None, log)
+        self.spawn(format!("node {node}"), &netns, &argv, None, env, log)
+    }
+
+    /// Gives the underlay bridge the address [`APISERVER_IP`] and starts `argv` (the lab's API
+    /// server, which listens there) in the underlay namespace, with the caller's environment,
+    /// output to `<run>/logs/apiserver.log`; every node reaches it over its underlay link. The
+    /// address goes with the namespace when the lab is taken down. Returns the PID.
+    pub fn start_apiserver(&mut self, argv: &[String]) -> Result<u32, LabError> {
+        let underlay = self.plan.underlay_netns.clone();
+        let len = UNDERLAY_SUBNET.split_once('/').map_or("24", |(_, len)| len);
+        ip_line(&format!(
+            "-n {underlay} addr add {APISERVER_IP}/{len} dev {UNDERLAY_BRIDGE}"
+        ))?;
+        let argv = self.resolve_argv("the lab's API server", argv)?;
+        let log = self.opts.run_dir.join("logs").join("apiserver.log");
+        self.spawn("apiserver".to_owned(), &underlay, &argv, None, &[], log)
     }
 
     /// Stops node `node`'s daemon (SIGTERM, SIGKILL after the stop grace) and starts `argv` in
     /// its place; the old log is kept as `node-<node>.log.<n>`. Returns the new PID.
-    pub fn restart_daemon(&mut self, node: &str, argv: &[String]) -> Result<u32, LabError> {
+    pub fn restart_daemon(
+        &mut self,
+        node: &str,
+        argv: &[String],
+        env: &[(String, String)],
+    ) -> Result<u32, LabError> {
         let what = format!("node {node}");
         let mut old: Vec<Started> = Vec::new();
         let mut kept = Vec::new();
@@ -587,14 +622,19 @@ impl Lab {
             .find(|n| !logs.join(format!("node-{node}.log.{n}")).exists())
             .unwrap_or(1);
         let _ = fs::rename(&log, logs.join(format!("node-{node}.log.{n}")));
-        self.start_daemon(node, argv)
+        self.start_daemon(node, argv, env)
     }
 
     /// Starts `argv` as node `node`'s daemon **beside** the running one, which hands its
     /// listening sockets over, drains and exits by itself (`node::handoff`): an upgrade. The
     /// running daemon's log is kept as `node-<node>.log.<n>`, and its exit is expected (never
     /// reported by [`Lab::exited`]). Returns the new PID.
-    pub fn upgrade_daemon(&mut self, node: &str, argv: &[String]) -> Result<u32, LabError> {
+    pub fn upgrade_daemon(
+        &mut self,
+        node: &str,
+        argv: &[String],
+        env: &[(String, String)],
+    ) -> Result<u32, LabError> {
         let what = format!("node {node}");
         for s in &mut self.started {
             if s.record.what == what {
@@ -607,7 +647,7 @@ impl Lab {
             .find(|n| !logs.join(format!("node-{node}.log.{n}")).exists())
             .unwrap_or(1);
         let _ = fs::rename(&log, logs.join(format!("node-{node}.log.{n}")));
-        self.start_daemon(node, argv)
+        self.start_daemon(node, argv, env)
     }
 
     /// Starts every pod's command in its namespace with its manifest's environment (plus
@@ -619,7 +659,7 @@ impl Lab {
         for pod in pods.iter().filter(|p| !p.argv.is_empty()) {
             let log = self.opts.run_dir.join("logs").join(&pod.log_name);
             let what = format!("pod {}/{}", pod.namespace, pod.name);
-            self.spawn(what, &pod.netns, &pod.argv, Some(&pod.env), log)?;
+            self.spawn(what, &pod.netns, &pod.argv, Some(&pod.env), &[], log)?;
             n += 1;
         }
         Ok(n)

@@ -40,6 +40,7 @@ macro_rules! leg {
 mod catalogue;
 mod extra;
 mod hostile;
+mod kube;
 mod rules;
 
 use std::collections::BTreeMap;
@@ -58,6 +59,7 @@ use crate::workload::probe::{
 pub use catalogue::LEGS;
 pub use extra::EXTRA;
 pub use hostile::HOSTILE;
+pub use kube::KUBE;
 pub use rules::RULES;
 
 /// Where the legs run.
@@ -108,6 +110,9 @@ pub struct RegistryControl {
     pub variants: PathBuf,
     /// Each daemon's admin socket.
     pub admin_sockets: Vec<PathBuf>,
+    /// The lab API server's control socket when the daemons run on the Kubernetes source: the
+    /// directory is loaded into that server, and [`Env::settle`] waits for its objects.
+    pub apiserver: Option<PathBuf>,
 }
 
 /// What one leg got.
@@ -271,10 +276,18 @@ impl Env {
     }
 
     /// Wait until every daemon has published a model of the watched directory as it is now.
+    ///
+    /// On the Kubernetes source: the lab's API server rereads the directory, then every daemon
+    /// must hold exactly the server's objects (its fingerprint) with no write of its own still
+    /// to make (`kube_writes_pending`: the registrar's Services, the route statuses, which
+    /// change the server's objects in turn), seen twice 200 ms apart.
     pub async fn settle(&self) -> Result<(), String> {
         let Some(reg) = &self.registry else {
             return Err("no registry control".into());
         };
+        if let Some(control) = &reg.apiserver {
+            return settle_kube(control, &reg.admin_sockets).await;
+        }
         let want = crate::registry::file::fingerprint(&reg.dir)
             .map_err(|e| crate::DisplayChain(&e).to_string())?
             .to_string();
@@ -291,9 +304,9 @@ impl Env {
         }
     }
 
-    /// Replace the overlay: remove every earlier variant's files from the watched registry,
-    /// copy `variant`'s (none for `None`), and wait until every daemon published exactly that.
-    pub async fn overlay(&self, variant: Option<&str>) -> Result<(), String> {
+    /// Swap the overlay files in the watched directory (see [`Env::overlay`]) without waiting;
+    /// whether anything changed.
+    pub fn swap_overlay_files(&self, variant: Option<&str>) -> Result<bool, String> {
         let Some(reg) = &self.registry else {
             return Err("no registry control".into());
         };
@@ -318,7 +331,13 @@ impl Env {
                 }
             }
         }
-        if !changed {
+        Ok(changed)
+    }
+
+    /// Replace the overlay: remove every earlier variant's files from the watched registry,
+    /// copy `variant`'s (none for `None`), and wait until every daemon published exactly that.
+    pub async fn overlay(&self, variant: Option<&str>) -> Result<(), String> {
+        if !self.swap_overlay_files(variant)? {
             return Ok(());
         }
         // Done when every daemon has published a model of exactly this directory's content.
@@ -326,6 +345,48 @@ impl Env {
             .await
             .map_err(|e| format!("overlay {variant:?}: {e}"))
     }
+}
+
+/// How long the daemons get to hold the lab API server's objects after a change.
+const KUBE_SETTLE: Duration = Duration::from_secs(30);
+
+/// [`Env::settle`] on the Kubernetes source.
+async fn settle_kube(control: &std::path::Path, sockets: &[PathBuf]) -> Result<(), String> {
+    control_request(control, "POST", "/lab/reload").await?;
+    let deadline = crate::time::now() + KUBE_SETTLE;
+    let mut agreed_on: Option<String> = None;
+    loop {
+        let want = apiserver_fingerprint(control).await?;
+        let mut all = true;
+        for s in sockets {
+            let body = admin_get(s, "/model").await?;
+            let v: serde_json::Value = serde_json::from_str(&body).map_err(|e| e.to_string())?;
+            let pending = v["kube_writes_pending"].as_bool().unwrap_or(false);
+            all &= !pending && v["registry_fingerprint"].as_str() == Some(want.as_str());
+        }
+        match (all, &agreed_on) {
+            (true, Some(before)) if *before == want => return Ok(()),
+            (true, _) => agreed_on = Some(want.clone()),
+            (false, _) => agreed_on = None,
+        }
+        if crate::time::now() > deadline {
+            let have = fingerprints(sockets).await.unwrap_or_default();
+            return Err(format!(
+                "daemons did not hold the lab API server's objects within {KUBE_SETTLE:?} (server {want}, daemons {have:?})"
+            ));
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+}
+
+/// The lab API server's fingerprint (`GET /lab/fingerprint`).
+pub async fn apiserver_fingerprint(control: &std::path::Path) -> Result<String, String> {
+    let body = control_request(control, "GET", "/lab/fingerprint").await?;
+    let v: serde_json::Value = serde_json::from_str(&body).map_err(|e| e.to_string())?;
+    v["fingerprint"]
+        .as_str()
+        .map(str::to_owned)
+        .ok_or_else(|| format!("no fingerprint in {body:?}"))
 }
 
 /// Invariant I3 (addressing.md §12, legs.md §1.5): an answer from an echo (it carries
@@ -367,26 +428,43 @@ pub async fn fingerprints(sockets: &[PathBuf]) -> Result<Vec<String>, String> {
 
 /// GET a path on a daemon's admin unix socket; the body.
 pub async fn admin_get(socket: &std::path::Path, path: &str) -> Result<String, String> {
+    control_request(socket, "GET", path).await
+}
+
+/// One request without a body on a unix socket that speaks HTTP/1.1 (a daemon's admin socket,
+/// the lab API server's control socket); the body of a 200, else an error naming the status.
+pub async fn control_request(
+    socket: &std::path::Path,
+    method: &str,
+    path: &str,
+) -> Result<String, String> {
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
     let mut s = tokio::net::UnixStream::connect(socket)
         .await
         .map_err(|e| format!("{}: {e}", socket.display()))?;
+    let length = if method == "GET" {
+        ""
+    } else {
+        "Content-Length: 0\r\n"
+    };
     s.write_all(
-        format!("GET {path} HTTP/1.1\r\nHost: admin\r\nConnection: close\r\n\r\n").as_bytes(),
+        format!("{method} {path} HTTP/1.1\r\nHost: admin\r\n{length}Connection: close\r\n\r\n")
+            .as_bytes(),
     )
     .await
     .map_err(|e| e.to_string())?;
     let mut buf = Vec::new();
-    tokio::time::timeout(Duration::from_secs(3), s.read_to_end(&mut buf))
+    tokio::time::timeout(Duration::from_secs(10), s.read_to_end(&mut buf))
         .await
-        .map_err(|_| "admin socket timed out".to_owned())?
+        .map_err(|_| format!("{} timed out", socket.display()))?
         .map_err(|e| e.to_string())?;
     let text = String::from_utf8_lossy(&buf);
     let (head, body) = text.split_once("\r\n\r\n").unwrap_or((&text, ""));
     if !head.starts_with("HTTP/1.1 200") {
         return Err(format!(
-            "admin {path}: {}",
-            head.lines().next().unwrap_or("")
+            "{method} {path}: {} {}",
+            head.lines().next().unwrap_or(""),
+            body.trim()
         ));
     }
     Ok(body.to_owned())
@@ -395,7 +473,20 @@ pub async fn admin_get(socket: &std::path::Path, path: &str) -> Result<String, S
 /// Run the legs whose id matches `filter` (all for `None`), in catalogue order.
 pub async fn run(env: &Env, filter: Option<&[String]>) -> Vec<LegResult> {
     let mut out = Vec::new();
-    for leg in LEGS.iter().chain(EXTRA).chain(RULES).chain(HOSTILE) {
+    // The Kubernetes source's own legs are listed only where the daemons are on it.
+    let kube: &[Leg] = match &env.registry {
+        Some(RegistryControl {
+            apiserver: Some(_), ..
+        }) => KUBE,
+        _ => &[],
+    };
+    for leg in LEGS
+        .iter()
+        .chain(EXTRA)
+        .chain(RULES)
+        .chain(HOSTILE)
+        .chain(kube)
+    {
         if let Some(f) = filter
             && !f.iter().any(|id| id.eq_ignore_ascii_case(leg.id))
         {

@@ -192,6 +192,7 @@ mod tests {
             "web"
         );
         assert_eq!(slice.1["endpoints"][0]["addresses"][0], "10.244.1.5");
+        let _ = std::fs::remove_dir_all(&dir);
     }
 
     #[test]
@@ -206,6 +207,7 @@ mod tests {
         let e = load(&dir).unwrap_err().to_string();
         assert!(e.contains("b.yaml, document 2"), "{e}");
         assert!(e.contains("Deployment"), "{e}");
+        let _ = std::fs::remove_dir_all(&dir);
     }
 
     fn tempdir(what: &str) -> PathBuf {

@@ -154,10 +154,19 @@ pub fn parse_path(path: &str) -> Result<ApiPath, InvalidPath> {
             plural: plural.to_owned(),
         })
     };
-    // `namespaces/<ns>/<plural>...` names a namespaced type; `namespaces[/<name>]` the
-    // Namespaces themselves.
+    // `namespaces/<ns>/<plural>...` names a namespaced type; `namespaces[/<name>[/status]]`
+    // the Namespaces themselves.
+    if let (true, ["namespaces", name, "status"]) = (group.is_empty(), rest) {
+        return Ok(ApiPath {
+            resource: lookup("namespaces")?,
+            version: version.to_owned(),
+            namespace: None,
+            name: Some((*name).to_owned()),
+            status: true,
+        });
+    }
     let (resource, namespace, tail) = match rest {
-        ["namespaces", ns, plural, tail @ ..] if group.is_empty() || !ns.is_empty() => {
+        ["namespaces", ns, plural, tail @ ..] => {
             let r = lookup(plural)?;
             if !r.namespaced {
                 return Err(InvalidPath::Shape);
@@ -206,6 +215,11 @@ mod tests {
         assert_eq!(
             (p.resource.kind, p.name.as_deref()),
             ("Namespace", Some("mp"))
+        );
+        let p = parse_path("/api/v1/namespaces/mp/status").unwrap();
+        assert_eq!(
+            (p.resource.kind, p.name.as_deref(), p.status),
+            ("Namespace", Some("mp"), true)
         );
         let p = parse_path("/api/v1/namespaces").unwrap();
         assert_eq!((p.resource.kind, p.name), ("Namespace", None));

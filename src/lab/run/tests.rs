@@ -265,7 +265,7 @@ fn started_processes_see_their_env_and_resolv_conf_and_are_stopped_by_down_or_st
     ));
     assert_eq!(lab.start_pods().unwrap(), 1);
     let daemon = lab
-        .start_daemon("n1", &["sleep".to_owned(), "60".to_owned()])
+        .start_daemon("n1", &["sleep".to_owned(), "60".to_owned()], &[])
         .unwrap();
     let log = lab.pod_log("shop", "one").unwrap();
     wait_for("the pod's log", || {
@@ -288,7 +288,7 @@ fn started_processes_see_their_env_and_resolv_conf_and_are_stopped_by_down_or_st
     // A crashed run (never taken down): cleanup_stale removes its processes and namespaces.
     let mut lab = Lab::up(plan(), UpOptions::new(&run_dir)).unwrap();
     let daemon = lab
-        .start_daemon("n2", &["sleep".to_owned(), "60".to_owned()])
+        .start_daemon("n2", &["sleep".to_owned(), "60".to_owned()], &[])
         .unwrap();
     std::mem::forget(lab);
     assert!(matches!(

@@ -1,0 +1,200 @@
+//! Legs that only the Kubernetes source has (issue #9, "How it is verified"): the lab's API
+//! server stops mid-watch, or forgets its history, and the daemons must keep the last model and
+//! then recover with no stale object left. They run only when the daemons are on the lab's API
+//! server ([`super::RegistryControl::apiserver`]); a file-registry run does not list them.
+//!
+//! The answer they watch is the `swap` overlay's: mp-multi:8080 through the loopback proxy port
+//! carries `x-swap: 1` while the overlay's HTTPRoute is held, and none without it.
+
+use std::time::Duration;
+
+use crate::lab::plan::RELEASE_NAMESPACE;
+
+use super::{
+    Check, Env, Leg, apiserver_fingerprint, control_request, echo, fingerprints, get_host,
+    loopback, probe,
+};
+
+/// The legs (see the module doc).
+pub static KUBE: &[Leg] = &[
+    leg!(
+        "KWRITES",
+        "the registrar (its Lease, the generated Services by server-side apply) and the route-status writer write through the API server",
+        None,
+        writes
+    ),
+    leg!(
+        "KSTOP",
+        "the API server stops mid-watch: the last model is served; it starts: a later change is picked up",
+        None,
+        stopped
+    ),
+    leg!(
+        "KEXPIRE",
+        "the API server forgets its history (410 Gone): the daemons relist, and a deleted route is gone",
+        None,
+        expired
+    ),
+];
+
+const CLIENT: &str = "mp-client-nocapture";
+
+/// The registrar's Lease (in [`RELEASE_NAMESPACE`]).
+const LEASE: &str = "aether-registrar";
+
+/// The lab API server's control socket and the daemons' admin sockets.
+fn sockets(env: &Env) -> Result<(&std::path::Path, &[std::path::PathBuf]), String> {
+    let reg = env
+        .registry
+        .as_ref()
+        .ok_or_else(|| env.not_here(super::Need::RegistryControl))?;
+    let control = reg
+        .apiserver
+        .as_deref()
+        .ok_or_else(|| env.not_here(super::Need::RegistryControl))?;
+    Ok((control, &reg.admin_sockets))
+}
+
+/// mp-multi:8080 through the loopback proxy port: an echo, and its `x-swap` header.
+async fn x_swap(env: &Env) -> Result<Option<String>, String> {
+    let host = format!("{}:8080", env.mesh("mp-multi"));
+    let o = env
+        .probe(CLIENT, &probe(loopback(), get_host("/", &host)))
+        .await?;
+    echo(&o, "mp-multi", 8080)?;
+    Ok(o.header("x-swap").map(str::to_owned))
+}
+
+/// Runs `steps` with the server to be started again and the overlay removed afterwards,
+/// whatever `steps` returned: a failed leg never leaves the next one a stopped server.
+async fn restoring(
+    env: &Env,
+    control: &std::path::Path,
+    steps: impl Future<Output = Check>,
+) -> Check {
+    let out = steps.await;
+    let started = control_request(control, "POST", "/lab/start").await;
+    let reset = env.overlay(None).await;
+    let out = out?;
+    started?;
+    reset.map_err(|e| format!("removing the overlay: {e}"))?;
+    Ok(out)
+}
+
+async fn stopped(env: &Env) -> Check {
+    let (control, admin) = sockets(env)?;
+    env.overlay(None).await?;
+    if let Some(v) = x_swap(env).await? {
+        return Err(format!("before the change: x-swap {v:?}, want none"));
+    }
+    let held = fingerprints(admin).await?;
+    control_request(control, "POST", "/lab/stop").await?;
+    restoring(env, control, async {
+        // The change is made while no watch is open: the server holds it, no daemon sees it.
+        env.swap_overlay_files(Some("swap"))?;
+        control_request(control, "POST", "/lab/reload").await?;
+        let server = apiserver_fingerprint(control).await?;
+        tokio::time::sleep(Duration::from_secs(1)).await;
+        let now = fingerprints(admin).await?;
+        if now != held || now.contains(&server) {
+            return Err(format!(
+                "while the server was stopped the daemons' models changed: {held:?} → {now:?}"
+            ));
+        }
+        if let Some(v) = x_swap(env).await.map_err(|e| format!("while stopped: {e}"))? {
+            return Err(format!("while stopped: x-swap {v:?}, want the last model's none"));
+        }
+        control_request(control, "POST", "/lab/start").await?;
+        env.settle().await.map_err(|e| format!("after the start: {e}"))?;
+        match x_swap(env).await? {
+            Some(v) if v == "1" => Ok(
+                "stopped: the last model served (echo, no x-swap); started: the change served (x-swap: 1)"
+                    .into(),
+            ),
+            other => Err(format!("after the start: x-swap {other:?}, want \"1\"")),
+        }
+    })
+    .await
+}
+
+async fn expired(env: &Env) -> Check {
+    let (control, _) = sockets(env)?;
+    env.overlay(Some("swap")).await?;
+    if x_swap(env).await?.as_deref() != Some("1") {
+        return Err("with the swap overlay: no x-swap: 1".into());
+    }
+    control_request(control, "POST", "/lab/stop").await?;
+    restoring(env, control, async {
+        // The routes are deleted while no watch is open, then the history that holds their
+        // deletion is dropped: a watch that resumes gets 410 Gone, and only a relist can show
+        // that they are gone.
+        env.swap_overlay_files(None)?;
+        control_request(control, "POST", "/lab/reload").await?;
+        control_request(control, "POST", "/lab/expire").await?;
+        control_request(control, "POST", "/lab/start").await?;
+        env.settle()
+            .await
+            .map_err(|e| format!("after the relist: {e}"))?;
+        match x_swap(env).await? {
+            None => Ok("relisted: the deleted route is gone (echo, no x-swap)".into()),
+            Some(v) => Err(format!(
+                "after the relist: x-swap {v:?}: a deleted route is still held"
+            )),
+        }
+    })
+    .await
+}
+
+async fn writes(env: &Env) -> Check {
+    use crate::registry::kube::generated::FIELD_MANAGER;
+    let (control, _) = sockets(env)?;
+    env.settle().await?;
+    let json = |body: String| -> Result<serde_json::Value, String> {
+        serde_json::from_str(&body).map_err(|e| e.to_string())
+    };
+    let leases = json(
+        control_request(
+            control,
+            "GET",
+            &format!(
+                "/lab/objects/coordination.k8s.io/leases?namespace={}",
+                RELEASE_NAMESPACE
+            ),
+        )
+        .await?,
+    )?;
+    let holder = leases
+        .as_array()
+        .into_iter()
+        .flatten()
+        .find(|l| l["metadata"]["name"] == LEASE)
+        .and_then(|l| l["spec"]["holderIdentity"].as_str().map(str::to_owned))
+        .ok_or_else(|| format!("no Lease {LEASE} with a holder in {}", RELEASE_NAMESPACE))?;
+    let writes = json(control_request(control, "GET", "/lab/writes").await?)?;
+    let rows = writes.as_array().cloned().unwrap_or_default();
+    let count = |f: &dyn Fn(&serde_json::Value) -> bool| -> u64 {
+        rows.iter()
+            .filter(|r| f(r))
+            .filter_map(|r| r["count"].as_u64())
+            .sum()
+    };
+    let applies = count(&|r| {
+        r["verb"] == "apply" && r["resource"] == "services" && r["field_manager"] == FIELD_MANAGER
+    });
+    if applies == 0 {
+        return Err(format!(
+            "no server-side apply of a Service by {FIELD_MANAGER}; writes: {writes}"
+        ));
+    }
+    let statuses = count(&|r| {
+        r["resource"]
+            .as_str()
+            .is_some_and(|res| res.ends_with("/status") && res.contains("routes"))
+    });
+    if statuses == 0 {
+        return Err(format!("no route status written; writes: {writes}"));
+    }
+    Ok(format!(
+        "Lease held by {holder}; {applies} Service applies by {FIELD_MANAGER}; {statuses} route status writes"
+    ))
+}
