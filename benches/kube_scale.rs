@@ -1,0 +1,431 @@
+//! Scale benchmark of the Kubernetes source (issue #9 §1): every node watches every pod, so what
+//! does a node hold, and what does one reload cost, with 10,000 and 100,000 pods in the stores?
+//!
+//! The objects are synthetic but shaped as an API server sends them ([`cluster`]: Deployment
+//! pods of a few KiB of JSON with managed fields, ten per ServiceAccount, mesh annotations mixing
+//! HTTP and raw TCP, user Services with their EndpointSlices, HTTPRoutes, the registrar's
+//! generated Services). A scripted API server (`tower-test`, as the watch tests use) lists them
+//! in pages of 500 to the real watches ([`KubeSource`]). Measured, each beside a baseline run in
+//! the same process:
+//!
+//! 1. **CPU per watch event** (one pod changed anywhere in the cluster reaches every node): the
+//!    JSON of one `MODIFIED` event deserialized and stored, as kube-rs does it by default (`Pod`,
+//!    stored whole) and as the source does it (`DeserializeGuard<Pod>`, trimmed, stored); the
+//!    baseline is parsing the same bytes into nothing (`serde::de::IgnoredAny`).
+//! 2. **Memory held by the pod store** (jemalloc `stats.allocated` after an epoch advance, before
+//!    and after the initial list): the source's store (trimmed) against a kube-rs reflector on
+//!    the same pods (untrimmed), bytes per pod, beside the pod's JSON size on the wire.
+//! 3. **One reload** on the whole cluster, as `node::load` does it: the copy out of the stores
+//!    (`KubeSource::objects`), `objects::fingerprint`, `objects::snapshot`, `model::compile`,
+//!    the DNS table, and freeing the copy; the median time of several runs, each against cloning
+//!    the snapshot (the least any reload must touch), and the peak extra memory of the reload
+//!    (jemalloc's `thread.peak` of the fresh thread that runs it, as `spawn_blocking` would).
+//!
+//! No timing is asserted; the bench prints tables. Run: `cargo bench --bench kube_scale`.
+//! `AETHER_KUBE_SCALE_PODS` (default `10000,100000`) and `AETHER_KUBE_SCALE_RUNS` (default 5)
+//! change the sizes and the runs per figure.
+#![allow(clippy::print_stdout, missing_docs)] // A benchmark harness reports on stdout.
+
+#[path = "kube_scale/cluster.rs"]
+mod cluster;
+
+use std::collections::BTreeSet;
+use std::time::Duration;
+
+use anyhow::{Context, Result};
+use futures_util::StreamExt;
+use k8s_openapi::api::core::v1::Pod;
+use kube::core::{DeserializeGuard, WatchEvent};
+use kube::runtime::reflector::{self, Store};
+use kube::runtime::watcher::{self, Event};
+use kube::runtime::{WatchStreamExt, reflector::store::Writer};
+use kube::{Api, Client};
+use tikv_jemalloc_ctl::{epoch, stats};
+use tokio::runtime::Runtime;
+use tokio::sync::mpsc;
+
+use aether::dns::DnsTable;
+use aether::model::{NodeContext, compile};
+use aether::registry::kube::objects::{fingerprint, snapshot, trim_pod};
+use aether::registry::kube::watch::{KubeSource, WatchSettings};
+use aether::time::now;
+
+use cluster::{Cluster, Server};
+
+#[global_allocator]
+static ALLOC: tikv_jemallocator::Jemalloc = tikv_jemallocator::Jemalloc;
+
+/// Pods whose events are replayed for the per-event figures.
+const EVENT_SAMPLE: usize = 2_000;
+
+fn main() -> Result<()> {
+    let sizes: Vec<usize> = std::env::var("AETHER_KUBE_SCALE_PODS")
+        .unwrap_or_else(|_| "10000,100000".into())
+        .split(',')
+        .map(|v| v.trim().parse().context("AETHER_KUBE_SCALE_PODS"))
+        .collect::<Result<_>>()?;
+    let runs: usize = match std::env::var("AETHER_KUBE_SCALE_RUNS") {
+        Ok(v) => v.parse().context("AETHER_KUBE_SCALE_RUNS")?,
+        Err(_) => 5,
+    };
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .context("start the runtime")?;
+    println!("load average at start: {}", loadavg());
+    for n in sizes {
+        let c = Cluster { pods: n };
+        println!("\n## {n} pods: {}", c.describe());
+        per_event(&c, runs);
+        pod_store(&rt, &c)?;
+        reload(&rt, &c, runs)?;
+    }
+    println!("\nload average at end: {}", loadavg());
+    Ok(())
+}
+
+fn loadavg() -> String {
+    std::fs::read_to_string("/proc/loadavg")
+        .map(|l| l.split_whitespace().take(3).collect::<Vec<_>>().join(" "))
+        .unwrap_or_else(|_| "unknown".into())
+}
+
+/// Heap bytes allocated now, over the process (jemalloc's statistics, refreshed).
+fn allocated() -> u64 {
+    let _ = epoch::advance();
+    stats::allocated::read().map_or(0, |v| v as u64)
+}
+
+/// The most heap this thread held at once since it started, net of what it freed (jemalloc's
+/// `thread.peak`, accurate to about 100 KiB).
+#[allow(unsafe_code)]
+fn thread_peak() -> u64 {
+    // SAFETY: `thread.peak.read` is a read-only mallctl of type `uint64_t` (jemalloc 5.3), read
+    // here as a u64.
+    unsafe { tikv_jemalloc_ctl::raw::read::<u64>(b"thread.peak.read\0") }.unwrap_or(0)
+}
+
+fn median(mut v: Vec<f64>) -> f64 {
+    v.sort_by(f64::total_cmp);
+    v[v.len() / 2]
+}
+
+fn mib(bytes: u64) -> f64 {
+    bytes as f64 / (1024.0 * 1024.0)
+}
+
+/// Figure 1: the CPU a node spends on one pod's watch event.
+fn per_event(c: &Cluster, runs: usize) {
+    let sample = c.pods.min(EVENT_SAMPLE);
+    let events: Vec<Vec<u8>> = (0..sample)
+        .map(|p| {
+            let e = serde_json::json!({"type": "MODIFIED", "object": c.pod(p * (c.pods / sample))});
+            serde_json::to_vec(&e).expect("an event serializes")
+        })
+        .collect();
+    let wire = events.iter().map(Vec::len).sum::<usize>() / sample;
+    let trimmed_json = {
+        let mut pod: Pod = serde_json::from_value(c.pod(0)).expect("a generated pod");
+        trim_pod(&mut pod);
+        serde_json::to_vec(&pod).map_or(0, |v| v.len())
+    };
+    let per_pod = |f: &mut dyn FnMut(&[u8])| {
+        let t = now();
+        for e in &events {
+            f(e);
+        }
+        t.elapsed().as_secs_f64() * 1e6 / sample as f64
+    };
+    let mut rows: [Vec<f64>; 5] = Default::default();
+    for _ in 0..runs {
+        rows[0].push(per_pod(&mut |e| {
+            let _: serde::de::IgnoredAny = serde_json::from_slice(e).expect("json");
+        }));
+        rows[1].push(per_pod(&mut |e| {
+            let _: WatchEvent<Pod> = serde_json::from_slice(e).expect("a pod event");
+        }));
+        rows[2].push(per_pod(&mut |e| {
+            let _: WatchEvent<DeserializeGuard<Pod>> =
+                serde_json::from_slice(e).expect("a pod event");
+        }));
+        let mut plain: Writer<Pod> = Writer::default();
+        rows[3].push(per_pod(&mut |e| {
+            if let WatchEvent::Modified(pod) = serde_json::from_slice(e).expect("a pod event") {
+                plain.apply_watcher_event(&Event::Apply(pod));
+            }
+        }));
+        drop(plain);
+        let mut guarded: Writer<DeserializeGuard<Pod>> = Writer::default();
+        rows[4].push(per_pod(&mut |e| {
+            if let WatchEvent::Modified(mut guard) =
+                serde_json::from_slice::<WatchEvent<DeserializeGuard<Pod>>>(e).expect("a pod event")
+            {
+                if let Ok(pod) = &mut guard.0 {
+                    trim_pod(pod);
+                }
+                guarded.apply_watcher_event(&Event::Apply(guard));
+            }
+        }));
+    }
+    let base = median(rows[0].clone());
+    println!(
+        "\n### CPU per pod watch event ({sample} distinct pods, median of {runs} runs)\n\n\
+         One `MODIFIED` event is {wire} bytes of JSON (the pod trimmed would be {trimmed_json}); \
+         a `Pod` value is {} bytes before any of its heap fields.\n",
+        size_of::<Pod>()
+    );
+    println!("| step | µs per event | ratio to parsing only |");
+    println!("|---|---|---|");
+    let names = [
+        "baseline: parse the JSON into nothing (`IgnoredAny`)",
+        "into `WatchEvent<Pod>` (kube-rs default)",
+        "into `WatchEvent<DeserializeGuard<Pod>>` (the source: buffered, then typed)",
+        "kube-rs default: `Pod`, stored whole",
+        "the source: `DeserializeGuard<Pod>`, trimmed, stored",
+    ];
+    for (name, r) in names.iter().zip(rows) {
+        let m = median(r);
+        println!("| {name} | {m:.1} | {:.2} |", m / base);
+    }
+}
+
+async fn until(mut ready: impl FnMut() -> bool) {
+    while !ready() {
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+}
+
+/// What one initial list of the pods cost, and what the store then holds.
+struct Listed {
+    held: u64,
+    secs: f64,
+    server_secs: f64,
+    wire: u64,
+}
+
+impl Listed {
+    fn row(&self, name: &str, pods: usize, base: Option<u64>) {
+        let per_pod = self.held as f64 / pods as f64;
+        let client = self.secs - self.server_secs;
+        println!(
+            "| {name} | {:.1} | {per_pod:.0} | {} | {:.2} | {:.1} |",
+            mib(self.held),
+            base.map_or("1".into(), |b| format!(
+                "{:.3}",
+                self.held as f64 / b as f64
+            )),
+            per_pod / (self.wire as f64 / pods as f64),
+            client * 1e6 / pods as f64,
+        );
+    }
+}
+
+/// Start the source's watches on `server`'s client and wait until every kind has listed.
+fn start_source(rt: &Runtime, client: &Client) -> KubeSource {
+    let (tx, _rx) = mpsc::channel(1);
+    rt.block_on(async {
+        let source = KubeSource::start(client, &WatchSettings::default(), &tx);
+        until(|| source.synced()).await;
+        source
+    })
+}
+
+/// Figure 2: the pod store, trimmed (the source) and untrimmed (a kube-rs reflector).
+fn pod_store(rt: &Runtime, c: &Cluster) -> Result<()> {
+    let before = allocated();
+    let t = now();
+    let (server, client) = rt.block_on(async { Server::start(c.collections(false)) });
+    let source = start_source(rt, &client);
+    let trimmed = Listed {
+        held: allocated().saturating_sub(before),
+        secs: t.elapsed().as_secs_f64(),
+        server_secs: server.generating_secs(),
+        wire: server.sent.load(std::sync::atomic::Ordering::Relaxed),
+    };
+    drop((source, client, server));
+
+    let before = allocated();
+    let t = now();
+    let (server, client) = rt.block_on(async { Server::start(c.collections(false)) });
+    let store: Store<Pod> = rt.block_on(async {
+        let (reader, writer) = reflector::store();
+        let api = Api::<Pod>::all(client.clone());
+        let stream = kube::runtime::watcher(api, watcher::Config::default())
+            .default_backoff()
+            .reflect(writer);
+        tokio::spawn(stream.for_each(|_| std::future::ready(())));
+        reader.wait_until_ready().await.context("the store")?;
+        anyhow::Ok(reader)
+    })?;
+    let whole = Listed {
+        held: allocated().saturating_sub(before),
+        secs: t.elapsed().as_secs_f64(),
+        server_secs: server.generating_secs(),
+        wire: server.sent.load(std::sync::atomic::Ordering::Relaxed),
+    };
+    anyhow::ensure!(
+        store.len() == c.pods,
+        "listed {} of {}",
+        store.len(),
+        c.pods
+    );
+    drop((store, client, server));
+
+    println!(
+        "\n### Pod store after the initial list ({} pods, pages of 500)\n",
+        c.pods
+    );
+    println!(
+        "| store | MiB held | bytes per pod | ratio to untrimmed | bytes held per byte of JSON | client µs per pod listed |"
+    );
+    println!("|---|---|---|---|---|---|");
+    whole.row("kube-rs default (`Pod`, untrimmed)", c.pods, None);
+    trimmed.row(
+        "the source (`DeserializeGuard<Pod>`, trimmed)",
+        c.pods,
+        Some(whole.held),
+    );
+    println!(
+        "(list bodies: {:.1} MiB on the wire; \"client µs\" is the list's wall time less the scripted server's)",
+        mib(whole.wire)
+    );
+    Ok(())
+}
+
+/// One reload's step times (seconds) and its peak extra memory.
+struct Reload {
+    steps: [f64; 6],
+    baseline: f64,
+    peak: u64,
+}
+
+const STEPS: [&str; 6] = [
+    "copy out of the stores (`KubeSource::objects`)",
+    "`objects::fingerprint`",
+    "`objects::snapshot` (convert every object)",
+    "`model::compile`",
+    "DNS table (`DnsTable::build`)",
+    "free the copy",
+];
+
+/// Figure 3: one reload of the whole cluster, as `node::load` does it.
+fn reload(rt: &Runtime, c: &Cluster, runs: usize) -> Result<()> {
+    let collections = c.collections(true);
+    let before = allocated();
+    let t = now();
+    let (server, client) = rt.block_on(async { Server::start(collections) });
+    let source = start_source(rt, &client);
+    let sync_secs = t.elapsed().as_secs_f64();
+    let held = allocated().saturating_sub(before);
+    let ctx = NodeContext {
+        node: Some("node-0".into()),
+        ignored_namespaces: BTreeSet::from(["kube-system".to_owned()]),
+        now_ms: 1_000_000,
+        ..NodeContext::default()
+    };
+
+    let mut reloads = Vec::new();
+    let mut model_bytes = 0;
+    let mut facts = String::new();
+    for _ in 0..runs {
+        let before = allocated();
+        let (r, model) = std::thread::scope(|scope| {
+            scope
+                .spawn(|| {
+                    let mut steps = [0.0; 6];
+                    let mut step = |i: usize, t: std::time::Instant| {
+                        steps[i] = t.elapsed().as_secs_f64();
+                    };
+                    let t = now();
+                    let (objects, invalid) = source.objects();
+                    step(0, t);
+                    let t = now();
+                    let fp = fingerprint(&objects);
+                    step(1, t);
+                    let t = now();
+                    let (snap, problems) = snapshot(&objects);
+                    step(2, t);
+                    let t = now();
+                    let model = compile(&snap, &ctx);
+                    step(3, t);
+                    let t = now();
+                    let dns = DnsTable::build(&snap, &ctx.domains, true);
+                    step(4, t);
+                    let t = now();
+                    drop(objects);
+                    step(5, t);
+                    let peak = thread_peak();
+                    let t = now();
+                    let copy = snap.clone();
+                    let baseline = t.elapsed().as_secs_f64();
+                    drop(copy);
+                    let facts = format!(
+                        "{} rows, {} Services, {} EndpointSlices, {} HTTPRoutes in the snapshot; \
+                         {} objects left out, {} not deserialized; fingerprint {fp:016x}",
+                        snap.rows.len(),
+                        snap.services.len(),
+                        snap.endpoint_slices.len(),
+                        snap.http_routes.len(),
+                        problems.len(),
+                        invalid.objects.len()
+                    );
+                    drop((snap, dns));
+                    (
+                        Reload {
+                            steps,
+                            baseline,
+                            peak,
+                        },
+                        (model, facts),
+                    )
+                })
+                .join()
+                .expect("the reload thread")
+        });
+        model_bytes = allocated().saturating_sub(before);
+        facts = model.1;
+        drop(model.0);
+        reloads.push(r);
+    }
+    drop((source, client, server));
+
+    let base = median(reloads.iter().map(|r| r.baseline).collect());
+    println!(
+        "\n### One reload of the whole cluster (median of {runs} runs)\n\n\
+         {facts}. The stores of every kind hold {:.1} MiB after the initial lists ({sync_secs:.1} s \
+         for all of them, the scripted server's page building included); the compiled model keeps \
+         {:.1} MiB.\n",
+        mib(held),
+        mib(model_bytes)
+    );
+    println!("| step | ms | ratio to cloning the snapshot |");
+    println!("|---|---|---|");
+    let mut total = Vec::new();
+    for (i, name) in STEPS.iter().enumerate() {
+        let m = median(reloads.iter().map(|r| r.steps[i]).collect());
+        println!("| {name} | {:.1} | {:.2} |", m * 1e3, m / base);
+    }
+    for r in &reloads {
+        total.push(r.steps.iter().sum::<f64>());
+    }
+    let total = median(total);
+    println!(
+        "| **the whole reload** | {:.1} | {:.2} |",
+        total * 1e3,
+        total / base
+    );
+    println!("| baseline: clone the snapshot | {:.1} | 1 |", base * 1e3);
+    let peak = median(reloads.iter().map(|r| r.peak as f64).collect()) as u64;
+    println!(
+        "\nPeak extra memory of one reload: {:.1} MiB ({:.2} × the stores' {:.1} MiB); the runs' \
+         totals in ms: {:?}",
+        mib(peak),
+        peak as f64 / held as f64,
+        mib(held),
+        reloads
+            .iter()
+            .map(|r| (r.steps.iter().sum::<f64>() * 1e3).round())
+            .collect::<Vec<_>>()
+    );
+    Ok(())
+}
