@@ -10,7 +10,8 @@
 //!
 //! 1. **CPU per watch event** (one pod changed anywhere in the cluster reaches every node): the
 //!    JSON of one `MODIFIED` event deserialized and stored, as kube-rs does it by default (`Pod`,
-//!    stored whole) and as the source does it (`DeserializeGuard<Pod>`, trimmed, stored); the
+//!    stored whole) and as the source does it (`Stored<Pod>`: kube's `DeserializeGuard`, the pod
+//!    behind its own `Arc`, trimmed, stored); the
 //!    baseline is parsing the same bytes into nothing (`serde::de::IgnoredAny`).
 //! 2. **Memory held by the pod store** (jemalloc `stats.allocated` after an epoch advance, before
 //!    and after the initial list): the source's store (trimmed) against a kube-rs reflector on
@@ -35,7 +36,7 @@ use std::time::Duration;
 use anyhow::{Context, Result};
 use futures_util::StreamExt;
 use k8s_openapi::api::core::v1::Pod;
-use kube::core::{DeserializeGuard, WatchEvent};
+use kube::core::WatchEvent;
 use kube::runtime::reflector::{self, Store};
 use kube::runtime::watcher::{self, Event};
 use kube::runtime::{WatchStreamExt, reflector::store::Writer};
@@ -47,7 +48,7 @@ use tokio::sync::mpsc;
 use aether::dns::DnsTable;
 use aether::model::{NodeContext, compile};
 use aether::registry::kube::objects::{fingerprint, snapshot, trim_pod};
-use aether::registry::kube::watch::{KubeSource, WatchSettings};
+use aether::registry::kube::watch::{KubeSource, Stored, WatchSettings};
 use aether::time::now;
 
 use cluster::{Cluster, Server};
@@ -145,8 +146,7 @@ fn per_event(c: &Cluster, runs: usize) {
             let _: WatchEvent<Pod> = serde_json::from_slice(e).expect("a pod event");
         }));
         rows[2].push(per_pod(&mut |e| {
-            let _: WatchEvent<DeserializeGuard<Pod>> =
-                serde_json::from_slice(e).expect("a pod event");
+            let _: WatchEvent<Stored<Pod>> = serde_json::from_slice(e).expect("a pod event");
         }));
         let mut plain: Writer<Pod> = Writer::default();
         rows[3].push(per_pod(&mut |e| {
@@ -155,13 +155,13 @@ fn per_event(c: &Cluster, runs: usize) {
             }
         }));
         drop(plain);
-        let mut guarded: Writer<DeserializeGuard<Pod>> = Writer::default();
+        let mut guarded: Writer<Stored<Pod>> = Writer::default();
         rows[4].push(per_pod(&mut |e| {
             if let WatchEvent::Modified(mut guard) =
-                serde_json::from_slice::<WatchEvent<DeserializeGuard<Pod>>>(e).expect("a pod event")
+                serde_json::from_slice::<WatchEvent<Stored<Pod>>>(e).expect("a pod event")
             {
                 if let Ok(pod) = &mut guard.0 {
-                    trim_pod(pod);
+                    trim_pod(std::sync::Arc::make_mut(pod));
                 }
                 guarded.apply_watcher_event(&Event::Apply(guard));
             }
@@ -179,9 +179,9 @@ fn per_event(c: &Cluster, runs: usize) {
     let names = [
         "baseline: parse the JSON into nothing (`IgnoredAny`)",
         "into `WatchEvent<Pod>` (kube-rs default)",
-        "into `WatchEvent<DeserializeGuard<Pod>>` (the source: buffered, then typed)",
+        "into `WatchEvent<Stored<Pod>>` (the source: kube's `DeserializeGuard`, buffered, then typed)",
         "kube-rs default: `Pod`, stored whole",
-        "the source: `DeserializeGuard<Pod>`, trimmed, stored",
+        "the source: `Stored<Pod>`, trimmed, stored",
     ];
     for (name, r) in names.iter().zip(rows) {
         let m = median(r);
@@ -281,7 +281,7 @@ fn pod_store(rt: &Runtime, c: &Cluster) -> Result<()> {
     println!("|---|---|---|---|---|---|");
     whole.row("kube-rs default (`Pod`, untrimmed)", c.pods, None);
     trimmed.row(
-        "the source (`DeserializeGuard<Pod>`, trimmed)",
+        "the source (`Stored<Pod>`, trimmed)",
         c.pods,
         Some(whole.held),
     );

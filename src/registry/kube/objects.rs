@@ -224,7 +224,8 @@ pub fn fingerprint_keys<'a>(keys: impl IntoIterator<Item = FingerprintKey<'a>>) 
 ///
 /// Kept: name, namespace, labels, the `aether.io` annotations (capture, ports, inbound mode,
 /// managed), the deletion timestamp and the resourceVersion; the ServiceAccount and the node;
-/// the pod and host IPs and the `Ready` condition (status and type only).
+/// the pod and host IPs and the `Ready` condition (status and type only). The store keeps the
+/// trimmed pod itself (no copy of it), so nothing it keeps holds room for what was dropped.
 pub fn trim_pod(pod: &mut Pod) {
     let meta = std::mem::take(&mut pod.metadata);
     pod.metadata = ObjectMeta {
@@ -253,14 +254,18 @@ pub fn trim_pod(pod: &mut Pod) {
         host_ip: status.host_ip,
         host_ips: status.host_ips,
         conditions: status.conditions.map(|c| {
-            c.into_iter()
+            let mut ready: Vec<PodCondition> = c
+                .into_iter()
                 .filter(|c| c.type_ == "Ready")
                 .map(|c| PodCondition {
                     type_: c.type_,
                     status: c.status,
                     ..PodCondition::default()
                 })
-                .collect()
+                .collect();
+            // The collect reuses the list's allocation: give back the room of the dropped ones.
+            ready.shrink_to_fit();
+            ready
         }),
         ..PodStatus::default()
     });

@@ -15,6 +15,9 @@
 //!   other kinds go on.
 //! - Every change sends one tick on the `changed` channel (capacity 1: ticks coalesce); the
 //!   daemon debounces and reloads.
+//! - A store holds each object behind its own `Arc` ([`Stored`]): a reload shares the stored
+//!   objects and never copies them (docs/kubernetes.md, "Scale"). Stored objects are never
+//!   changed in place: a trim happens before an object is stored, and an update replaces it.
 
 use std::fmt::Debug;
 use std::sync::Arc;
@@ -32,11 +35,12 @@ use gateway_api::experimental::udproutes::UdpRoute;
 use k8s_openapi::api::core::v1::{Namespace, Pod, Service};
 use k8s_openapi::api::discovery::v1::EndpointSlice;
 use kube::core::DeserializeGuard;
+use kube::core::error_boundary::InvalidObject;
 use kube::runtime::reflector::{self, Store};
 use kube::runtime::watcher::{self, Event};
 use kube::runtime::{WatchStreamExt, watcher as watch_api};
 use kube::{Api, Client, Resource};
-use serde::de::DeserializeOwned;
+use serde::de::{Deserialize, DeserializeOwned, Deserializer};
 use tokio::sync::mpsc;
 use tokio::task::JoinHandle;
 use tracing::{info, warn};
@@ -103,17 +107,64 @@ pub struct KubeSource {
 }
 
 struct Stores {
-    pods: Store<DeserializeGuard<Pod>>,
-    services: Store<DeserializeGuard<Service>>,
-    endpoint_slices: Store<DeserializeGuard<EndpointSlice>>,
-    namespaces: Store<DeserializeGuard<Namespace>>,
-    http_routes: Store<DeserializeGuard<HttpRoute>>,
-    grpc_routes: Store<DeserializeGuard<GrpcRoute>>,
-    tls_routes: Store<DeserializeGuard<TlsRoute>>,
-    tcp_routes: Store<DeserializeGuard<TcpRoute>>,
-    udp_routes: Store<DeserializeGuard<UdpRoute>>,
-    reference_grants: Store<DeserializeGuard<ReferenceGrant>>,
-    mesh_filters: Store<DeserializeGuard<MeshFilterResource>>,
+    pods: Store<Stored<Pod>>,
+    services: Store<Stored<Service>>,
+    endpoint_slices: Store<Stored<EndpointSlice>>,
+    namespaces: Store<Stored<Namespace>>,
+    http_routes: Store<Stored<HttpRoute>>,
+    grpc_routes: Store<Stored<GrpcRoute>>,
+    tls_routes: Store<Stored<TlsRoute>>,
+    tcp_routes: Store<Stored<TcpRoute>>,
+    udp_routes: Store<Stored<UdpRoute>>,
+    reference_grants: Store<Stored<ReferenceGrant>>,
+    mesh_filters: Store<Stored<MeshFilterResource>>,
+}
+
+/// What a store holds for one object: the object behind its own `Arc`, so that a reload shares
+/// it with the store instead of copying it, or why it did not deserialize. It deserializes as
+/// kube's [`DeserializeGuard`] does (one bad object is kept as an error, never a stalled watch).
+#[derive(Clone, Debug)]
+pub struct Stored<K>(pub Result<Arc<K>, Arc<InvalidObject>>);
+
+impl<'de, K> Deserialize<'de> for Stored<K>
+where
+    K: Deserialize<'de> + Resource,
+{
+    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        let guard = DeserializeGuard::<K>::deserialize(deserializer)?;
+        Ok(Self(guard.0.map(Arc::new).map_err(Arc::new)))
+    }
+}
+
+impl<K: Resource + Clone> Resource for Stored<K> {
+    type DynamicType = K::DynamicType;
+    type Scope = K::Scope;
+
+    fn kind(dt: &Self::DynamicType) -> std::borrow::Cow<'_, str> {
+        K::kind(dt)
+    }
+    fn group(dt: &Self::DynamicType) -> std::borrow::Cow<'_, str> {
+        K::group(dt)
+    }
+    fn version(dt: &Self::DynamicType) -> std::borrow::Cow<'_, str> {
+        K::version(dt)
+    }
+    fn plural(dt: &Self::DynamicType) -> std::borrow::Cow<'_, str> {
+        K::plural(dt)
+    }
+    fn meta(&self) -> &k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta {
+        match &self.0 {
+            Ok(k) => k.meta(),
+            Err(e) => &e.metadata,
+        }
+    }
+    /// Copies the object first if a reload still shares it (never the case before it is stored).
+    fn meta_mut(&mut self) -> &mut k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta {
+        match &mut self.0 {
+            Ok(k) => Arc::make_mut(k).meta_mut(),
+            Err(e) => &mut Arc::make_mut(e).metadata,
+        }
+    }
 }
 
 /// Objects held that did not deserialize: counted, never converted.
@@ -136,7 +187,7 @@ impl KubeSource {
         macro_rules! watch_kind {
             ($ty:ty, $kind:literal, $trim:expr) => {{
                 let (state, changed) = start($kind);
-                let api: Api<DeserializeGuard<$ty>> = Api::all(client.clone());
+                let api: Api<Stored<$ty>> = Api::all(client.clone());
                 let (store, task) = spawn_watch(api, config(settings), $trim, state, changed);
                 tasks.push(task);
                 store
@@ -245,20 +296,17 @@ fn config(settings: &WatchSettings) -> watcher::Config {
     }
 }
 
-/// The objects of a store that deserialized; the others are listed in `invalid`.
-fn valid<K>(
-    store: &Store<DeserializeGuard<K>>,
-    kind: &'static str,
-    invalid: &mut Invalid,
-) -> Vec<Arc<K>>
+/// The objects of a store that deserialized, shared with the store; the others are listed in
+/// `invalid`.
+fn valid<K>(store: &Store<Stored<K>>, kind: &'static str, invalid: &mut Invalid) -> Vec<Arc<K>>
 where
     K: Resource + Clone + DeserializeOwned + Debug + Send + Sync + 'static,
     K::DynamicType: Default + Eq + std::hash::Hash + Clone,
 {
     let mut out = Vec::new();
-    for guard in store.state() {
-        match &guard.0 {
-            Ok(k) => out.push(Arc::new(k.clone())),
+    for stored in store.state() {
+        match &stored.0 {
+            Ok(k) => out.push(Arc::clone(k)),
             Err(e) => {
                 let name = format!(
                     "{}/{}",
@@ -274,12 +322,12 @@ where
 
 /// Start one kind's reflector: list, then watch, trimming each object before it is stored.
 fn spawn_watch<K>(
-    api: Api<DeserializeGuard<K>>,
+    api: Api<Stored<K>>,
     config: watcher::Config,
     trim: fn(&mut K),
     state: Arc<KindState>,
     changed: mpsc::Sender<()>,
-) -> (Store<DeserializeGuard<K>>, JoinHandle<()>)
+) -> (Store<Stored<K>>, JoinHandle<()>)
 where
     K: Resource + Clone + DeserializeOwned + Debug + Send + Sync + 'static,
     K::DynamicType: Default + Eq + std::hash::Hash + Clone,
@@ -287,9 +335,10 @@ where
     let (reader, writer) = reflector::store();
     let task = tokio::spawn(async move {
         let stream = watch_api(api, config)
-            .modify(move |guard: &mut DeserializeGuard<K>| {
-                if let Ok(k) = &mut guard.0 {
-                    trim(k);
+            .modify(move |stored: &mut Stored<K>| {
+                // Just deserialized, so not shared: `make_mut` does not copy.
+                if let Ok(k) = &mut stored.0 {
+                    trim(Arc::make_mut(k));
                 }
             })
             .default_backoff()

@@ -207,16 +207,18 @@ fn a_trimmed_pod_converts_exactly_as_the_whole_pod_and_is_much_smaller() {
     let annotations = trimmed.metadata.annotations.as_ref().unwrap();
     assert!(annotations.keys().all(|k| k.contains("aether.io/")));
     assert!(trimmed.metadata.managed_fields.is_none());
+    let conditions = trimmed
+        .status
+        .as_ref()
+        .unwrap()
+        .conditions
+        .as_ref()
+        .unwrap();
+    assert_eq!(conditions.len(), 1);
     assert_eq!(
-        trimmed
-            .status
-            .as_ref()
-            .unwrap()
-            .conditions
-            .as_ref()
-            .unwrap()
-            .len(),
-        1
+        conditions.capacity(),
+        1,
+        "the stored pod keeps no room for the dropped conditions"
     );
 }
 

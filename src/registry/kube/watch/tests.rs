@@ -316,3 +316,34 @@ async fn watch_events_change_the_store_and_a_malformed_object_is_counted_not_fat
     assert_eq!(invalid.objects[0].1, "shop/web-bad");
     assert!(source.synced(), "one bad object stalls nothing");
 }
+
+#[tokio::test]
+async fn a_reload_shares_the_stored_objects_instead_of_copying_them() {
+    let mut script = Script::default();
+    script.lists.insert(
+        "/api/v1/pods",
+        vec![Answer::List(
+            "10",
+            vec![pod("web-0", "10.244.1.5"), pod("web-1", "10.244.1.6")],
+        )],
+    );
+    let (source, _changed, _) = start(script);
+    until(&source, "every kind is listed", KubeSource::synced).await;
+    let by_name = |o: &Objects| {
+        let mut pods = o.pods.clone();
+        pods.sort_by(|a, b| a.metadata.name.cmp(&b.metadata.name));
+        pods
+    };
+    let first = by_name(&source.objects().0);
+    let second = by_name(&source.objects().0);
+    assert_eq!(first.len(), 2);
+    for (a, b) in first.iter().zip(&second) {
+        assert!(Arc::ptr_eq(a, b), "{:?} was copied", a.metadata.name);
+    }
+    // The store and the two reloads hold each pod: nothing else does.
+    assert!(first.iter().all(|p| Arc::strong_count(p) == 3));
+    assert!(
+        first[0].metadata.managed_fields.is_none(),
+        "the shared pod is the trimmed one"
+    );
+}
