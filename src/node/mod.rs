@@ -584,6 +584,9 @@ pub async fn run(config: NodeConfig) -> Result<(), NodeError> {
                             // never sees this registry state as settled before the writers
                             // looked at it.
                             kube_writes.status_pending.store(true, std::sync::atomic::Ordering::Release);
+                            if kube_writes.leader() {
+                                kube_writes.registrar.pending.store(true, std::sync::atomic::Ordering::Release);
+                            }
                             let _ = reg.send(Arc::new(w.registrar));
                             let _ = st.send(Arc::new(w.status));
                         }

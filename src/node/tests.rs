@@ -499,29 +499,17 @@ async fn an_add_naming_addresses_its_namespace_does_not_hold_is_refused_and_not_
     );
 }
 
-/// The registry as the API server has it at the runtime's ADD: the pod exists, its IP does not
-/// yet (kubelet reports it once the sandbox is up, after the ADD).
-const POD_WITHOUT_IP: &str = r#"
-apiVersion: v1
-kind: Namespace
-metadata: {name: mp}
----
-apiVersion: v1
-kind: Pod
-metadata:
-  name: mp-cni-0
-  namespace: mp
-  annotations: {aether.io/netns-from: cni}
-spec: {serviceAccountName: mp-cni, nodeName: node-a}
-"#;
-
 #[test]
 fn a_pod_whose_ip_the_api_does_not_have_yet_is_captured_with_the_adds_addresses() {
     let config = NodeConfig {
         node_name: "node-a".into(),
         ..NodeConfig::default()
     };
-    let model = compiled(&config, POD_WITHOUT_IP).model;
+    // The registry as the API server has it at the runtime's ADD: the pod exists, its IP does
+    // not yet (kubelet reports it once the sandbox is up, after the ADD).
+    let without_ip = MANIFESTS.replace("status: {podIP: 10.255.0.7}\n", "");
+    assert_ne!(without_ip, MANIFESTS);
+    let model = compiled(&config, &without_ip).model;
     let key = ("mp".to_owned(), "mp-cni-0".to_owned());
     // Without an ADD's addresses the pod cannot be captured yet.
     let path = PathBuf::from("/var/run/netns/cni-1234");

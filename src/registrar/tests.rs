@@ -96,6 +96,21 @@ impl Server {
     }
 }
 
+/// The server holds the registrar Lease: `holder`'s, at `rv`, after `transitions` handovers.
+async fn held_lease(
+    server: &Arc<tokio::sync::Mutex<Server>>,
+    holder: &str,
+    rv: &str,
+    transitions: u32,
+) {
+    server.lock().await.objects.insert(
+        LEASE_PATH.into(),
+        json!({"apiVersion": "coordination.k8s.io/v1", "kind": "Lease",
+            "metadata": {"name": "aether-registrar", "namespace": "aether-system", "resourceVersion": rv},
+            "spec": {"holderIdentity": holder, "leaseDurationSeconds": 15, "leaseTransitions": transitions}}),
+    );
+}
+
 /// A client whose requests the shared server answers.
 fn client(server: &Arc<tokio::sync::Mutex<Server>>) -> Client {
     let server = server.clone();
@@ -155,12 +170,7 @@ async fn of_two_claimants_of_a_missing_lease_exactly_one_leads() {
 #[tokio::test]
 async fn of_two_claimants_of_an_expired_lease_the_fence_lets_exactly_one_take_it() {
     let server = Arc::new(tokio::sync::Mutex::new(Server::default()));
-    server.lock().await.objects.insert(
-        LEASE_PATH.into(),
-        json!({"apiVersion": "coordination.k8s.io/v1", "kind": "Lease",
-            "metadata": {"name": "aether-registrar", "namespace": "aether-system", "resourceVersion": "4"},
-            "spec": {"holderIdentity": "node-c-9", "leaseDurationSeconds": 15, "leaseTransitions": 2}}),
-    );
+    held_lease(&server, "node-c-9", "4", 2).await;
     let (sa, sb) = (settings("node-a-1"), settings("node-b-2"));
     let la: Api<Lease> = Api::namespaced(client(&server), &sa.namespace);
     let lb: Api<Lease> = Api::namespaced(client(&server), &sb.namespace);
@@ -199,12 +209,7 @@ async fn of_two_claimants_of_an_expired_lease_the_fence_lets_exactly_one_take_it
 async fn only_the_leader_writes_and_it_applies_under_its_field_manager() {
     let server = Arc::new(tokio::sync::Mutex::new(Server::default()));
     // node-z holds the Lease: the registrar follows and writes nothing.
-    server.lock().await.objects.insert(
-        LEASE_PATH.into(),
-        json!({"apiVersion": "coordination.k8s.io/v1", "kind": "Lease",
-            "metadata": {"name": "aether-registrar", "namespace": "aether-system", "resourceVersion": "1"},
-            "spec": {"holderIdentity": "node-z", "leaseDurationSeconds": 15}}),
-    );
+    held_lease(&server, "node-z", "1", 0).await;
     let input = Arc::new(RegistrarInput {
         desired: vec![desired("cart", &[(8080, "http")])],
         existing: Vec::new(),
