@@ -127,6 +127,12 @@ struct NodeArgs {
     /// milliseconds; then it is answered "try again".
     #[arg(long, env = "AETHER_CNI_ADD_WAIT_MS")]
     cni_add_wait_ms: Option<u64>,
+    /// How many such ADDs may wait at once; one more is answered "try again" at once.
+    #[arg(long, env = "AETHER_CNI_ADD_WAITERS_MAX")]
+    cni_add_waiters_max: Option<usize>,
+    /// Kubernetes source: list with the API server's streaming lists instead of pages.
+    #[arg(long, env = "AETHER_KUBE_STREAMING_LISTS")]
+    kube_streaming_lists: Option<bool>,
     /// Connections open at once through the daemon.
     #[arg(long, env = "AETHER_MAX_CONNECTIONS")]
     max_connections: Option<usize>,
@@ -863,6 +869,8 @@ fn node_config(args: &NodeArgs) -> anyhow::Result<aether::node::NodeConfig> {
         cert_lifetime_hours,
         watch_debounce_ms,
         cni_add_wait_ms,
+        cni_add_waiters_max,
+        kube_streaming_lists,
         max_connections,
         max_connections_per_pod,
         metrics_max_connections,

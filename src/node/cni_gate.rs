@@ -9,8 +9,8 @@
 //! Glue of the daemon, between the CNI socket's server ([`crate::capture::cni::serve`]) and the
 //! daemon's loop, which handles what passes. Each held ADD waits on a task of its own, on the
 //! model's generation ([`ModelHandle::published_after`]): it holds no lock and polls nothing, so
-//! a held ADD delays no other request. Held ADDs are bounded in time, not in number; the socket
-//! is the runtime's alone (mode 0600).
+//! a held ADD delays no other request. Held ADDs are bounded in time (`cni_add_wait_ms`) and in
+//! number (`cni_add_waiters_max`): one more than that is answered "try again" at once.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -29,6 +29,8 @@ pub(super) struct AddGate {
     pub(super) model: Arc<ModelHandle>,
     /// The longest wait of one ADD (`cni_add_wait_ms`).
     pub(super) bound: Duration,
+    /// The most ADDs held at once (`cni_add_waiters_max`).
+    pub(super) waiters_max: usize,
     /// Where held and refused ADDs are counted.
     pub(super) stats: Arc<NodeStats>,
 }
@@ -52,12 +54,31 @@ impl AddGate {
                 // A request the daemon cannot take any more is dropped: its caller is told
                 // that the daemon dropped it.
                 None => drop(daemon.send(req).await),
+                Some((namespace, pod)) if self.held() >= self.waiters_max => {
+                    self.stats.cni_try_again.inc();
+                    let max = self.waiters_max;
+                    warn!(
+                        namespace,
+                        pod, max, "CNI ADD answered try again: too many ADDs waiting"
+                    );
+                    let _ = req.reply.send(Err(CniRefusal::TryAgain(format!(
+                        "pod {namespace}/{pod} is not in the node's registry yet and {max} ADDs \
+                         wait for theirs already (cni_add_waiters_max)"
+                    ))));
+                }
                 Some((namespace, pod)) => {
+                    // Counted here, before the task runs, so the next request sees it.
+                    self.stats.cni_adds_waiting.inc();
                     let (gate, daemon) = (self.clone(), daemon.clone());
                     tokio::spawn(async move { gate.hold(req, &namespace, &pod, daemon).await });
                 }
             }
         }
+    }
+
+    /// How many ADDs are held now.
+    fn held(&self) -> usize {
+        usize::try_from(self.stats.cni_adds_waiting.get()).unwrap_or(0)
     }
 
     /// Whether the current model holds the pod.
@@ -73,7 +94,6 @@ impl AddGate {
         pod: &str,
         daemon: mpsc::Sender<CniRequest>,
     ) {
-        self.stats.cni_adds_waiting.inc();
         debug!(namespace, pod, "cni add waits for its pod in the registry");
         let known = tokio::time::timeout(self.bound, async {
             loop {
@@ -92,7 +112,7 @@ impl AddGate {
             drop(daemon.send(req).await);
             return;
         }
-        self.stats.cni_refused.inc();
+        self.stats.cni_try_again.inc();
         let waited_ms = u64::try_from(self.bound.as_millis()).unwrap_or(u64::MAX);
         warn!(
             namespace,

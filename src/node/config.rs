@@ -107,6 +107,15 @@ pub struct NodeConfig {
     /// Default 5000, at most 600000 (the plugin's longest `timeoutSecs`). Key `cni_add_wait_ms`,
     /// `AETHER_CNI_ADD_WAIT_MS`.
     pub cni_add_wait_ms: u64,
+    /// How many such ADDs may wait at once; one more is answered "try again" at once and
+    /// counted (`aether_cni_try_again_total`). Default 128 (a node's pod limit is 110 by
+    /// default), at least 1. Key `cni_add_waiters_max`, `AETHER_CNI_ADD_WAITERS_MAX`.
+    pub cni_add_waiters_max: usize,
+    /// Kubernetes source: list with the API server's streaming lists (`sendInitialEvents`,
+    /// Kubernetes 1.32+ by default) instead of pages, so a relist is served from the watch cache
+    /// in one stream. Default false: paged lists of 500, which every server answers. Key
+    /// `kube_streaming_lists`, `AETHER_KUBE_STREAMING_LISTS`.
+    pub kube_streaming_lists: bool,
     /// Log format.
     pub log_format: LogFormat,
     /// Log filter (tracing-subscriber `EnvFilter` syntax).
@@ -184,6 +193,8 @@ impl Default for NodeConfig {
             drain_timeout_secs: 5,
             watch_debounce_ms: 200,
             cni_add_wait_ms: 5000,
+            cni_add_waiters_max: 128,
+            kube_streaming_lists: false,
             log_format: LogFormat::Text,
             log_level: "info".into(),
             max_connections: 100_000,
@@ -294,6 +305,7 @@ impl NodeConfig {
                 self.max_connections_per_pod as u64,
             ),
             ("handshake_timeout_ms", self.handshake_timeout_ms),
+            ("cni_add_waiters_max", self.cni_add_waiters_max as u64),
             ("udp_max_flows_per_pod", self.udp_max_flows_per_pod as u64),
             (
                 "metrics_max_connections",
@@ -399,6 +411,7 @@ mod tests {
         "dns_tcp_max_clients",
         "dns_tcp_query_timeout_ms",
         "metrics_max_connections",
+        "cni_add_waiters_max",
     ];
 
     #[test]

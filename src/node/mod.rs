@@ -298,11 +298,12 @@ pub async fn run(config: NodeConfig) -> Result<(), NodeError> {
         config::RegistrySource::Kube => {
             let client = kube::Client::try_default().await.map_err(NodeError::Kube)?;
             writer_tx = Some(spawn_writers(&config, &client, &kube_writes, &node_stats));
-            Source::Kube(Arc::new(KubeSource::start(
-                &client,
-                &WatchSettings::default(),
-                &changed_tx,
-            )))
+            let settings = WatchSettings {
+                node: Some(config.node_name.clone()),
+                streaming_lists: config.kube_streaming_lists,
+                ..WatchSettings::default()
+            };
+            Source::Kube(Arc::new(KubeSource::start(&client, &settings, &changed_tx)))
         }
     });
     let first = match &*source {
@@ -514,6 +515,7 @@ pub async fn run(config: NodeConfig) -> Result<(), NodeError> {
     let gate = cni_gate::AddGate {
         model: handle.clone(),
         bound: Duration::from_millis(config.cni_add_wait_ms),
+        waiters_max: config.cni_add_waiters_max,
         stats: node_stats.clone(),
     };
     tokio::spawn(gate.run(socket_rx, cni_tx));
@@ -579,7 +581,7 @@ pub async fn run(config: NodeConfig) -> Result<(), NodeError> {
                     Ok(l) => {
                         retained = l.retained.clone();
                         debug!(retained = retained.len(), "recompiled");
-                        if let (Some(w), Some((reg, st))) = (l.writers, &writer_tx) {
+                        if let (Some(w), Some((reg, st, _))) = (l.writers, &writer_tx) {
                             // Marked pending before the fingerprint below: a reader of `/model`
                             // never sees this registry state as settled before the writers
                             // looked at it.
@@ -636,7 +638,7 @@ pub async fn run(config: NodeConfig) -> Result<(), NodeError> {
                 // again", so the runtime retries it and no managed pod starts uncaptured (issue
                 // #9 §4).
                 if !registry_ok && matches!(req.command, CniCommand::Add { .. }) {
-                    node_stats.cni_refused.inc();
+                    node_stats.cni_try_again.inc();
                     let reason = "the node's registry has not been read whole yet (the Kubernetes source is listing, or a kind may not be read)";
                     warn!(reason, "CNI ADD refused");
                     let _ = req.reply.send(Err(CniRefusal::TryAgain(reason.to_owned())));
@@ -652,12 +654,23 @@ pub async fn run(config: NodeConfig) -> Result<(), NodeError> {
         }
     }
     info!("shutting down: draining");
+    // The registrar gives its Lease up (if it holds it) while the connections drain, so the
+    // next leader need not wait the lease out.
+    let registrar = writer_tx.take().map(|(reg, st, task)| {
+        drop((reg, st));
+        tokio::time::timeout(RELEASE_BOUND, task)
+    });
     drain(
         &inputs,
         &pods,
         Duration::from_secs(config.drain_timeout_secs),
     )
     .await;
+    if let Some(released) = registrar
+        && released.await.is_err()
+    {
+        warn!("the registrar did not give its Lease up in time; it lapses by itself");
+    }
     // After a handoff the sockets in the state directory are the successor's.
     if !handed_off {
         let _ = std::fs::remove_file(&admin_sock);
@@ -667,11 +680,16 @@ pub async fn run(config: NodeConfig) -> Result<(), NodeError> {
     Ok(())
 }
 
-/// The senders of the Kubernetes writers' inputs.
+/// The senders of the Kubernetes writers' inputs, and the registrar's task (which ends, giving
+/// its Lease up, once its sender is dropped).
 type WriterSenders = (
     watch::Sender<Arc<crate::registrar::RegistrarInput>>,
     watch::Sender<Arc<crate::route_status::StatusInput>>,
+    tokio::task::JoinHandle<()>,
 );
+
+/// How long a stopping daemon gives its registrar to release the Lease.
+const RELEASE_BOUND: Duration = Duration::from_secs(2);
 
 /// Start the registrar (spec/model.md §8, under the Lease) and the route-status writer
 /// (spec/routes.md §6); they act on the inputs sent with each published model.
@@ -691,7 +709,7 @@ fn spawn_writers(
         identity: format!("{}-{:08x}", config.node_name, fastrand::u32(..)),
         timing: crate::registrar::lease::LeaseTiming::default(),
     };
-    tokio::spawn(
+    let registrar = tokio::spawn(
         crate::registrar::run(
             client.clone(),
             settings,
@@ -710,7 +728,7 @@ fn spawn_writers(
         )
         .instrument(tracing::info_span!("route_status")),
     );
-    (reg_tx, st_tx)
+    (reg_tx, st_tx, registrar)
 }
 
 /// The recorded CNI pods of `state_dir` that are still there; stale records are removed.

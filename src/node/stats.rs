@@ -12,10 +12,13 @@ pub struct NodeStats {
     /// Manifest files served from their last good content now
     /// (`aether_registry_files_held`).
     pub registry_files_held: Gauge,
-    /// CNI ADDs answered with an error: a namespace that does not exist or is not a pod's, a pod
-    /// that could not be served, or one the registry did not bring within `cni_add_wait_ms`
-    /// (`aether_cni_refused_total`).
+    /// CNI ADDs answered with an error: a namespace that does not exist or is not a pod's, or a
+    /// pod that could not be served (`aether_cni_refused_total`).
     pub cni_refused: Counter,
+    /// CNI ADDs answered "try again" (CNI error 11), which the runtime retries: the registry
+    /// not read whole yet, the pod not in it within `cni_add_wait_ms`, or
+    /// `cni_add_waiters_max` ADDs waiting already (`aether_cni_try_again_total`).
+    pub cni_try_again: Counter,
     /// CNI ADDs waiting now for their pod to appear in the registry (`cni_add_wait_ms`,
     /// `aether_cni_adds_waiting`).
     pub cni_adds_waiting: Gauge,
@@ -67,8 +70,13 @@ impl NodeStats {
         );
         registry.register(
             "aether_cni_refused",
-            "CNI ADDs answered with an error (no such namespace, not a pod's, pod not served, pod not in the registry in time)",
+            "CNI ADDs answered with an error (no such namespace, not a pod's, pod not served)",
             self.cni_refused.clone(),
+        );
+        registry.register(
+            "aether_cni_try_again",
+            "CNI ADDs answered try again (registry not read whole, pod not in it in time, too many ADDs waiting)",
+            self.cni_try_again.clone(),
         );
         registry.register(
             "aether_cni_adds_waiting",

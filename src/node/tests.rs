@@ -121,6 +121,11 @@ fn start() -> Daemon {
 /// The daemon's CNI side on the registry `manifests`, an ADD for a pod it does not hold waiting
 /// at most `wait` (`cni_add_wait_ms`).
 fn start_with(manifests: &str, wait: Duration) -> Daemon {
+    start_capped(manifests, wait, NodeConfig::default().cni_add_waiters_max)
+}
+
+/// As [`start_with`], at most `waiters_max` ADDs waiting at once (`cni_add_waiters_max`).
+fn start_capped(manifests: &str, wait: Duration, waiters_max: usize) -> Daemon {
     let (config, shared) = shared_with(manifests);
     let state_dir = config.state_dir.clone();
     let model = shared.inputs.model.clone();
@@ -137,6 +142,7 @@ fn start_with(manifests: &str, wait: Duration) -> Daemon {
     let gate = cni_gate::AddGate {
         model: model.clone(),
         bound: wait,
+        waiters_max,
         stats: stats.clone(),
     };
     let gate = tokio::spawn(gate.run(socket_rx, tx));
@@ -266,8 +272,44 @@ async fn an_add_for_a_pod_the_registry_does_not_hold_is_answered_try_again_after
     assert!(d.pods.lock().await.list().is_empty());
     let records = cni_records::Records::new(&d.state_dir);
     assert_eq!(records.read("mp", "mp-cni-0"), None);
-    assert_eq!(d.stats.cni_refused.get(), 1);
+    assert_eq!(d.stats.cni_try_again.get(), 1);
+    assert_eq!(d.stats.cni_refused.get(), 0);
     assert_eq!(d.stats.cni_adds_waiting.get(), 0);
+}
+
+#[tokio::test]
+async fn an_add_over_the_waiters_cap_is_answered_try_again_at_once() {
+    let d = start_capped(NO_POD_YET, Duration::from_secs(60), 2);
+    let mut held = Vec::new();
+    for n in 1..=2 {
+        let socket = d.socket.clone();
+        held.push(tokio::spawn(async move {
+            cni::send(&socket, &add(Path::new("/var/run/netns/never-opened"))).await
+        }));
+        until_waiting(&d, n).await;
+    }
+    // The third does not wait: answered well before the 60 s bound, "try again".
+    let err = tokio::time::timeout(
+        Duration::from_secs(10),
+        plugin_add(&d, Path::new("/var/run/netns/never-opened")),
+    )
+    .await
+    .expect("the ADD over the cap waited")
+    .expect("the ADD over the cap succeeded");
+    assert_eq!(err["code"], protocol::code::TRY_AGAIN, "{err}");
+    assert_eq!(
+        err["details"],
+        "pod mp/mp-cni-0 is not in the node's registry yet and 2 ADDs wait for theirs already (cni_add_waiters_max)"
+    );
+    assert_eq!(d.stats.cni_try_again.get(), 1);
+    assert_eq!(d.stats.cni_adds_waiting.get(), 2);
+    assert!(
+        held.iter().all(|h| !h.is_finished()),
+        "a held ADD was answered"
+    );
+    for h in held {
+        h.abort();
+    }
 }
 
 #[tokio::test]
@@ -341,6 +383,7 @@ async fn an_add_whose_pod_appears_within_the_bound_is_answered_once_the_pod_is_s
     assert_eq!(served[0]["netns"], path.display().to_string());
     assert_eq!(d.stats.cni_adds_waiting.get(), 0);
     assert_eq!(d.stats.cni_refused.get(), 0);
+    assert_eq!(d.stats.cni_try_again.get(), 0);
     let del = CniCommand::Del {
         namespace: "mp".into(),
         pod: "mp-cni-0".into(),

@@ -185,6 +185,28 @@ impl<T: Clone + PartialEq> Elector<T> {
         }
     }
 
+    /// Give the Lease up (client-go's `ReleaseOnCancel`), when the daemon stops: the record to
+    /// write at the resourceVersion this claimant last wrote (the fence: if another took the
+    /// Lease since, the write conflicts and changes nothing), or `None` when the last record
+    /// seen is not this claimant's. The record names no holder, so the next claimant takes it at
+    /// its next read instead of waiting out the lease duration; the transitions are kept.
+    /// Leadership ends here, whether the write succeeds or not.
+    pub fn release(&mut self, stamp: T) -> Option<(LeaseRecord<T>, String)> {
+        self.renewed_at = None;
+        let (record, version, _) = self.observed.take()?;
+        if record.holder.as_deref() != Some(self.identity.as_str()) {
+            return None;
+        }
+        let released = LeaseRecord {
+            holder: None,
+            lease_duration_secs: Some(1),
+            acquire_time: Some(stamp.clone()),
+            renew_time: Some(stamp),
+            transitions: record.transitions,
+        };
+        Some((released, version))
+    }
+
     /// Whether this claimant may act as the leader at `now`: its last renewal succeeded less
     /// than the renew deadline ago.
     pub fn is_leader(&self, now: Duration) -> bool {
@@ -296,6 +318,34 @@ mod tests {
             b.attempt(S(0), 1, Some((released, "3".into()))),
             Attempt::Update { .. }
         ));
+    }
+
+    #[test]
+    fn a_release_gives_a_held_lease_up_at_the_version_last_written_and_frees_it_for_the_next() {
+        let mut a = Elector::new("node-a", LeaseTiming::default());
+        let Attempt::Create(r) = a.attempt(S(1), 1, None) else {
+            panic!("not a create")
+        };
+        a.written(S(1), r, "7".into());
+        let (released, version) = a.release(2).expect("the holder releases");
+        assert!(!a.is_leader(S(2)));
+        assert_eq!(version, "7");
+        assert_eq!(released.holder, None);
+        assert_eq!(released.lease_duration_secs, Some(1));
+        assert_eq!(released.transitions, Some(0));
+        // Another claimant that reads the released Lease takes it at once.
+        let mut b = Elector::new("node-b", LeaseTiming::default());
+        let attempt = b.attempt(S(2), 3, Some((released, "8".into())));
+        let Attempt::Update { record, version } = attempt else {
+            panic!("{attempt:?}")
+        };
+        assert_eq!(record.holder.as_deref(), Some("node-b"));
+        assert_eq!(record.transitions, Some(1));
+        assert_eq!(version, "8");
+        // A claimant that only follows has nothing to release.
+        let mut c = Elector::new("node-c", LeaseTiming::default());
+        let _ = c.attempt(S(2), 3, Some((held_by("node-b", 3), "9".into())));
+        assert_eq!(c.release(4), None);
     }
 
     #[test]

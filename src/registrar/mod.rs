@@ -11,6 +11,9 @@
 //!   preconditions; never a Service it does not own;
 //! - [`lease::Elector::is_leader`] is checked before every write, so a leader that lost the Lease
 //!   (a `409` on renewal, or no renewal within the renew deadline) stops writing at once;
+//! - when the daemon stops (the input's sender goes away) a leader gives the Lease up, fenced by
+//!   the resourceVersion it last wrote, so the next leader takes it at once instead of after the
+//!   lease duration (client-go's `ReleaseOnCancel`);
 //! - a plan is carried out once per input: a write that changed nothing on the server brings no
 //!   new input and is not repeated every tick; a failed write is retried on the next tick.
 
@@ -94,7 +97,8 @@ impl RegistrarError {
     }
 }
 
-/// Run the registrar until the input's sender goes away.
+/// Run the registrar until the input's sender goes away; then give the Lease up if this daemon
+/// holds it.
 pub async fn run(
     client: Client,
     settings: RegistrarSettings,
@@ -115,7 +119,13 @@ pub async fn run(
     loop {
         tokio::select! {
             _ = tick.tick() => {}
-            changed = input.changed() => if changed.is_err() { return },
+            changed = input.changed() => if changed.is_err() {
+                state.leader.store(false, Ordering::Release);
+                state.pending.store(false, Ordering::Release);
+                stats.registrar_leader.set(0);
+                release(&leases, &settings, &mut elector).await;
+                return;
+            },
         }
         if let Err(e) = elect(&leases, &settings, &mut elector, elapsed()).await {
             elector.failed(e.is_conflict());
@@ -219,6 +229,28 @@ async fn elect(
                 made.metadata.resource_version.unwrap_or_default(),
             );
             Ok(())
+        }
+    }
+}
+
+/// Give the Lease up if the last record this daemon saw is its own (see [`run`]).
+async fn release(
+    leases: &Api<Lease>,
+    settings: &RegistrarSettings,
+    elector: &mut Elector<MicroTime>,
+) {
+    let Some((record, version)) = elector.release(MicroTime(now_timestamp())) else {
+        return;
+    };
+    let lease = lease_object(settings, &record, Some(version));
+    match leases
+        .replace(&settings.lease_name, &PostParams::default(), &lease)
+        .await
+    {
+        Ok(_) => info!(identity = %settings.identity, "registrar lease released"),
+        // A 409: another daemon took it since (nothing to give up); anything else: it lapses.
+        Err(e) => {
+            warn!(error = %crate::DisplayChain(&e), "registrar lease not released; it lapses by itself")
         }
     }
 }

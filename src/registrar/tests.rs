@@ -253,6 +253,51 @@ async fn only_the_leader_writes_and_it_applies_under_its_field_manager() {
 }
 
 #[tokio::test(start_paused = true)]
+async fn a_leader_that_stops_releases_the_lease_and_the_next_takes_it_without_waiting_it_out() {
+    let server = Arc::new(tokio::sync::Mutex::new(Server::default()));
+    let (tx, state, task) = start_as(&server, Arc::default(), "node-a-1");
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    assert!(state.leader.load(Ordering::Acquire));
+    // The daemon stops: its registrar gives the Lease up before it ends.
+    drop(tx);
+    task.await.unwrap();
+    assert!(!state.leader.load(Ordering::Acquire));
+    let lease = server.lock().await.objects[LEASE_PATH].clone();
+    assert_eq!(lease["spec"].get("holderIdentity"), None, "{lease}");
+    assert_eq!(lease["spec"]["leaseDurationSeconds"], json!(1));
+    // The next claimant leads at its first read, far within the 15 s lease duration.
+    let (tx, state, task) = start_as(&server, Arc::default(), "node-b-2");
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    assert!(state.leader.load(Ordering::Acquire));
+    let lease = server.lock().await.objects[LEASE_PATH].clone();
+    assert_eq!(lease["spec"]["holderIdentity"], json!("node-b-2"));
+    assert_eq!(lease["spec"]["leaseTransitions"], json!(1));
+    drop(tx);
+    task.await.unwrap();
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_follower_that_stops_leaves_the_leaders_lease_alone() {
+    let server = Arc::new(tokio::sync::Mutex::new(Server::default()));
+    held_lease(&server, "node-z", "1", 0).await;
+    let (tx, state, task) = start_as(&server, Arc::default(), "node-a-1");
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    assert!(!state.leader.load(Ordering::Acquire));
+    drop(tx);
+    task.await.unwrap();
+    let s = server.lock().await;
+    assert!(
+        s.writes.iter().all(|w| !w.contains("/leases/")),
+        "{:?}",
+        s.writes
+    );
+    assert_eq!(
+        s.objects[LEASE_PATH]["spec"]["holderIdentity"],
+        json!("node-z")
+    );
+}
+
+#[tokio::test(start_paused = true)]
 async fn a_leader_deletes_an_owned_service_no_row_calls_for_and_keeps_a_users() {
     let server = Arc::new(tokio::sync::Mutex::new(Server::default()));
     let owned = plan_owned("old", "u1", "3");
@@ -320,11 +365,24 @@ fn start(
     Arc<RegistrarState>,
     tokio::task::JoinHandle<()>,
 ) {
+    start_as(server, input, "node-a-1")
+}
+
+/// A registrar task claiming as `identity`.
+fn start_as(
+    server: &Arc<tokio::sync::Mutex<Server>>,
+    input: Arc<RegistrarInput>,
+    identity: &str,
+) -> (
+    watch::Sender<Arc<RegistrarInput>>,
+    Arc<RegistrarState>,
+    tokio::task::JoinHandle<()>,
+) {
     let (tx, rx) = watch::channel(input);
     let state = Arc::new(RegistrarState::default());
     let task = tokio::spawn(run(
         client(server),
-        settings("node-a-1"),
+        settings(identity),
         rx,
         state.clone(),
         Arc::new(NodeStats::default()),

@@ -371,7 +371,12 @@ async fn after_an_expiry_the_daemons_source_relists_and_holds_no_deleted_object(
             .unwrap();
     }
     let (tx, _rx) = tokio::sync::mpsc::channel(1);
-    let source = KubeSource::start(&client, &WatchSettings::default(), &tx);
+    // As the daemon of node-a runs it: with the node-local view, which holds both pods.
+    let settings = WatchSettings {
+        node: Some("node-a".into()),
+        ..WatchSettings::default()
+    };
+    let source = KubeSource::start(&client, &settings, &tx);
     until(&source, "every kind is listed", KubeSource::synced).await;
     assert_eq!(pod_names(&source), ["web-0", "web-1"]);
     assert_eq!(

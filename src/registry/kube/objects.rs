@@ -40,7 +40,8 @@ use crate::model::Snapshot;
 /// Every object of every watched kind, as the stores hold them.
 #[derive(Clone, Debug, Default)]
 pub struct Objects {
-    /// Pods, cluster-wide, trimmed ([`trim_pod`]).
+    /// Pods, cluster-wide, trimmed ([`trim_pod`]); this node's from its own view
+    /// ([`with_local_view`]).
     pub pods: Vec<Arc<Pod>>,
     /// Services.
     pub services: Vec<Arc<Service>>,
@@ -216,6 +217,21 @@ pub fn fingerprint_keys<'a>(keys: impl IntoIterator<Item = FingerprintKey<'a>>) 
     let mut h = std::hash::SipHasher::new();
     keys.hash(&mut h);
     h.finish()
+}
+
+/// The pods of one snapshot: this node's pods from the node-local view (the watch with
+/// `spec.nodeName=<node>`), every other pod from the cluster-wide store. For its own pods the
+/// node-local view is the authority: a copy the cluster-wide store still holds (the other watch
+/// may lag, or be relisting) is left out, and a pod the node-local view does not hold is not
+/// this node's to serve yet. A pod that is in neither view's share is in no snapshot.
+///
+/// The node-local view's pods are checked again here, so a server that ignored the field
+/// selector would still give each pod once.
+pub fn with_local_view(cluster: Vec<Arc<Pod>>, local: Vec<Arc<Pod>>, node: &str) -> Vec<Arc<Pod>> {
+    let on = |p: &Pod| p.spec.as_ref().and_then(|s| s.node_name.as_deref()) == Some(node);
+    let mut pods: Vec<Arc<Pod>> = cluster.into_iter().filter(|p| !on(p)).collect();
+    pods.extend(local.into_iter().filter(|p| on(p)));
+    pods
 }
 
 /// Keep of a cluster-wide Pod only what [`convert_pod`] reads, before it is stored: every node

@@ -13,6 +13,10 @@
 //!   and empty, and is retried; a kind the daemon may not read (`403`) is reported and keeps the
 //!   source unsynced (fail closed: a missing MeshFilter could drop an authorization), while the
 //!   other kinds go on.
+//! - This node's pods are watched twice: cluster-wide with every other pod, and by themselves
+//!   (`spec.nodeName=<node>`). The node-local view is the authority for them, so a new pod of
+//!   this node is captured as soon as its own small watch brings it, however far the
+//!   cluster-wide watch lags or long it relists (docs/decisions.md).
 //! - Every change sends one tick on the `changed` channel (capacity 1: ticks coalesce); the
 //!   daemon debounces and reloads.
 //! - A store holds each object behind its own `Arc` ([`Stored`]): a reload shares the stored
@@ -46,7 +50,7 @@ use tokio::task::JoinHandle;
 use tracing::{info, warn};
 
 use super::mesh_filter::MeshFilterResource;
-use super::objects::{Objects, trim_pod};
+use super::objects::{Objects, trim_pod, with_local_view};
 
 /// How one kind's watch stands.
 #[derive(Debug, Default)]
@@ -84,6 +88,11 @@ impl KindState {
 /// What the watches need to know of the daemon.
 #[derive(Clone, Debug)]
 pub struct WatchSettings {
+    /// This node's name: its pods are watched a second time, by themselves
+    /// (`fieldSelector=spec.nodeName=<node>`), and that view is the authority for them
+    /// ([`super::objects::with_local_view`]). `None`: no node-local view (a tool that reads the
+    /// cluster as a whole, such as the scale bench).
+    pub node: Option<String>,
     /// Request bookmarks and use the server's streaming lists where it has them.
     pub streaming_lists: bool,
     /// Page size of a paged list (when lists are not streamed).
@@ -93,11 +102,15 @@ pub struct WatchSettings {
 impl Default for WatchSettings {
     fn default() -> Self {
         Self {
+            node: None,
             streaming_lists: false,
             page_size: 500,
         }
     }
 }
+
+/// The name the node-local pod view goes by in `/ready`, `/model` and the logs.
+pub const LOCAL_POD_KIND: &str = "Pod (this node)";
 
 /// Every watch of the source, its stores and their states.
 pub struct KubeSource {
@@ -108,6 +121,8 @@ pub struct KubeSource {
 
 struct Stores {
     pods: Store<Stored<Pod>>,
+    /// This node's pods (`spec.nodeName=<node>`), when the settings name the node.
+    local_pods: Option<(String, Store<Stored<Pod>>)>,
     services: Store<Stored<Service>>,
     endpoint_slices: Store<Stored<EndpointSlice>>,
     namespaces: Store<Stored<Namespace>>,
@@ -193,8 +208,17 @@ impl KubeSource {
                 store
             }};
         }
+        let local_pods = settings.node.as_ref().map(|node| {
+            let (state, changed) = start(LOCAL_POD_KIND);
+            let api: Api<Stored<Pod>> = Api::all(client.clone());
+            let on_node = config(settings).fields(&format!("spec.nodeName={node}"));
+            let (store, task) = spawn_watch(api, on_node, trim_pod, state, changed);
+            tasks.push(task);
+            (node.clone(), store)
+        });
         let stores = Stores {
             pods: watch_kind!(Pod, "Pod", trim_pod),
+            local_pods,
             services: watch_kind!(Service, "Service", no_trim),
             endpoint_slices: watch_kind!(EndpointSlice, "EndpointSlice", no_trim),
             namespaces: watch_kind!(Namespace, "Namespace", no_trim),
@@ -227,8 +251,14 @@ impl KubeSource {
     pub fn objects(&self) -> (Objects, Invalid) {
         let mut invalid = Invalid::default();
         let s = &self.stores;
+        let mut pods = valid(&s.pods, "Pod", &mut invalid);
+        if let Some((node, local)) = &s.local_pods {
+            // An object that does not deserialize is counted once, by the cluster-wide watch.
+            let local = valid(local, LOCAL_POD_KIND, &mut Invalid::default());
+            pods = with_local_view(pods, local, node);
+        }
         let objects = Objects {
-            pods: valid(&s.pods, "Pod", &mut invalid),
+            pods,
             services: valid(&s.services, "Service", &mut invalid),
             endpoint_slices: valid(&s.endpoint_slices, "EndpointSlice", &mut invalid),
             namespaces: valid(&s.namespaces, "Namespace", &mut invalid),

@@ -272,3 +272,62 @@ fn the_snapshot_does_not_depend_on_the_order_of_the_stores_and_a_bad_object_hide
     assert!(text.contains("shop/web-bad"), "{text}");
     assert!(text.contains("aether.io/managed"), "{text}");
 }
+
+fn pod_on(name: &str, node: Option<&str>, ip: &str) -> Arc<Pod> {
+    Arc::new(Pod {
+        metadata: ObjectMeta {
+            name: Some(name.into()),
+            namespace: Some("shop".into()),
+            ..ObjectMeta::default()
+        },
+        spec: Some(PodSpec {
+            node_name: node.map(Into::into),
+            ..PodSpec::default()
+        }),
+        status: Some(PodStatus {
+            pod_ip: Some(ip.into()),
+            ..PodStatus::default()
+        }),
+    })
+}
+
+#[test]
+fn this_nodes_pods_come_from_the_node_local_view_and_every_other_pod_from_the_cluster_wide_store() {
+    let cluster = vec![
+        // Stale: the node-local view has it with its new IP.
+        pod_on("web-0", Some("node-a"), "10.0.0.1"),
+        // Gone from the node-local view: not this node's to serve any more.
+        pod_on("web-9", Some("node-a"), "10.0.0.9"),
+        pod_on("api-0", Some("node-b"), "10.0.1.1"),
+        // Not scheduled yet: nobody's, kept as the cluster holds it.
+        pod_on("job-0", None, "10.0.2.1"),
+    ];
+    let local = vec![
+        pod_on("web-0", Some("node-a"), "10.0.0.2"),
+        // Not in the cluster-wide store yet.
+        pod_on("web-1", Some("node-a"), "10.0.0.3"),
+        // A server that ignored the field selector: another node's pod is not taken from here.
+        pod_on("api-0", Some("node-b"), "10.9.9.9"),
+    ];
+    let pods = with_local_view(cluster, local, "node-a");
+    let mut seen: Vec<(String, String)> = pods
+        .iter()
+        .map(|p| {
+            (
+                p.metadata.name.clone().unwrap(),
+                p.status.as_ref().unwrap().pod_ip.clone().unwrap(),
+            )
+        })
+        .collect();
+    seen.sort();
+    let want = [
+        ("api-0", "10.0.1.1"),
+        ("job-0", "10.0.2.1"),
+        ("web-0", "10.0.0.2"),
+        ("web-1", "10.0.0.3"),
+    ];
+    assert_eq!(
+        seen,
+        want.map(|(n, ip)| (n.to_owned(), ip.to_owned())).to_vec()
+    );
+}

@@ -25,6 +25,9 @@ const PATHS: &[&str] = &[
     "/apis/aether.io/v1alpha1/meshfilters",
 ];
 
+/// The script's key for the node-local pod view: `/api/v1/pods` with a field selector.
+const LOCAL_PODS: &str = "/api/v1/pods?fieldSelector";
+
 /// What the scripted server answers for one request.
 #[derive(Clone, Debug)]
 enum Answer {
@@ -82,6 +85,15 @@ fn respond(answer: &Answer) -> Option<Response<Body>> {
 /// Start the source on a scripted server; returns the source, the change ticks and the
 /// requests the server saw (path and query).
 fn start(script: Script) -> (KubeSource, mpsc::Receiver<()>, Arc<Mutex<Vec<String>>>) {
+    start_with(script, &WatchSettings::default())
+}
+
+/// As [`start`], with these settings (a node name adds the node-local pod view, answered from
+/// the script's [`LOCAL_PODS`]).
+fn start_with(
+    script: Script,
+    settings: &WatchSettings,
+) -> (KubeSource, mpsc::Receiver<()>, Arc<Mutex<Vec<String>>>) {
     let (service, mut handle) = tower_test::mock::pair::<Request<Body>, Response<Body>>();
     let seen = Arc::new(Mutex::new(Vec::new()));
     let log = seen.clone();
@@ -96,6 +108,11 @@ fn start(script: Script) -> (KubeSource, mpsc::Receiver<()>, Arc<Mutex<Vec<Strin
                 send.send_response(respond(&Answer::Status(404, "NotFound")).unwrap());
                 continue;
             };
+            let known = if known == "/api/v1/pods" && query.contains("fieldSelector=") {
+                LOCAL_PODS
+            } else {
+                known
+            };
             let answer = if query.contains("watch=true") {
                 next(script.watches.get_mut(known), Answer::Hold)
             } else {
@@ -109,18 +126,22 @@ fn start(script: Script) -> (KubeSource, mpsc::Receiver<()>, Arc<Mutex<Vec<Strin
     });
     let client = Client::new(service, "default");
     let (tx, rx) = mpsc::channel(1);
-    let source = KubeSource::start(&client, &WatchSettings::default(), &tx);
+    let source = KubeSource::start(&client, settings, &tx);
     (source, rx, seen)
 }
 
 fn pod(name: &str, ip: &str) -> Value {
+    pod_on(name, ip, "node-a")
+}
+
+fn pod_on(name: &str, ip: &str, node: &str) -> Value {
     json!({
         "metadata": {
             "name": name, "namespace": "shop", "resourceVersion": "5",
             "annotations": {"endpoint.aether.io/port": "8080", "team.example/owner": "x"},
             "managedFields": [{"manager": "kubelet"}]
         },
-        "spec": {"serviceAccountName": "web", "nodeName": "node-a",
+        "spec": {"serviceAccountName": "web", "nodeName": node,
                  "containers": [{"name": "app", "image": "web:1"}]},
         "status": {"podIP": ip, "podIPs": [{"ip": ip}],
                    "conditions": [{"type": "Ready", "status": "True"}]}
@@ -209,6 +230,102 @@ async fn the_source_is_synced_only_once_every_kind_has_listed_and_holds_trimmed_
             "{path} was not listed: {seen:?}"
         );
     }
+}
+
+fn pod_ip(source: &KubeSource, name: &str) -> Option<String> {
+    let (objects, _) = source.objects();
+    let mut found = objects
+        .pods
+        .iter()
+        .filter(|p| p.metadata.name.as_deref() == Some(name));
+    let ip = found.next()?.status.as_ref()?.pod_ip.clone();
+    assert!(found.next().is_none(), "{name} is held twice");
+    ip
+}
+
+#[tokio::test]
+async fn the_node_local_view_watches_by_field_selector_and_is_the_authority_for_this_nodes_pods() {
+    let mut script = Script::default();
+    // The cluster-wide list is behind: web-0 without its new IP, web-1 not yet, web-2 gone
+    // already from this node's own view.
+    script.lists.insert(
+        "/api/v1/pods",
+        vec![Answer::List(
+            "3",
+            vec![
+                pod("web-0", "10.244.1.5"),
+                pod("web-2", "10.244.1.7"),
+                pod_on("api-0", "10.244.2.9", "node-b"),
+            ],
+        )],
+    );
+    // The node-local list is late: the source is not synced before it answers.
+    script.lists.insert(
+        LOCAL_PODS,
+        vec![
+            Answer::Status(500, "InternalError"),
+            Answer::List(
+                "4",
+                vec![pod("web-0", "10.244.1.50"), pod("web-1", "10.244.1.6")],
+            ),
+        ],
+    );
+    let settings = WatchSettings {
+        node: Some("node-a".into()),
+        ..WatchSettings::default()
+    };
+    let (source, _changed, seen) = start_with(script, &settings);
+    until(&source, "the cluster-wide pods are listed", |s| {
+        kind(s, "Pod").is_synced()
+    })
+    .await;
+    until(&source, "every kind is listed", KubeSource::synced).await;
+    assert!(kind(&source, LOCAL_POD_KIND).errors.load(Ordering::Relaxed) >= 1);
+    assert_eq!(pod_names(&source), ["api-0", "web-0", "web-1"]);
+    assert_eq!(pod_ip(&source, "web-0").as_deref(), Some("10.244.1.50"));
+    assert_eq!(pod_ip(&source, "api-0").as_deref(), Some("10.244.2.9"));
+    // The node-local view asked for this node's pods only; the other pod watch for every pod.
+    let seen = seen.lock().clone();
+    let pods: Vec<&String> = seen
+        .iter()
+        .filter(|r| r.starts_with("/api/v1/pods?"))
+        .collect();
+    assert!(
+        pods.iter().any(
+            |r| r.contains("fieldSelector=spec.nodeName%3Dnode-a") && !r.contains("watch=true")
+        ),
+        "{pods:?}"
+    );
+    assert!(
+        pods.iter().any(|r| !r.contains("fieldSelector")),
+        "{pods:?}"
+    );
+}
+
+#[tokio::test]
+async fn a_node_local_event_reaches_the_objects_before_the_cluster_wide_watch_brings_it() {
+    let mut script = Script::default();
+    script
+        .lists
+        .insert(LOCAL_PODS, vec![Answer::List("4", vec![])]);
+    script.watches.insert(
+        LOCAL_PODS,
+        vec![
+            Answer::Events(vec![
+                json!({"type": "ADDED", "object": pod("web-3", "10.244.1.8")}),
+            ]),
+            Answer::Hold,
+        ],
+    );
+    let settings = WatchSettings {
+        node: Some("node-a".into()),
+        ..WatchSettings::default()
+    };
+    // The cluster-wide watch says nothing (held).
+    let (source, _changed, _seen) = start_with(script, &settings);
+    until(&source, "every kind is listed", KubeSource::synced).await;
+    until(&source, "web-3 is held", |s| pod_names(s) == ["web-3"]).await;
+    assert_eq!(pod_ip(&source, "web-3").as_deref(), Some("10.244.1.8"));
 }
 
 #[tokio::test]
