@@ -56,6 +56,8 @@ pub struct Admin {
     /// Whether the Kubernetes writers (the registrar, if this node leads, and the route-status
     /// writer) have writes to make for the published model; always false on the file registry.
     pub kube_writes: Arc<super::KubeWrites>,
+    /// What `/metrics` reads at each scrape (watches, process, runtime).
+    pub control: Arc<super::telemetry::ControlCollector>,
 }
 
 fn json(value: &serde_json::Value) -> Response<Body> {
@@ -82,6 +84,7 @@ async fn handle(admin: &Admin, path: &str) -> Response<Body> {
             let mut registry = prometheus_client::registry::Registry::default();
             admin.inputs.stats.register(&mut registry);
             admin.node_stats.register(&mut registry);
+            registry.register_collector(Box::new(admin.control.clone()));
             let generation = prometheus_client::metrics::gauge::Gauge::<i64>::default();
             generation.set(i64::try_from(admin.inputs.model.generation()).unwrap_or(i64::MAX));
             registry.register(
@@ -243,6 +246,7 @@ mod tests {
             fingerprint: Arc::default(),
             node_stats: Arc::default(),
             kube_writes: Arc::default(),
+            control: Arc::default(),
         }
     }
 

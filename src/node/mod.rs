@@ -9,6 +9,7 @@ pub mod dns;
 pub mod handoff;
 pub mod pods;
 pub mod stats;
+pub mod telemetry;
 pub mod tls;
 
 use std::collections::{BTreeMap, BTreeSet};
@@ -211,7 +212,9 @@ fn load(
             crate::model::retention::advance(&model.http_ports(), retained, &snapshot, ctx.now_ms);
     }
     let dns = DnsTable::build(&snapshot, &ctx.domains, config.dns_kubernetes_names);
+    let started = crate::time::now();
     let model = compile(&snapshot, &ctx);
+    stats.record_compile(&snapshot, &model, started.elapsed());
     let retained = snapshot.retained.clone();
     if let Some(w) = writers.as_mut() {
         w.status.statuses = model.route_statuses().to_vec();
@@ -389,6 +392,7 @@ pub async fn run(config: NodeConfig) -> Result<(), NodeError> {
         .collect();
     let shared = Shared {
         inputs: inputs.clone(),
+        stats: node_stats.clone(),
         home,
         dns: dns::DnsShared {
             table: dns_table.clone(),
@@ -457,6 +461,13 @@ pub async fn run(config: NodeConfig) -> Result<(), NodeError> {
         fingerprint: fingerprint.clone(),
         node_stats: node_stats.clone(),
         kube_writes: kube_writes.clone(),
+        control: Arc::new(telemetry::ControlCollector {
+            kinds: match &*source {
+                Source::Kube(kube) => kube.kinds().to_vec(),
+                Source::File(_) => Vec::new(),
+            },
+            runtime: Some(tokio::runtime::Handle::current()),
+        }),
     };
     let admin = Arc::new(admin);
     let admin_sock = state_dir.join("admin.sock");
