@@ -179,6 +179,18 @@ impl Identities {
         }
     }
 
+    /// Every certificate issued and held now, by (namespace, ServiceAccount), in that order
+    /// (for metrics and the debug CLI).
+    pub fn certificates(&self) -> Vec<((String, String), Arc<WorkloadCert>)> {
+        let mut all: Vec<_> = self
+            .cache
+            .iter()
+            .map(|e| (e.key().clone(), Arc::clone(e.value())))
+            .collect();
+        all.sort_by(|a, b| a.0.cmp(&b.0));
+        all
+    }
+
     /// Re-issues every cached certificate whose half-life has passed at `now` and returns how
     /// many were re-issued. A certificate that fails to re-issue is kept (and logged); the
     /// next call tries again.

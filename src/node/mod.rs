@@ -467,6 +467,7 @@ pub async fn run(config: NodeConfig) -> Result<(), NodeError> {
                 Source::File(_) => Vec::new(),
             },
             runtime: Some(tokio::runtime::Handle::current()),
+            identities: Some(identities.clone()),
         }),
     };
     let admin = Arc::new(admin);

@@ -26,6 +26,8 @@ pub struct ControlCollector {
     pub kinds: Vec<Arc<KindState>>,
     /// The daemon's runtime, for its worker metrics (`None` outside one).
     pub runtime: Option<tokio::runtime::Handle>,
+    /// The workload certificates this node has issued.
+    pub identities: Option<Arc<crate::identity::Identities>>,
 }
 
 impl Collector for ControlCollector {
@@ -36,6 +38,9 @@ impl Collector for ControlCollector {
         }
         if let Some(runtime) = &self.runtime {
             encode_runtime(runtime, &mut encoder)?;
+        }
+        if let Some(identities) = &self.identities {
+            encode_certificates(identities, &mut encoder)?;
         }
         Ok(())
     }
@@ -247,6 +252,49 @@ fn encode_runtime(
     Ok(())
 }
 
+/// A time of a workload certificate.
+type CertTime = fn(&crate::identity::WorkloadCert) -> std::time::SystemTime;
+
+/// Each workload certificate's expiry and planned rotation, by identity (namespace and
+/// ServiceAccount: bounded by the identities of this node's pods and their peers).
+fn encode_certificates(
+    identities: &crate::identity::Identities,
+    e: &mut DescriptorEncoder<'_>,
+) -> Result<(), fmt::Error> {
+    let certs = identities.certificates();
+    if certs.is_empty() {
+        return Ok(());
+    }
+    let unix = |t: std::time::SystemTime| {
+        t.duration_since(std::time::UNIX_EPOCH)
+            .map_or(0.0, |d| d.as_secs_f64())
+    };
+    let times: [(&str, &str, CertTime); 2] = [
+        (
+            "aether_workload_cert_expiry_timestamp",
+            "When the workload certificate of an identity expires (notAfter), Unix time",
+            |c| c.not_after,
+        ),
+        (
+            "aether_workload_cert_rotation_timestamp",
+            "When the workload certificate of an identity is re-issued (half its life), Unix time",
+            crate::identity::WorkloadCert::rotate_at,
+        ),
+    ];
+    for (name, help, time) in times {
+        let mut family =
+            e.encode_descriptor(name, help, Some(&Unit::Seconds), MetricType::Gauge)?;
+        for ((namespace, service_account), cert) in &certs {
+            let labels = [
+                ("namespace", namespace.as_str()),
+                ("service_account", service_account.as_str()),
+            ];
+            ConstGauge::new(unix(time(cert))).encode(family.encode_family(&labels)?)?;
+        }
+    }
+    Ok(())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -269,10 +317,23 @@ mod tests {
         pods.last_event_ms
             .store(1_700_000_000_500, Ordering::Relaxed);
         let routes = Arc::new(KindState::new("HTTPRoute"));
+        let now = crate::time::wall();
+        let ca = Arc::new(crate::identity::Ca::generate(now).unwrap());
+        let identities = Arc::new(
+            crate::identity::Identities::new(ca, crate::identity::IdentitySettings::default())
+                .unwrap(),
+        );
+        let cert = identities.certificate("shop", "web", now).unwrap();
         let collector = ControlCollector {
             kinds: vec![pods, routes],
             runtime: Some(tokio::runtime::Handle::current()),
+            identities: Some(identities),
         };
+        // Some CPU time of this process's own, so its counter cannot read 0 (10 ms ticks).
+        let spin = crate::time::now();
+        while spin.elapsed() < std::time::Duration::from_millis(50) {
+            std::hint::black_box(spin.elapsed());
+        }
         let mut registry = prometheus_client::registry::Registry::default();
         registry.register_collector(Box::new(collector));
         let mut text = String::new();
@@ -310,6 +371,24 @@ mod tests {
             text.lines()
                 .any(|l| l.starts_with("aether_runtime_worker_busy_seconds_total{worker=\"1\"}")),
             "{text}"
+        );
+        let unix = |t: std::time::SystemTime| {
+            t.duration_since(std::time::UNIX_EPOCH)
+                .unwrap()
+                .as_secs_f64()
+        };
+        let identity = "{namespace=\"shop\",service_account=\"web\"}";
+        assert_eq!(
+            value(&format!(
+                "aether_workload_cert_expiry_timestamp_seconds{identity}"
+            )),
+            unix(cert.not_after)
+        );
+        assert_eq!(
+            value(&format!(
+                "aether_workload_cert_rotation_timestamp_seconds{identity}"
+            )),
+            unix(cert.rotate_at())
         );
     }
 }
