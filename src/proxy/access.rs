@@ -419,6 +419,94 @@ impl Drop for TcpConn {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use http_body_util::BodyExt;
+
+    /// What a `tracing` subscriber on this thread writes while `f` runs, as text.
+    fn captured(f: impl FnOnce()) -> String {
+        let buf = Arc::new(parking_lot::Mutex::new(Vec::<u8>::new()));
+        let sink = buf.clone();
+        let subscriber = tracing_subscriber::fmt()
+            .with_ansi(false)
+            .with_writer(move || Sink(sink.clone()))
+            .finish();
+        tracing::subscriber::with_default(subscriber, f);
+        String::from_utf8_lossy(&buf.lock()).into_owned()
+    }
+
+    struct Sink(Arc<parking_lot::Mutex<Vec<u8>>>);
+
+    impl std::io::Write for Sink {
+        fn write(&mut self, b: &[u8]) -> std::io::Result<usize> {
+            self.0.lock().extend_from_slice(b);
+            Ok(b.len())
+        }
+        fn flush(&mut self) -> std::io::Result<()> {
+            Ok(())
+        }
+    }
+
+    #[test]
+    fn a_logged_response_writes_one_line_with_its_bytes_once_its_body_is_dropped() {
+        let mut read_before_drop = String::new();
+        let text = captured(|| {
+            let line = HttpLine {
+                direction: Direction::Outbound,
+                line: Line {
+                    source: Source::Pod {
+                        pod: "mp/mp-client".into(),
+                        identity: "spiffe://cluster.local/ns/mp/sa/mp-client".into(),
+                    },
+                    path: "captured",
+                    decision: "deliver",
+                    destination: Destination {
+                        service: Some(ServiceKey {
+                            namespace: "mp".into(),
+                            name: "mp-multi".into(),
+                        }),
+                        port: Some(8080),
+                        pod: Some("mp-multi-1".into()),
+                        route: None,
+                        rule: "addressing.md §5 C2",
+                    },
+                },
+                http: HttpFacts {
+                    status: 200,
+                    reason: None,
+                    head: Duration::from_micros(300),
+                    hop: Some(Duration::from_micros(200)),
+                },
+                started: crate::time::now(),
+                request_bytes: Arc::new(AtomicU64::new(3)),
+            };
+            let mut logged = Logged::new(super::super::respond::full("hello"), Box::new(line));
+            let rt = tokio::runtime::Builder::new_current_thread()
+                .build()
+                .unwrap();
+            rt.block_on(async { while logged.frame().await.is_some() {} });
+            read_before_drop = format!("{}", logged.inner.bytes.load(Ordering::Relaxed));
+            drop(logged);
+        });
+        assert_eq!(read_before_drop, "5");
+        assert_eq!(text.lines().count(), 1, "{text}");
+        for field in [
+            "aether::access",
+            "protocol=\"http\"",
+            "direction=\"outbound\"",
+            "src=mp/mp-client",
+            "dst.service=mp/mp-multi",
+            "dst.port=8080",
+            "dst.pod=mp-multi-1",
+            "route=-",
+            "status=200",
+            "reason=\"-\"",
+            "bytes.sent=3",
+            "bytes.recv=5",
+            "head_us=300",
+            "hop_us=200",
+        ] {
+            assert!(text.contains(field), "{field} missing: {text}");
+        }
+    }
 
     #[test]
     fn modes_parse_print_and_sample_one_in_n() {
