@@ -105,6 +105,9 @@ struct NodeArgs {
     /// Log filter.
     #[arg(long, env = "AETHER_LOG")]
     log_level: Option<String>,
+    /// The access log: off, on or sample=N.
+    #[arg(long, env = "AETHER_ACCESS_LOG")]
+    access_log: Option<String>,
     /// Drain bound at shutdown, in seconds.
     #[arg(long, env = "AETHER_DRAIN_TIMEOUT_SECS")]
     drain_timeout_secs: Option<u64>,
@@ -861,6 +864,7 @@ fn node_config(args: &NodeArgs) -> anyhow::Result<aether::node::NodeConfig> {
         service_cidr,
         log_format,
         log_level,
+        access_log,
         drain_timeout_secs,
         netns_prefix,
         ignored_namespaces,

@@ -183,7 +183,91 @@ async fn a_silent_client_on_a_captured_http_port_is_passed_through_at_the_sniff_
     // the client pod's own address, when the bound expires and not before.
     assert_eq!(started.elapsed(), w.inputs.settings.sniff_bound);
     assert_eq!(from.ip(), IpAddr::V4(w.ip(CLIENT)));
-    assert_eq!(w.inputs.stats.passthroughs.get(), 1);
+    assert_eq!(w.inputs.metrics.passthroughs(), 1);
+}
+
+#[tokio::test]
+async fn requests_are_counted_by_destination_code_class_and_reason_on_each_side() {
+    use aether::legs::{parse_exposition, sum_samples};
+    let w = World::start().await;
+    let host = name("mp-multi", Some(8080));
+    for _ in 0..2 {
+        let a = get(w.capture_service("mp-multi", 8080), "/", &host, &[]).await;
+        assert_eq!((a.status, a.reason()), (200, None), "{a:?}");
+    }
+    let wrong = name("mp-multi", Some(9090));
+    let a = get(w.capture_service("mp-multi", 8080), "/", &wrong, &[]).await;
+    assert_eq!(a.reason(), Some("port-mismatch"), "{a:?}");
+
+    let mut registry = prometheus_client::registry::Registry::default();
+    registry.register_collector(Box::new(aether::proxy::metrics::DataPlaneCollector(
+        w.inputs.metrics.clone(),
+    )));
+    let mut text = String::new();
+    prometheus_client::encoding::text::encode(&mut text, &registry).unwrap();
+    let s = parse_exposition(&text).unwrap();
+    let dst = |direction| {
+        [
+            ("direction", direction),
+            ("namespace", "mp"),
+            ("service", "mp-multi"),
+            ("port", "8080"),
+        ]
+    };
+    // One daemon here is both the source and the destination: each side counts once.
+    for direction in ["outbound", "inbound"] {
+        let mut ok = dst(direction).to_vec();
+        ok.extend([("code", "2xx"), ("reason", "")]);
+        assert_eq!(
+            sum_samples(&s, "aether_http_requests_total", &ok),
+            2.0,
+            "{text}"
+        );
+        assert_eq!(
+            sum_samples(
+                &s,
+                "aether_http_request_duration_seconds_count",
+                &dst(direction)
+            ),
+            2.0,
+            "{text}"
+        );
+    }
+    assert_eq!(
+        sum_samples(
+            &s,
+            "aether_hop_request_duration_seconds_count",
+            &dst("outbound")[1..]
+        ),
+        2.0,
+        "{text}"
+    );
+    // Refused before a service was chosen: the destination is `unknown`, the reason is kept.
+    let refused = [
+        ("direction", "outbound"),
+        ("service", "unknown"),
+        ("code", "4xx"),
+        ("reason", "port-mismatch"),
+    ];
+    assert_eq!(
+        sum_samples(&s, "aether_http_requests_total", &refused),
+        1.0,
+        "{text}"
+    );
+    assert_eq!(
+        sum_samples(&s, "aether_refusals_total", &[("reason", "port-mismatch")]),
+        1.0
+    );
+    assert_eq!(sum_samples(&s, "aether_refusals_total", &[]), 1.0, "{text}");
+    assert_eq!(
+        sum_samples(&s, "aether_hop_handshakes_total", &[("result", "ok")]),
+        2.0 * sum_samples(
+            &s,
+            "aether_hop_handshakes_total",
+            &[("side", "client"), ("result", "ok")]
+        ),
+        "every handshake the client side finished, the server side finished: {text}"
+    );
 }
 
 /// Read one response off a kept connection (headers and a `content-length` body).

@@ -61,7 +61,7 @@ async fn a_connection_to_a_pods_capture_port_is_closed_and_never_dialled_again()
         );
     }
     assert_eq!(w.inputs.stats.reserved_dials.get(), 2);
-    assert_eq!(w.inputs.stats.passthroughs.get(), 0);
+    assert_eq!(w.inputs.metrics.passthroughs(), 0);
     // Two connections accepted, nothing dialled back to the listener.
     assert_eq!(w.inputs.stats.captured.get(), 2);
     assert_eq!(settles(&w).await, 0);

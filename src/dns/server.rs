@@ -198,6 +198,12 @@ impl DnsServer {
         self
     }
 
+    /// The same server, counting into `stats` (shared by every pod's server of a daemon).
+    pub fn with_stats(mut self, stats: Arc<DnsStats>) -> Self {
+        self.stats = stats;
+        self
+    }
+
     /// The same server with another forward timeout (tests).
     pub fn with_forward_timeout(mut self, timeout: Duration) -> Self {
         self.forward_timeout = timeout;

@@ -41,6 +41,7 @@ mod catalogue;
 mod extra;
 mod hostile;
 mod kube;
+mod metrics;
 mod rules;
 
 use std::collections::BTreeMap;
@@ -60,6 +61,7 @@ pub use catalogue::LEGS;
 pub use extra::EXTRA;
 pub use hostile::HOSTILE;
 pub use kube::KUBE;
+pub use metrics::{METRICS, parse_exposition, sum as sum_samples};
 pub use rules::RULES;
 
 /// Where the legs run.
@@ -483,6 +485,7 @@ pub async fn run(env: &Env, filter: Option<&[String]>) -> Vec<LegResult> {
     for leg in LEGS
         .iter()
         .chain(EXTRA)
+        .chain(METRICS)
         .chain(RULES)
         .chain(HOSTILE)
         .chain(kube)

@@ -322,6 +322,24 @@ impl Model {
         out
     }
 
+    /// Every (service, port) a request or connection can be labelled with in the data plane's
+    /// metrics: each name's front ports (generated and user Services) and each mesh service's
+    /// own ports. Sorted, no duplicates; O(service ports).
+    pub fn service_ports(&self) -> BTreeSet<(ServiceKey, u16)> {
+        let mut out = BTreeSet::new();
+        for e in self.names.values().flat_map(HashMap::values) {
+            for &p in e.ports.keys() {
+                out.insert((e.key.clone(), p));
+            }
+        }
+        for (key, ports) in &self.classes {
+            for &p in ports.keys() {
+                out.insert((key.clone(), p));
+            }
+        }
+        out
+    }
+
     /// Route status entries, one per (route, parentRef).
     pub fn route_statuses(&self) -> &[RouteStatus] {
         &self.statuses

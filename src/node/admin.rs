@@ -30,6 +30,10 @@ pub const ENDPOINTS: &[(&str, &str)] = &[
         "/model",
         "the published model's generation, registry fingerprint and size, JSON",
     ),
+    (
+        "/access-log",
+        "the access log's mode (off, on, sample=N); PUT with one of them as the body sets it (the unix socket only)",
+    ),
 ];
 
 /// What the metrics listener serves: no pod, model or debug data.
@@ -83,6 +87,9 @@ async fn handle(admin: &Admin, path: &str) -> Response<Body> {
         "/metrics" => {
             let mut registry = prometheus_client::registry::Registry::default();
             admin.inputs.stats.register(&mut registry);
+            registry.register_collector(Box::new(crate::proxy::metrics::DataPlaneCollector(
+                admin.inputs.metrics.clone(),
+            )));
             admin.node_stats.register(&mut registry);
             registry.register_collector(Box::new(admin.control.clone()));
             let generation = prometheus_client::metrics::gauge::Gauge::<i64>::default();
@@ -122,17 +129,64 @@ async fn handle(admin: &Admin, path: &str) -> Response<Body> {
                     .collect::<Vec<_>>(),
             }))
         }
+        "/access-log" => Response::new(respond::full(format!("{}\n", admin.inputs.access.mode()))),
         _ => status(StatusCode::NOT_FOUND, "unknown admin path\n"),
     }
 }
 
-async fn serve_conn<I>(admin: Arc<Admin>, io: I)
+/// The largest body `PUT /access-log` reads.
+const ACCESS_LOG_BODY_MAX: usize = 64;
+
+/// `PUT /access-log`: set the access log's mode from the body (`off`, `on`, `sample=N`); `400`
+/// with the reason for anything else.
+async fn put_access_log(admin: &Admin, body: Incoming) -> Response<Body> {
+    use http_body_util::BodyExt;
+    let limited = http_body_util::Limited::new(body, ACCESS_LOG_BODY_MAX);
+    let Ok(bytes) = limited
+        .collect()
+        .await
+        .map(http_body_util::Collected::to_bytes)
+    else {
+        return status(
+            StatusCode::BAD_REQUEST,
+            "the body is not off, on or sample=N\n",
+        );
+    };
+    let text = String::from_utf8_lossy(&bytes);
+    match text.parse::<crate::proxy::access::Mode>() {
+        Ok(mode) => {
+            admin.inputs.access.set(mode);
+            tracing::info!(%mode, "access log mode set");
+            Response::new(respond::full(format!("{mode}\n")))
+        }
+        Err(e) => {
+            let mut r = Response::new(respond::full(format!("{e}\n")));
+            *r.status_mut() = StatusCode::BAD_REQUEST;
+            r
+        }
+    }
+}
+
+/// Serve one admin connection; `writable`: the unix socket, where the endpoints that change the
+/// daemon (`PUT /access-log`) are served.
+async fn serve_conn<I>(admin: Arc<Admin>, io: I, writable: bool)
 where
     I: AsyncRead + AsyncWrite + Unpin + Send + 'static,
 {
     let service = hyper::service::service_fn(move |req: Request<Incoming>| {
         let admin = admin.clone();
-        async move { Ok::<_, Infallible>(handle(&admin, req.uri().path()).await) }
+        async move {
+            let put = req.method() == http::Method::PUT;
+            let resp = match req.uri().path() {
+                "/access-log" if put && writable => put_access_log(&admin, req.into_body()).await,
+                _ if put => status(
+                    StatusCode::METHOD_NOT_ALLOWED,
+                    "PUT is served for /access-log on the admin unix socket only\n",
+                ),
+                path => handle(&admin, path).await,
+            };
+            Ok::<_, Infallible>(resp)
+        }
     });
     let _ = hyper::server::conn::http1::Builder::new()
         .serve_connection(TokioIo::new(io), service)
@@ -146,7 +200,7 @@ pub async fn serve_unix(admin: Arc<Admin>, listener: tokio::net::UnixListener) {
     let mut acceptor = Acceptor::new(listener, "admin", errors);
     loop {
         let (s, _) = acceptor.accept().await;
-        tokio::spawn(serve_conn(admin.clone(), s));
+        tokio::spawn(serve_conn(admin.clone(), s, true));
     }
 }
 
@@ -200,7 +254,7 @@ pub async fn serve_tcp(admin: Arc<Admin>, listener: tokio::net::TcpListener) {
     let mut acceptor = Acceptor::new(listener, "admin", errors);
     loop {
         let (s, _) = acceptor.accept().await;
-        tokio::spawn(serve_conn(admin.clone(), s));
+        tokio::spawn(serve_conn(admin.clone(), s, false));
     }
 }
 
@@ -239,6 +293,8 @@ mod tests {
                 apps: crate::proxy::app_pool::AppPool::default(),
                 drain: watch::Sender::new(false),
                 stats: Stats::default(),
+                metrics: Arc::default(),
+                access: crate::proxy::access::AccessLog::default(),
             }),
             pods: Arc::new(Mutex::new(Pods::default())),
             ready: rx,
@@ -384,6 +440,47 @@ mod tests {
             assert!(counter.get() >= 2, "accept errors counted: {}", counter.get());
             let _ = std::fs::remove_file(&path);
         });
+    }
+
+    /// One request over an in-memory connection served as the unix socket (`writable`) or a
+    /// TCP listener serves it.
+    async fn over(admin: &Arc<Admin>, writable: bool, request: &str) -> String {
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        let (mut client, server) = tokio::io::duplex(4096);
+        tokio::spawn(serve_conn(admin.clone(), server, writable));
+        client.write_all(request.as_bytes()).await.unwrap();
+        let mut out = Vec::new();
+        client.read_to_end(&mut out).await.unwrap();
+        String::from_utf8_lossy(&out).into_owned()
+    }
+
+    fn put(body: &str) -> String {
+        format!(
+            "PUT /access-log HTTP/1.1\r\nHost: x\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
+            body.len()
+        )
+    }
+
+    #[tokio::test]
+    async fn the_access_log_mode_is_set_on_the_unix_socket_only_and_a_bad_mode_changes_nothing() {
+        let admin = Arc::new(admin(true));
+        assert_eq!(admin.inputs.access.mode(), crate::proxy::access::Mode::Off);
+        let answer = over(&admin, true, &put("sample=10")).await;
+        assert!(answer.starts_with("HTTP/1.1 200"), "{answer}");
+        assert!(answer.ends_with("sample=10\n"), "{answer}");
+        assert_eq!(admin.inputs.access.mode().to_string(), "sample=10");
+        // The TCP admin listener does not change the daemon.
+        let answer = over(&admin, false, &put("on")).await;
+        assert!(answer.starts_with("HTTP/1.1 405"), "{answer}");
+        assert_eq!(admin.inputs.access.mode().to_string(), "sample=10");
+        // A mode that is not one is refused with the reason.
+        let answer = over(&admin, true, &put("sample=0")).await;
+        assert!(answer.starts_with("HTTP/1.1 400"), "{answer}");
+        assert!(answer.contains("off, on or sample=N"), "{answer}");
+        assert_eq!(admin.inputs.access.mode().to_string(), "sample=10");
+        let get = "GET /access-log HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n";
+        let answer = over(&admin, false, get).await;
+        assert!(answer.ends_with("\r\n\r\nsample=10\n"), "{answer}");
     }
 
     #[tokio::test]

@@ -120,6 +120,10 @@ pub struct NodeConfig {
     pub log_format: LogFormat,
     /// Log filter (tracing-subscriber `EnvFilter` syntax).
     pub log_level: String,
+    /// The access log at start: `off`, `on`, or `sample=N` (one request or connection in N),
+    /// on the `aether::access` target; changed at run time with `PUT /access-log` on the admin
+    /// socket. Default `on`. Key `access_log`, `AETHER_ACCESS_LOG`.
+    pub access_log: String,
     /// Connections open at once through the daemon (captured, loopback, inbound hop); above
     /// it a new connection is closed at accept and counted.
     pub max_connections: usize,
@@ -197,6 +201,7 @@ impl Default for NodeConfig {
             kube_streaming_lists: false,
             log_format: LogFormat::Text,
             log_level: "info".into(),
+            access_log: "on".into(),
             max_connections: 100_000,
             max_connections_per_pod: 20_000,
             handshake_timeout_ms: 10_000,
@@ -287,6 +292,12 @@ impl NodeConfig {
                     message: format!("{value:?} is not a domain"),
                 });
             }
+        }
+        if let Err(message) = self.access_log.parse::<crate::proxy::access::Mode>() {
+            return Err(ConfigError::Invalid {
+                setting: "access_log",
+                message,
+            });
         }
         // `aether cni` waits at most 600 s for any answer (docs/cni.md, `timeoutSecs`).
         if self.cni_add_wait_ms > 600_000 {

@@ -23,6 +23,8 @@ pub struct DnsShared {
     pub accept_errors: crate::proxy::Counter,
     /// Each pod's server's TCP limits, with the daemon's counters (shared by every pod).
     pub tcp: crate::dns::TcpLimits,
+    /// The daemon's DNS counters, shared by every pod's server (`aether_dns_queries_total`).
+    pub stats: Arc<crate::dns::server::DnsStats>,
 }
 
 /// Start the DNS server of one pod.
@@ -45,6 +47,7 @@ pub fn serve(
         });
     let server = DnsServer::new(shared.table.clone(), shared.upstreams.clone(), factory)
         .with_accept_errors(shared.accept_errors.clone())
-        .with_tcp_limits(shared.tcp.clone());
+        .with_tcp_limits(shared.tcp.clone())
+        .with_stats(shared.stats.clone());
     vec![tokio::spawn(server.run(udp, tcp)).abort_handle()]
 }

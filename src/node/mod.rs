@@ -377,6 +377,21 @@ pub async fn run(config: NodeConfig) -> Result<(), NodeError> {
         apps: crate::proxy::app_pool::AppPool::default(),
         drain: watch::Sender::new(false),
         stats: crate::proxy::Stats::default(),
+        metrics: {
+            let metrics = Arc::new(crate::proxy::metrics::DataPlane::default());
+            metrics.rebuild(&handle.load());
+            metrics
+        },
+        access: crate::proxy::access::AccessLog::new(
+            config
+                .access_log
+                .parse()
+                .map_err(|message| config::ConfigError::Invalid {
+                    setting: "access_log",
+                    message,
+                })
+                .map_err(NodeError::from)?,
+        ),
     });
     let upstreams = if config.dns_upstreams.is_empty() {
         std::fs::read_to_string("/etc/resolv.conf")
@@ -404,6 +419,7 @@ pub async fn run(config: NodeConfig) -> Result<(), NodeError> {
                 refused: node_stats.dns_tcp_refused.clone(),
                 timeouts: node_stats.dns_tcp_timeouts.clone(),
             },
+            stats: inputs.metrics.dns.clone(),
         },
     };
 
@@ -605,6 +621,8 @@ pub async fn run(config: NodeConfig) -> Result<(), NodeError> {
                             let _ = st.send(Arc::new(w.status));
                         }
                         let generation = handle.publish(l.model);
+                        // Off the request path: the metric series of the services it holds.
+                        shared.inputs.metrics.rebuild(&handle.load());
                         dns_table.store(Arc::new(l.dns));
                         info!(generation, "model published");
                         registry_ok = true;

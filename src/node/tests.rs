@@ -102,6 +102,8 @@ fn shared_with(manifests: &str) -> (NodeConfig, Shared) {
             apps: crate::proxy::app_pool::AppPool::default(),
             drain: watch::Sender::new(false),
             stats: Stats::default(),
+            metrics: Arc::default(),
+            access: crate::proxy::access::AccessLog::default(),
         }),
         home: Arc::new(Netns::current().unwrap()),
         stats: Arc::new(NodeStats::default()),
@@ -110,6 +112,7 @@ fn shared_with(manifests: &str) -> (NodeConfig, Shared) {
             upstreams: Vec::new(),
             accept_errors: Counter::default(),
             tcp: crate::dns::TcpLimits::default(),
+            stats: Arc::default(),
         },
     };
     (config, shared)

@@ -58,10 +58,33 @@ where
     A: AsyncRead + AsyncWrite + Unpin + ?Sized,
     B: AsyncRead + AsyncWrite + Unpin + ?Sized,
 {
+    bidirectional_counted(a, b, idle, &mut Moved::default()).await
+}
+
+/// Bytes a relay moved each way, however it ended (an IO error included).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Moved {
+    /// Bytes from `a` to `b`.
+    pub a_to_b: u64,
+    /// Bytes from `b` to `a`.
+    pub b_to_a: u64,
+}
+
+/// [`bidirectional`], writing the bytes moved each way to `moved` when it returns.
+pub async fn bidirectional_counted<A, B>(
+    a: &mut A,
+    b: &mut B,
+    idle: Option<Duration>,
+    moved: &mut Moved,
+) -> io::Result<Ended>
+where
+    A: AsyncRead + AsyncWrite + Unpin + ?Sized,
+    B: AsyncRead + AsyncWrite + Unpin + ?Sized,
+{
     let mut a_to_b = Half::default();
     let mut b_to_a = Half::default();
     let mut timer = idle.map(|d| (d, Box::pin(tokio::time::sleep(d)), 0u64));
-    poll_fn(|cx| {
+    let ended = poll_fn(|cx| {
         let forward = a_to_b.poll(cx, &mut *a, &mut *b)?;
         let backward = b_to_a.poll(cx, &mut *b, &mut *a)?;
         if forward.is_ready() && backward.is_ready() {
@@ -82,7 +105,12 @@ where
         }
         Poll::Pending
     })
-    .await
+    .await;
+    *moved = Moved {
+        a_to_b: a_to_b.moved,
+        b_to_a: b_to_a.moved,
+    };
+    ended
 }
 
 fn poll_sleep(sleep: &mut Pin<Box<Sleep>>, cx: &mut Context<'_>) -> Poll<()> {

@@ -11,6 +11,7 @@ use http::header::HeaderMap;
 use http::{HeaderName, HeaderValue, Request, Response};
 use http_body_util::BodyExt;
 
+use super::metrics::{AuthzKind, AuthzOutcome};
 use super::{Body, Inputs, Peer, PodCtx, count, respond};
 use crate::model::filters::apply_header_modifier;
 use crate::model::snapshot::{ExtAuthz, FilterConfig, HeaderModifier, HeaderMutation, Rbac};
@@ -207,13 +208,25 @@ pub async fn authorize<B>(
     peer: &Peer,
     req: &Request<B>,
 ) -> Option<Response<Body>> {
-    match config {
-        FilterConfig::HeaderMutation(_) => None,
-        FilterConfig::Rbac(rbac) => {
-            (!rbac_allows(rbac, peer)).then(|| respond::reason(Reason::AuthzDenied))
-        }
-        FilterConfig::ExtAuthz(ext) => ext_authz(inputs, pod, ext, service, peer, req).await,
-    }
+    let started = crate::time::now();
+    let (kind, verdict) = match config {
+        FilterConfig::HeaderMutation(_) => return None,
+        FilterConfig::Rbac(rbac) => (
+            AuthzKind::Rbac,
+            (!rbac_allows(rbac, peer)).then(|| respond::reason(Reason::AuthzDenied)),
+        ),
+        FilterConfig::ExtAuthz(ext) => (
+            AuthzKind::ExtAuthz,
+            ext_authz(inputs, pod, ext, service, peer, req).await,
+        ),
+    };
+    let outcome = match verdict.as_ref().and_then(respond::answered_here) {
+        None => AuthzOutcome::Allow,
+        Some(Reason::AuthzUnavailable) => AuthzOutcome::Unavailable,
+        Some(_) => AuthzOutcome::Deny,
+    };
+    inputs.metrics.authz(kind, outcome, started.elapsed());
+    verdict
 }
 
 /// The check request of an `ext_authz` filter, built from scratch (docs/mesh-filter.md): the

@@ -9,6 +9,8 @@
 //! kept connection is never sent twice.
 
 use std::net::{IpAddr, SocketAddr};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicI64, Ordering};
 
 use dashmap::DashMap;
 use http::header::HOST;
@@ -20,6 +22,7 @@ use tokio::net::TcpStream;
 use tokio_rustls::TlsConnector;
 use tracing::debug;
 
+use super::metrics::{DataPlane, Handshake, Side};
 use super::socket::{SocketError, Source};
 use super::{ALPN_HTTP, Body, HOP_PORT, Inputs, PodCtx};
 use crate::resolve::decision::{Endpoint, ServiceKey};
@@ -108,6 +111,28 @@ pub async fn connect(
     port: u16,
     alpn: &[u8],
 ) -> Result<TlsStream, HopError> {
+    let connected = open(inputs, pod, endpoint, port, alpn).await;
+    let result = match &connected {
+        Ok(_) => Handshake::Ok,
+        Err(HopError::Connect { .. }) => Handshake::Connect,
+        Err(HopError::ConnectTimeout { .. } | HopError::HandshakeTimeout { .. }) => {
+            Handshake::Timeout
+        }
+        Err(HopError::ServerName(_)) => Handshake::Sni,
+        Err(HopError::Handshake { source, .. }) => Handshake::of_tls_error(source),
+        Err(HopError::Http { .. }) => Handshake::Tls,
+    };
+    inputs.metrics.handshake(Side::Client, result);
+    connected
+}
+
+async fn open(
+    inputs: &Inputs,
+    pod: &PodCtx,
+    endpoint: &Endpoint,
+    port: u16,
+    alpn: &[u8],
+) -> Result<TlsStream, HopError> {
     let dst = SocketAddr::new(endpoint.address, HOP_PORT);
     let tcp = tokio::time::timeout(
         inputs.settings.connect_timeout,
@@ -178,6 +203,8 @@ impl Pool {
             .get(&key)
             .map(|c| c.clone())
             .filter(|c| !c.is_closed());
+        // A request in flight on the pool until its response head (`aether_hop_pool_streams`).
+        let _stream = InFlight::new(&inputs.metrics.pool_streams);
         let req = match kept {
             Some(mut sender) => match sender.try_send_request(req).await {
                 Ok(resp) => return Ok(resp),
@@ -202,7 +229,10 @@ impl Pool {
             .handshake(TokioIo::new(tls))
             .await
             .map_err(|source| HopError::Http { dst, source })?;
+        let open = PoolConnection::new(inputs.metrics.clone());
         tokio::spawn(async move {
+            // Counted in `aether_hop_pool_connections` while it runs.
+            let _open = open;
             if let Err(e) = conn.await {
                 debug!(error = %e, %dst, "hop connection ended");
             }
@@ -212,6 +242,38 @@ impl Pool {
             self.conns.remove(&key);
             HopError::Http { dst, source }
         })
+    }
+}
+
+/// One unit of a pool gauge, given back when dropped.
+struct InFlight<'a>(&'a AtomicI64);
+
+impl<'a> InFlight<'a> {
+    fn new(gauge: &'a AtomicI64) -> Self {
+        gauge.fetch_add(1, Ordering::Relaxed);
+        Self(gauge)
+    }
+}
+
+impl Drop for InFlight<'_> {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::Relaxed);
+    }
+}
+
+/// One pooled connection, counted while its task runs.
+struct PoolConnection(Arc<DataPlane>);
+
+impl PoolConnection {
+    fn new(metrics: Arc<DataPlane>) -> Self {
+        metrics.pool_connections.fetch_add(1, Ordering::Relaxed);
+        Self(metrics)
+    }
+}
+
+impl Drop for PoolConnection {
+    fn drop(&mut self) {
+        self.0.pool_connections.fetch_sub(1, Ordering::Relaxed);
     }
 }
 

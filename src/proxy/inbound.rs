@@ -15,6 +15,7 @@
 
 use std::net::{IpAddr, SocketAddr};
 use std::sync::Arc;
+use std::sync::atomic::AtomicU64;
 
 use http::{Request, Response, Version};
 use http_body_util::BodyExt;
@@ -24,12 +25,15 @@ use tokio::net::{TcpListener, TcpStream};
 use tokio_rustls::LazyConfigAcceptor;
 use tracing::debug;
 
+use super::access::{Line, TcpConn};
 use super::hop::{HOP_SERVICES, HOP_VERSION, parse_server_name};
 use super::http::limits::{self, InFlight, Proto, Watch, Watched, track};
+use super::metrics::{Direction, Handshake, Side};
 use super::{
     ALPN_H1, ALPN_HTTP, ALPN_L4, ALPN_TCP, Body, BoxError, Inputs, Peer, PodCtx, count, sniff,
 };
 use crate::model::port::PortProtocol;
+use crate::resolve::answer::HEADER_ERROR;
 use crate::resolve::decision::ServiceKey;
 
 /// The class a hop's ALPN asks for.
@@ -93,30 +97,30 @@ async fn inbound_connection(
     };
     let client_ip = peer_addr.ip();
     let app = SocketAddr::new(local.ip(), hop.port);
+    // The destination of everything on this connection: the pod's own mesh service and the
+    // port the SNI named, looked up once.
+    let own = ServiceKey {
+        namespace: pod.namespace.as_str().into(),
+        name: pod.service_account.as_str().into(),
+    };
+    let to = Delivery {
+        app,
+        client_ip,
+        pod_ip: local.ip(),
+        series: inputs.metrics.series(&own, hop.port),
+        service: own,
+    };
     if hop.l4 {
-        let to = Delivery {
-            app,
-            client_ip,
-            pod_ip: local.ip(),
-        };
         return Box::pin(l4_delivery(inputs, pod, hop.tls, hop.peer, to, hop.class)).await;
     }
     match hop.class {
         PortProtocol::Tcp => {
-            let to = Delivery {
-                app,
-                client_ip,
-                pod_ip: local.ip(),
-            };
             // model.md §12.5 item 2: authorization at connection level, before a byte
             // reaches the application, as for the bytes of an L4 hop.
             Box::pin(l4_bytes(&inputs, &pod, hop.tls, &hop.peer, to)).await;
         }
         _ => {
-            Box::pin(serve_hop_http(
-                inputs, pod, hop.tls, hop.h1, hop.peer, app, client_ip,
-            ))
-            .await;
+            Box::pin(serve_hop_http(inputs, pod, hop.tls, hop.h1, hop.peer, to)).await;
         }
     }
 }
@@ -159,10 +163,12 @@ async fn accept(
         // refused by closing the handshake.
         debug!(?sni, pod = %pod.name, "inbound hop refused: SNI not served here");
         count(&inputs.stats.hop_refused);
+        inputs.metrics.handshake(Side::Server, Handshake::Sni);
         return None;
     };
     let Some(config) = inputs.tls.server(&pod.namespace, &pod.service_account) else {
         count(&inputs.stats.hop_refused);
+        inputs.metrics.handshake(Side::Server, Handshake::Identity);
         return None;
     };
     let tls = handshake_step(inputs, deadline, start.into_stream(config)).await?;
@@ -173,8 +179,10 @@ async fn accept(
         .and_then(|chain| inputs.tls.peer(chain))
     else {
         count(&inputs.stats.hop_refused);
+        inputs.metrics.handshake(Side::Server, Handshake::Identity);
         return None;
     };
+    inputs.metrics.handshake(Side::Server, Handshake::Ok);
     Some(Accepted {
         tls,
         peer,
@@ -193,8 +201,7 @@ async fn serve_hop_http<T>(
     tls: T,
     h1: bool,
     peer: Peer,
-    app: SocketAddr,
-    client_ip: IpAddr,
+    to: Delivery,
 ) where
     T: tokio::io::AsyncRead + tokio::io::AsyncWrite + Send + Unpin + 'static,
 {
@@ -203,6 +210,7 @@ async fn serve_hop_http<T>(
     let io = TokioIo::new(Watched::new(tls, bytes::Bytes::new(), watch.clone()));
     let pod_name = pod.name.clone();
     let peer = Arc::new(peer);
+    let to = Arc::new(to);
     let service = {
         let inputs = inputs.clone();
         let watch = watch.clone();
@@ -210,12 +218,12 @@ async fn serve_hop_http<T>(
             let inputs = inputs.clone();
             let pod = pod.clone();
             let peer = peer.clone();
+            let to = to.clone();
             let in_flight = watch.begin(&inputs.stats);
             // Boxed, as on the source side (`http::serve`): an idle connection keeps no room
             // for a request's future.
             Box::pin(async move {
-                let resp =
-                    inbound_request(&inputs, &pod, &peer, app, client_ip, req, &in_flight).await;
+                let resp = inbound_request(&inputs, &pod, &peer, &to, req, &in_flight).await;
                 Ok::<_, std::convert::Infallible>(resp.map(|b| track(b, &in_flight)))
             })
         })
@@ -253,18 +261,113 @@ async fn inbound_request(
     inputs: &Inputs,
     pod: &PodCtx,
     peer: &Peer,
-    app: SocketAddr,
-    client_ip: IpAddr,
+    to: &Delivery,
     mut req: Request<hyper::body::Incoming>,
     in_flight: &Arc<InFlight>,
 ) -> Response<Body> {
-    let version = match destination_filters(inputs, pod, peer, &mut req).await {
-        Ok(v) => v,
-        Err(denied) => return denied,
+    let started = crate::time::now();
+    let logged = inputs.access.pick();
+    let request_bytes = logged.then(|| Arc::new(AtomicU64::new(0)));
+    let (resp, decision) = match destination_filters(inputs, pod, peer, &mut req).await {
+        Ok(version) => {
+            let client_upgrade =
+                super::upgrade::is_upgrade(&req).then(|| hyper::upgrade::on(&mut req));
+            let req = req.map(|body| {
+                let body = track(body.map_err(BoxError::from).boxed(), in_flight);
+                match &request_bytes {
+                    Some(n) => super::access::Counted::new(body, n.clone()).boxed(),
+                    None => body,
+                }
+            });
+            let resp = super::http::to_app(
+                inputs,
+                pod,
+                to.app,
+                to.client_ip,
+                version,
+                req,
+                client_upgrade,
+            )
+            .await;
+            (resp, "deliver")
+        }
+        Err(denied) => (denied, "deny"),
     };
-    let client_upgrade = super::upgrade::is_upgrade(&req).then(|| hyper::upgrade::on(&mut req));
-    let req = req.map(|body| track(body.map_err(BoxError::from).boxed(), in_flight));
-    super::http::to_app(inputs, pod, app, client_ip, version, req, client_upgrade).await
+    inbound_done(
+        inputs,
+        pod,
+        peer,
+        to,
+        resp,
+        decision,
+        started,
+        request_bytes,
+    )
+}
+
+/// The access line of a request or stream that arrived over the hop.
+fn inbound_line(
+    peer: &Peer,
+    to: &Delivery,
+    pod: &PodCtx,
+    decision: &'static str,
+    rule: &'static str,
+) -> Line {
+    Line {
+        source: super::access::Source::Peer {
+            identity: peer.id.clone(),
+            addr: to.client_ip,
+        },
+        path: "hop-inbound",
+        decision,
+        destination: super::access::Destination {
+            service: Some(to.service.clone()),
+            port: Some(to.app.port()),
+            pod: Some(pod.name.clone()),
+            route: None,
+            rule,
+        },
+    }
+}
+
+/// Count one request that arrived over the hop, and give it its access line when picked.
+#[allow(clippy::too_many_arguments)] // The request's own facts, each once; no bundle repeats.
+fn inbound_done(
+    inputs: &Inputs,
+    pod: &PodCtx,
+    peer: &Peer,
+    to: &Delivery,
+    resp: Response<Body>,
+    decision: &'static str,
+    started: std::time::Instant,
+    request_bytes: Option<Arc<AtomicU64>>,
+) -> Response<Body> {
+    let head = started.elapsed();
+    let reason = resp
+        .headers()
+        .get(HEADER_ERROR)
+        .and_then(|v| super::metrics::reason_of(v.as_bytes()));
+    to.series
+        .record_request(Direction::Inbound, resp.status().as_u16(), reason, head);
+    if let Some(here) = super::respond::answered_here(&resp) {
+        inputs.metrics.refused(here);
+    }
+    let Some(request_bytes) = request_bytes else {
+        return resp;
+    };
+    let line = super::access::HttpLine {
+        direction: Direction::Inbound,
+        line: inbound_line(peer, to, pod, decision, "model.md §14 inbound hop"),
+        http: super::access::HttpFacts {
+            status: resp.status().as_u16(),
+            reason: reason.map(crate::resolve::answer::Reason::code),
+            head,
+            hop: None,
+        },
+        started,
+        request_bytes,
+    };
+    resp.map(|b| super::access::Logged::new(b, Box::new(line)).boxed())
 }
 
 /// What the destination runs on every request that arrives over the hop, whatever the hop's
@@ -323,20 +426,24 @@ pub async fn destination_filters<B>(
 
 /// One step of the hop's TLS handshake within its `deadline`; a failure or a late step is
 /// counted as a refused hop (and a timeout) and gives `None`: the connection is dropped.
-async fn handshake_step<T, E>(
+async fn handshake_step<T>(
     inputs: &Inputs,
     deadline: tokio::time::Instant,
-    step: impl Future<Output = Result<T, E>>,
+    step: impl Future<Output = std::io::Result<T>>,
 ) -> Option<T> {
     match tokio::time::timeout_at(deadline, step).await {
         Ok(Ok(done)) => Some(done),
-        Ok(Err(_)) => {
+        Ok(Err(e)) => {
             count(&inputs.stats.hop_refused);
+            inputs
+                .metrics
+                .handshake(Side::Server, Handshake::of_tls_error(&e));
             None
         }
         Err(_) => {
             count(&inputs.stats.handshake_timeouts);
             count(&inputs.stats.hop_refused);
+            inputs.metrics.handshake(Side::Server, Handshake::Timeout);
             None
         }
     }
@@ -344,11 +451,15 @@ async fn handshake_step<T, E>(
 
 /// Where an L4 delivery goes: the application's address, the client pod's IP (the source
 /// the application sees), and the destination pod's own IP (which Services guard it).
-#[derive(Clone, Copy, Debug)]
+#[derive(Clone, Debug)]
 struct Delivery {
     app: SocketAddr,
     client_ip: IpAddr,
     pod_ip: IpAddr,
+    /// The pod's own mesh service.
+    service: ServiceKey,
+    /// Its metric series for the port the hop named.
+    series: Arc<super::metrics::Series>,
 }
 
 type ServerTls = tokio_rustls::server::TlsStream<TcpStream>;
@@ -416,7 +527,10 @@ where
     else {
         return;
     };
-    let _ = super::relay(inputs, &mut stream, &mut upstream).await;
+    let mut conn = TcpConn::open(inputs, to.series.clone(), Direction::Inbound, || {
+        inbound_line(peer, &to, pod, "deliver", "model.md §12.5 item 2")
+    });
+    let _ = super::relay(inputs, &mut stream, &mut upstream, &mut conn).await;
 }
 
 /// An L4 hop's bytes on an HTTP port, served as HTTP: each request runs the service-level
@@ -443,6 +557,7 @@ async fn l4_http<S>(
     let watch = Watch::new(proto, &inputs.settings, Some(tokio::time::Instant::now()));
     let io = TokioIo::new(Watched::new(stream, prefix, watch.clone()));
     let peer = Arc::new(peer);
+    let to = Arc::new(to);
     let service = {
         let inputs = inputs.clone();
         let watch = watch.clone();
@@ -450,8 +565,12 @@ async fn l4_http<S>(
             let inputs = inputs.clone();
             let pod = pod.clone();
             let peer = peer.clone();
+            let to = to.clone();
             let in_flight = watch.begin(&inputs.stats);
             Box::pin(async move {
+                let started = crate::time::now();
+                let logged = inputs.access.pick();
+                let request_bytes = logged.then(|| Arc::new(AtomicU64::new(0)));
                 let switch = super::filters::strip_client_request(req.headers_mut());
                 let switches = super::upgrade::carry(
                     &mut req,
@@ -471,6 +590,16 @@ async fn l4_http<S>(
                         )
                         .await
                         {
+                            let denied = inbound_done(
+                                &inputs,
+                                &pod,
+                                &peer,
+                                &to,
+                                denied,
+                                "deny",
+                                started,
+                                request_bytes,
+                            );
                             return Ok::<_, std::convert::Infallible>(
                                 denied.map(|b| track(b, &in_flight)),
                             );
@@ -480,7 +609,13 @@ async fn l4_http<S>(
                 drop(model);
                 let version = req.version();
                 let client_upgrade = switches.then(|| hyper::upgrade::on(&mut req));
-                let req = req.map(|body| body.map_err(BoxError::from).boxed());
+                let req = req.map(|body| {
+                    let body = body.map_err(BoxError::from).boxed();
+                    match &request_bytes {
+                        Some(n) => super::access::Counted::new(body, n.clone()).boxed(),
+                        None => body,
+                    }
+                });
                 let resp = super::http::to_app(
                     &inputs,
                     &pod,
@@ -491,6 +626,16 @@ async fn l4_http<S>(
                     client_upgrade,
                 )
                 .await;
+                let resp = inbound_done(
+                    &inputs,
+                    &pod,
+                    &peer,
+                    &to,
+                    resp,
+                    "deliver",
+                    started,
+                    request_bytes,
+                );
                 Ok(resp.map(|b| track(b, &in_flight)))
             })
         })

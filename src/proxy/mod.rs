@@ -7,6 +7,7 @@
 //! (the hop's destination side) → `filters`, `http::upstream`, `http::limits`. `respond`, `sniff`, `upgrade`
 //! and `app_pool` import none of them. Sockets of a pod come from its [`socket`] factory.
 
+pub mod access;
 pub mod app_pool;
 pub mod copy;
 pub mod filters;
@@ -14,6 +15,7 @@ pub mod hop;
 pub mod http;
 pub mod inbound;
 pub mod mesh_call;
+pub mod metrics;
 pub mod outbound;
 pub mod passthrough;
 pub mod peek;
@@ -194,6 +196,10 @@ pub struct Inputs {
     pub drain: tokio::sync::watch::Sender<bool>,
     /// Counters.
     pub stats: Stats,
+    /// The labelled data-plane metrics (lock-free; [`metrics`]).
+    pub metrics: Arc<metrics::DataPlane>,
+    /// The access log's switch ([`access`]).
+    pub access: access::AccessLog,
 }
 
 /// Data-plane counters (exported by `admin` through prometheus-client).
@@ -201,14 +207,10 @@ pub struct Inputs {
 pub struct Stats {
     /// Connections accepted on capture listeners.
     pub captured: Counter,
-    /// HTTP requests handled.
-    pub requests: Counter,
     /// Mesh answers sent (4xx/5xx with a reason).
     pub answers: Counter,
     /// Deliveries over the mesh hop.
     pub deliveries: Counter,
-    /// Passthroughs.
-    pub passthroughs: Counter,
     /// Inbound hop connections refused (SNI, identity).
     pub hop_refused: Counter,
     /// Deliveries to the application that fell back to the pod's own IP (model.md §12.4).
@@ -275,11 +277,6 @@ impl Stats {
                 &self.captured,
             ),
             (
-                "aether_http_requests",
-                "HTTP requests handled",
-                &self.requests,
-            ),
-            (
                 "aether_mesh_answers",
                 "Mesh answers (4xx/5xx with x-aether-error)",
                 &self.answers,
@@ -288,11 +285,6 @@ impl Stats {
                 "aether_deliveries",
                 "Deliveries over the mesh hop",
                 &self.deliveries,
-            ),
-            (
-                "aether_passthroughs",
-                "Connections and requests passed through",
-                &self.passthroughs,
             ),
             (
                 "aether_hop_refused",
@@ -428,13 +420,23 @@ pub fn count(c: &Counter) {
 
 /// Relay a byte stream both ways (raw TCP, an L4 hop, a passthrough, a spliced upgrade) until
 /// both sides close, or until it moves no byte for [`ProxySettings::tcp_idle_timeout`]
-/// (counted in `aether_tcp_idle_closed`). An idle relay holds no buffer ([`copy`]).
-pub async fn relay<A, B>(inputs: &Inputs, a: &mut A, b: &mut B) -> std::io::Result<copy::Ended>
+/// (counted in `aether_tcp_idle_closed`). An idle relay holds no buffer ([`copy`]). The bytes
+/// moved each way, however it ends, go to `conn` (`a` is the client's side).
+pub async fn relay<A, B>(
+    inputs: &Inputs,
+    a: &mut A,
+    b: &mut B,
+    conn: &mut access::TcpConn,
+) -> std::io::Result<copy::Ended>
 where
     A: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + ?Sized,
     B: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + ?Sized,
 {
-    let ended = copy::bidirectional(a, b, inputs.settings.tcp_idle_timeout).await;
+    let mut moved = copy::Moved::default();
+    let ended =
+        copy::bidirectional_counted(a, b, inputs.settings.tcp_idle_timeout, &mut moved).await;
+    conn.sent = moved.a_to_b;
+    conn.received = moved.b_to_a;
     if let Ok(copy::Ended::Idle) = ended {
         count(&inputs.stats.tcp_idle_closed);
     }

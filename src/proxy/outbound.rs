@@ -6,8 +6,10 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 
 use tokio::net::{TcpListener, TcpStream};
-use tracing::{debug, info, warn};
+use tracing::{debug, warn};
 
+use super::access::{Destination, Line, Source, TcpConn};
+use super::metrics::Direction;
 use super::{ALPN_TCP, Inputs, PodCtx, count, hop, peek, sniff};
 use crate::model::filters::pick_weighted;
 use crate::resolve::decision::{
@@ -159,18 +161,66 @@ async fn tcp(inputs: &Inputs, pod: &PodCtx, mut stream: TcpStream, choice: &TcpC
         }
     };
     count(&inputs.stats.deliveries);
-    info!(target: "aether::access", pod = %pod.name, svc = %target.service,
-        dst.port = target.pod_port, decision = "deliver", "raw tcp");
-    let _ = super::relay(inputs, &mut stream, &mut upstream).await;
+    let series = inputs.metrics.series(&target.service, target.port);
+    let mut conn = TcpConn::open(inputs, series, Direction::Outbound, || Line {
+        source: Source::pod(pod, &inputs.settings.trust_domain),
+        path: tcp_path(target.port),
+        decision: "deliver",
+        destination: Destination {
+            service: Some(target.service.clone()),
+            port: Some(target.port),
+            pod: Some(
+                endpoint
+                    .pod
+                    .as_deref()
+                    .map_or_else(|| endpoint.address.to_string(), str::to_owned),
+            ),
+            route: None,
+            rule: target.why.rule,
+        },
+    });
+    let _ = super::relay(inputs, &mut stream, &mut upstream, &mut conn).await;
+}
+
+/// The path a captured byte stream took in (the access log's `path`).
+fn tcp_path(port: u16) -> &'static str {
+    if port == super::LEGACY_PORT {
+        "legacy-18082"
+    } else {
+        "captured"
+    }
 }
 
 /// Passthrough at the byte level: to the dialled address, from the pod's own address; to a
 /// mesh pod over the hop instead ([`passthrough`], model.md §12.5 item 1).
 async fn passthrough(inputs: &Inputs, pod: &PodCtx, mut stream: TcpStream, dialled: SocketAddr) {
-    count(&inputs.stats.passthroughs);
+    inputs
+        .metrics
+        .passthrough(super::metrics::PassProtocol::Tcp);
     let target = super::passthrough::pick(inputs, dialled);
     let Some(mut upstream) = Box::pin(super::passthrough::open(inputs, pod, &target)).await else {
         return;
     };
-    let _ = super::relay(inputs, &mut stream, &mut upstream).await;
+    // A passthrough has no destination service unless it crosses the hop to a mesh pod.
+    let series = match &target.hop {
+        Some(service) => inputs.metrics.series(service, target.dst.port()),
+        None => inputs.metrics.unknown(),
+    };
+    let mut conn = TcpConn::open(inputs, series, Direction::Outbound, || Line {
+        source: Source::pod(pod, &inputs.settings.trust_domain),
+        path: tcp_path(dialled.port()),
+        decision: if target.hop.is_some() {
+            "l4-hop"
+        } else {
+            "passthrough"
+        },
+        destination: Destination {
+            service: target.hop.clone(),
+            port: Some(dialled.port()),
+            pod: Some(target.dst.to_string()),
+            route: None,
+            rule: "addressing.md §7.2 passthrough",
+        },
+    });
+    let _ = super::relay(inputs, &mut stream, &mut upstream, &mut conn).await;
 }

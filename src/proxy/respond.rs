@@ -7,10 +7,22 @@ use http_body_util::BodyExt;
 use super::Body;
 use crate::resolve::answer::{HEADER_ERROR, MeshAnswer, Reason, grpc_code};
 
+/// Marks a response this daemon answered itself (a response extension, which never crosses the
+/// wire): a mesh answer relayed from the hop's destination does not carry it, so each answer is
+/// counted once, by the daemon that made it (`aether_refusals_total`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct AnsweredHere(pub Reason);
+
+/// The reason of a mesh answer this daemon made, if `resp` is one.
+pub fn answered_here<B>(resp: &Response<B>) -> Option<Reason> {
+    resp.extensions().get::<AnsweredHere>().map(|a| a.0)
+}
+
 /// The response for a mesh answer.
 pub fn answer(answer: &MeshAnswer) -> Response<Body> {
     let rendered = answer.render();
     let mut resp = Response::new(full(rendered.body));
+    resp.extensions_mut().insert(AnsweredHere(answer.reason));
     *resp.status_mut() =
         StatusCode::from_u16(rendered.status).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
     for (name, value) in rendered.headers {

@@ -129,7 +129,9 @@ pub async fn serve_udp(inputs: Arc<Inputs>, pod: Arc<PodCtx>, sock: UdpSocket) {
         };
         if let Some(flow) = flows.get(&(client, dst)).map(|f| f.clone()) {
             flow.touch(epoch);
-            let _ = flow.up.send(&buf[..n]).await;
+            if flow.up.send(&buf[..n]).await.is_ok() {
+                inputs.metrics.udp_datagram(true);
+            }
             continue;
         }
         if flows.len() >= inputs.settings.udp_max_flows_per_pod {
@@ -183,7 +185,9 @@ pub async fn serve_udp(inputs: Arc<Inputs>, pod: Arc<PodCtx>, sock: UdpSocket) {
             last: AtomicU64::new(0),
         });
         flow.touch(epoch);
-        let _ = flow.up.send(&buf[..n]).await;
+        if flow.up.send(&buf[..n]).await.is_ok() {
+            inputs.metrics.udp_datagram(true);
+        }
         flows.insert((client, dst), flow.clone());
         inputs.stats.udp_flows.inc();
         let run = FlowRun {
@@ -195,6 +199,7 @@ pub async fn serve_udp(inputs: Arc<Inputs>, pod: Arc<PodCtx>, sock: UdpSocket) {
             epoch,
             idle: inputs.settings.udp_idle,
             gauge: inputs.stats.udp_flows.clone(),
+            metrics: inputs.metrics.clone(),
         };
         let pod = pod.clone();
         tokio::spawn(async move { pod.clone().until_retired(run.relay()).await });
@@ -211,6 +216,7 @@ struct FlowRun {
     epoch: Instant,
     idle: Duration,
     gauge: super::Gauge,
+    metrics: Arc<super::metrics::DataPlane>,
 }
 
 impl FlowRun {
@@ -231,7 +237,10 @@ impl FlowRun {
                         self.reply.try_send_to(&buf[..n], client)
                     });
                     match sent {
-                        Ok(_) => self.flow.touch(self.epoch),
+                        Ok(_) => {
+                            self.flow.touch(self.epoch);
+                            self.metrics.udp_datagram(false);
+                        }
                         Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {}
                         Err(e) => debug!(error = %e, %client, "udp reply not relayed"),
                     }
@@ -375,6 +384,8 @@ spec:
             apps: AppPool::default(),
             drain: watch::Sender::new(false),
             stats: Stats::default(),
+            metrics: Arc::default(),
+            access: crate::proxy::access::AccessLog::default(),
         });
         let ip: Ipv4Addr = format!("{base}.1").parse().unwrap();
         let net = LoopbackNet::new(ip);

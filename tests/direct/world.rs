@@ -241,6 +241,8 @@ impl World {
         let model = compile(&snapshot, &NodeContext::default());
         let ca = Arc::new(Ca::generate(aether::time::wall()).unwrap());
         let identities = Arc::new(Identities::new(ca, IdentitySettings::default()).unwrap());
+        let metrics = Arc::new(aether::proxy::metrics::DataPlane::default());
+        metrics.rebuild(&model);
         let inputs = Arc::new(Inputs {
             model: Arc::new(ModelHandle::new(model)),
             tls: Arc::new(IdentityTls::new(identities)),
@@ -249,6 +251,8 @@ impl World {
             apps: aether::proxy::app_pool::AppPool::default(),
             drain: tokio::sync::watch::Sender::new(false),
             stats: Stats::default(),
+            metrics,
+            access: aether::proxy::access::AccessLog::default(),
         });
         let ip = |host: u8| Ipv4Addr::new(block[0], block[1], block[2], host);
         let pod = |name: &str, sa: &str, net: &LoopbackNet| {

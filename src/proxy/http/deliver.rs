@@ -27,6 +27,27 @@ use crate::proxy::{ALPN_H1, Body, BoxError, Inputs, Peer, PodCtx, count, respond
 use crate::resolve::answer::Reason;
 use crate::resolve::decision::Delivery;
 
+/// A delivery's mesh hop, as a response extension (set by [`deliver`]): how long the hop
+/// took to the response head, and the endpoint it went to.
+#[derive(Clone, Debug)]
+pub struct Hopped {
+    /// From sending the request on the hop to its response head.
+    pub took: std::time::Duration,
+    /// The endpoint's pod name, when the model knows it.
+    pub pod: Option<Arc<str>>,
+    /// The endpoint's address.
+    pub address: std::net::IpAddr,
+}
+
+impl Hopped {
+    /// The endpoint's pod name, or its address.
+    pub fn pod(&self) -> String {
+        self.pod
+            .as_deref()
+            .map_or_else(|| self.address.to_string(), str::to_owned)
+    }
+}
+
 /// The response header modifiers collected while the request filters run.
 #[derive(Default)]
 struct ResponseSteps(Vec<HeaderModifier>);
@@ -199,6 +220,7 @@ pub async fn deliver(
     let endpoint = &endpoints[fastrand::usize(..endpoints.len())];
     let version = req.version();
     count(&inputs.stats.deliveries);
+    let hop_started = crate::time::now();
     let send = async {
         match client_upgrade {
             None => {
@@ -240,6 +262,11 @@ pub async fn deliver(
             return respond::reason(Reason::UpstreamUnreachable);
         }
     };
+    resp.extensions_mut().insert(Hopped {
+        took: hop_started.elapsed(),
+        pod: endpoint.pod.clone(),
+        address: endpoint.address,
+    });
     backend_response.apply(&mut resp);
     rule_response.apply(&mut resp);
     service_response.apply(&mut resp);

@@ -12,6 +12,7 @@
 
 use std::convert::Infallible;
 use std::sync::Arc;
+use std::sync::atomic::AtomicU64;
 
 use bytes::{Bytes, BytesMut};
 use http::header::HOST;
@@ -21,16 +22,17 @@ use hyper::body::Incoming;
 use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
-use tracing::{debug, info};
+use tracing::debug;
 
-use super::deliver::deliver;
+use super::deliver::{Hopped, deliver};
 use super::limits::{self, Proto, Watch, Watched, track};
 use super::upstream::passthrough;
 use crate::model::names::{AuthorityInput, HttpVersion};
 use crate::proxy::filters::strip_client_request;
-use crate::proxy::{Body, BoxError, Inputs, PodCtx, count, respond, sniff, upgrade};
+use crate::proxy::metrics::{self, Direction};
+use crate::proxy::{Body, BoxError, Inputs, PodCtx, access, count, respond, sniff, upgrade};
 use crate::resolve::answer::{HEADER_ERROR, MeshAnswer, Reason};
-use crate::resolve::decision::{HttpEntry, RequestDecision, RequestFacts};
+use crate::resolve::decision::{HttpEntry, RequestDecision, RequestFacts, ServiceKey};
 use crate::resolve::resolve_request;
 
 /// Serve HTTP on an accepted connection. The first request head is read and checked before
@@ -56,6 +58,13 @@ pub async fn serve(inputs: Arc<Inputs>, pod: Arc<PodCtx>, mut stream: TcpStream,
                 .await;
             let _ = stream.shutdown().await;
             count(&inputs.stats.answers);
+            inputs.metrics.refused(reason);
+            inputs.metrics.unknown().record_request(
+                Direction::Outbound,
+                reason.status(),
+                Some(reason),
+                accepted.elapsed(),
+            );
             return;
         }
         First::Close => return,
@@ -387,32 +396,67 @@ impl Facts {
     }
 }
 
+/// What [`answer_request`] decided about one request: for its metrics and its access line.
+struct Outcome {
+    /// `deliver`, `refuse`, `redirect`, `passthrough`.
+    decision: &'static str,
+    /// The destination service and port (a delivery's).
+    service: Option<(ServiceKey, u16)>,
+    /// The rule of the spec that decided.
+    rule: &'static str,
+    /// The route rule that decided (`HTTPRoute ns/name rule N`), built only for a logged
+    /// request.
+    route: Option<String>,
+}
+
+impl Outcome {
+    fn answered(rule: &'static str) -> Self {
+        Self {
+            decision: "refuse",
+            service: None,
+            rule,
+            route: None,
+        }
+    }
+}
+
 /// One request on any entry path. A request that asks to switch protocols takes the
 /// client's side of the switch with it, so that a `101` from upstream splices the two. A mesh
 /// answer to a gRPC request also carries `grpc-status` and `grpc-message`
-/// ([`respond::for_grpc`]).
+/// ([`respond::for_grpc`]). Counted in the metrics (direction `outbound`) once its response head
+/// is known, and given an access line at the end of its response body when the log picks it.
 pub async fn handle(
     inputs: &Arc<Inputs>,
     pod: &Arc<PodCtx>,
     entry: HttpEntry,
     req: Request<Body>,
 ) -> Response<Body> {
+    let started = crate::time::now();
+    let logged = inputs.access.pick();
+    let request_bytes = logged.then(|| Arc::new(AtomicU64::new(0)));
     let grpc = respond::is_grpc(req.headers());
     let limit = usize::try_from(inputs.settings.max_header_list_size).unwrap_or(usize::MAX);
-    let mut resp = if req.version() == Version::HTTP_2 && header_list_size(&req) > limit {
+    let (mut resp, outcome) = if req.version() == Version::HTTP_2 && header_list_size(&req) > limit
+    {
         count(&inputs.stats.answers);
         count(&inputs.stats.headers_too_large);
-        respond::reason(Reason::HeadersTooLarge)
+        (
+            respond::reason(Reason::HeadersTooLarge),
+            Outcome::answered("addressing.md §11.1 headers-too-large"),
+        )
     } else {
         let failed = Arc::new(std::sync::atomic::AtomicBool::new(false));
         let req = req.map(|inner| {
-            ClientBody {
+            let body = ClientBody {
                 inner,
                 failed: failed.clone(),
+            };
+            match &request_bytes {
+                Some(n) => access::Counted::new(body, n.clone()).boxed(),
+                None => body.boxed(),
             }
-            .boxed()
         });
-        let resp = answer_request(inputs, pod, entry, req).await;
+        let (resp, outcome) = answer_request(inputs, pod, entry, req, logged).await;
         // The client's own body broke the delivery: its fault, not the upstream's
         // (addressing.md §11.1 `bad-request`), when the answer has not started.
         let unreachable = resp
@@ -421,15 +465,60 @@ pub async fn handle(
             .is_some_and(|r| r == Reason::UpstreamUnreachable.code());
         if unreachable && failed.load(std::sync::atomic::Ordering::SeqCst) {
             count(&inputs.stats.bad_requests);
-            respond::reason(Reason::BadRequest)
+            (respond::reason(Reason::BadRequest), outcome)
         } else {
-            resp
+            (resp, outcome)
         }
     };
     if grpc {
         respond::for_grpc(&mut resp);
     }
-    resp
+    let head = started.elapsed();
+    let series = match &outcome.service {
+        Some((key, port)) => inputs.metrics.series(key, *port),
+        None => inputs.metrics.unknown(),
+    };
+    let reason = resp
+        .headers()
+        .get(HEADER_ERROR)
+        .and_then(|v| metrics::reason_of(v.as_bytes()));
+    series.record_request(Direction::Outbound, resp.status().as_u16(), reason, head);
+    if let Some(here) = respond::answered_here(&resp) {
+        inputs.metrics.refused(here);
+    }
+    let hop = resp.extensions().get::<Hopped>().cloned();
+    if let Some(h) = &hop {
+        series.record_hop(h.took);
+    }
+    match request_bytes {
+        Some(request_bytes) => {
+            let line = access::HttpLine {
+                direction: Direction::Outbound,
+                line: access::Line {
+                    source: access::Source::pod(pod, &inputs.settings.trust_domain),
+                    path: access::entry_path(entry),
+                    decision: outcome.decision,
+                    destination: access::Destination {
+                        service: outcome.service.as_ref().map(|(k, _)| k.clone()),
+                        port: outcome.service.as_ref().map(|(_, p)| *p),
+                        pod: hop.as_ref().map(Hopped::pod),
+                        route: outcome.route,
+                        rule: outcome.rule,
+                    },
+                },
+                http: access::HttpFacts {
+                    status: resp.status().as_u16(),
+                    reason: reason.map(Reason::code),
+                    head,
+                    hop: hop.map(|h| h.took),
+                },
+                started,
+                request_bytes,
+            };
+            resp.map(|b| access::Logged::new(b, Box::new(line)).boxed())
+        }
+        None => resp,
+    }
 }
 
 async fn answer_request(
@@ -437,8 +526,8 @@ async fn answer_request(
     pod: &Arc<PodCtx>,
     entry: HttpEntry,
     mut req: Request<Body>,
-) -> Response<Body> {
-    count(&inputs.stats.requests);
+    logged: bool,
+) -> (Response<Body>, Outcome) {
     // Before anything reads the request or adds to it: its hop-by-hop fields, `x-aether-`
     // headers (I12) and copies of the mesh's own headers go; a protocol switch the mesh carries
     // (I11) is set again on the mesh's terms.
@@ -468,7 +557,7 @@ async fn answer_request(
             entropy: fastrand::u64(..),
         };
         let decision = resolve_request(&model, caller, &request);
-        let resp = match decision {
+        return match decision {
             RequestDecision::Hold(_, _) => {
                 let left = inputs.settings.hold.saturating_sub(started.elapsed());
                 if left.is_zero() || !inputs.model.newer_than(generation, left).await {
@@ -478,41 +567,67 @@ async fn answer_request(
             }
             RequestDecision::Answer(answer, why) => {
                 count(&inputs.stats.answers);
-                info!(target: "aether::access", pod = %pod.name, host = ?facts.authority(),
-                    decision = "refuse", reason = answer.reason.code(), rule = why.rule);
-                respond::answer(&answer)
+                debug!(host = ?facts.authority(), reason = answer.reason.code(), rule = why.rule,
+                    "request answered by the mesh");
+                (respond::answer(&answer), Outcome::answered(why.rule))
             }
             RequestDecision::Redirect {
-                status, location, ..
-            } => respond::redirect(status, &location),
-            RequestDecision::Passthrough(_) => {
-                count(&inputs.stats.passthroughs);
+                status,
+                location,
+                why,
+            } => (
+                respond::redirect(status, &location),
+                Outcome {
+                    decision: "redirect",
+                    service: None,
+                    rule: why.rule,
+                    route: None,
+                },
+            ),
+            RequestDecision::Passthrough(why) => {
                 let dialled = match entry {
                     HttpEntry::Captured { dialled }
                     | HttpEntry::PodIp { dialled }
                     | HttpEntry::ProxyCaptured { dialled } => dialled,
                     HttpEntry::Loopback => {
-                        return respond::reason(Reason::NotAMeshName);
+                        return (
+                            respond::reason(Reason::NotAMeshName),
+                            Outcome::answered(why.rule),
+                        );
                     }
                 };
+                inputs.metrics.passthrough(metrics::PassProtocol::Http);
                 let resp = passthrough(inputs, pod, dialled, req, client_upgrade).await;
-                info!(target: "aether::access", pod = %pod.name, host = ?facts.authority(),
-                    decision = "passthrough", dst.addr = %dialled, status = resp.status().as_u16(),
-                    duration_us = started.elapsed().as_micros());
-                resp
+                (
+                    resp,
+                    Outcome {
+                        decision: "passthrough",
+                        service: None,
+                        rule: why.rule,
+                        route: None,
+                    },
+                )
             }
             RequestDecision::Deliver(d) => {
-                let svc = d.backend.service.clone();
-                let port = d.backend.pod_port;
+                let outcome = Outcome {
+                    decision: "deliver",
+                    service: Some((
+                        d.backend.service.clone(),
+                        d.backend.port.unwrap_or(d.backend.pod_port),
+                    )),
+                    rule: d.why.rule,
+                    route: logged
+                        .then(|| {
+                            d.rule.as_ref().map(|r| {
+                                format!("{} {}/{} rule {}", r.kind, r.namespace, r.route, r.index)
+                            })
+                        })
+                        .flatten(),
+                };
                 let resp = deliver(inputs, pod, facts.authority(), *d, req, client_upgrade).await;
-                info!(target: "aether::access", pod = %pod.name, host = ?facts.authority(),
-                    decision = "deliver", %svc, dst.port = port, status = resp.status().as_u16(),
-                    reason = resp.headers().get(HEADER_ERROR).and_then(|v| v.to_str().ok()),
-                    duration_us = started.elapsed().as_micros());
-                resp
+                (resp, outcome)
             }
         };
-        return resp;
     }
 }
 

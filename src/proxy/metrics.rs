@@ -1,0 +1,875 @@
+//! The data plane's labelled metrics (issue #10 §1): HTTP requests and their latency, TCP
+//! relays, refusals, passthroughs, the mesh hop's handshakes and pool, authorization checks,
+//! mesh DNS and UDP. docs/observability.md lists every series with its labels.
+//!
+//! No lock on the request path. prometheus-client's `Family::get_or_create` takes a lock on
+//! every call, so the families here are not prometheus-client metrics: every series is a plain
+//! atomic, found without a lock, and rendered at scrape time through the [`Collector`] trait.
+//!
+//! - Series that carry a destination service (namespace, name and port) live in a [`Table`]
+//!   built from the model whenever one is published ([`DataPlane::rebuild`]) and swapped whole
+//!   (`ArcSwap`). A request or connection looks its series up once (two hash lookups) and keeps
+//!   the `Arc`. A key the model does not hold counts under `unknown`, so the label set is bounded
+//!   by the registry; a service that leaves the registry leaves the table at the next publish
+//!   (its series vanish), one that stays keeps its series (and counts) across publishes.
+//! - Each (series, direction) allocates its cells on first use (`once_cell::race::OnceBox`:
+//!   lock-free, a racing loser frees its copy), so the table costs a few words per service port
+//!   that never carried traffic from this node.
+//! - Label sets that do not name a service (reason, cause, outcome) are fixed arrays.
+//!
+//! Layer 1: imports `model` (read only, to build the table), `resolve` (the reason table) and
+//! prometheus-client's encoder.
+
+use std::collections::HashMap;
+use std::fmt;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicI64, AtomicU64, Ordering};
+use std::time::Duration;
+
+use arc_swap::ArcSwap;
+use once_cell::race::OnceBox;
+use prometheus_client::collector::Collector;
+use prometheus_client::encoding::{DescriptorEncoder, EncodeMetric as _, NoLabelSet};
+use prometheus_client::metrics::MetricType;
+use prometheus_client::metrics::counter::ConstCounter;
+use prometheus_client::metrics::gauge::ConstGauge;
+
+use crate::dns::server::DnsStats;
+use crate::model::Model;
+use crate::resolve::answer::Reason;
+use crate::resolve::decision::ServiceKey;
+
+/// Upper bounds of every latency histogram, in seconds: 100 µs to 10 s (issue #10 §1), and the
+/// `+Inf` bucket after them.
+pub const BUCKETS: [f64; 16] = [
+    0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5,
+    5.0, 10.0,
+];
+
+/// A latency histogram of plain atomics (one `fetch_add` per bucket, count and sum).
+#[derive(Debug, Default)]
+pub struct Histogram {
+    buckets: [AtomicU64; BUCKETS.len() + 1],
+    count: AtomicU64,
+    sum_ns: AtomicU64,
+}
+
+impl Histogram {
+    /// Record one duration.
+    pub fn observe(&self, d: Duration) {
+        let secs = d.as_secs_f64();
+        let i = BUCKETS.partition_point(|b| *b < secs);
+        self.buckets[i].fetch_add(1, Ordering::Relaxed);
+        self.count.fetch_add(1, Ordering::Relaxed);
+        let ns = u64::try_from(d.as_nanos()).unwrap_or(u64::MAX);
+        self.sum_ns.fetch_add(ns, Ordering::Relaxed);
+    }
+
+    /// How many durations were recorded.
+    pub fn count(&self) -> u64 {
+        self.count.load(Ordering::Relaxed)
+    }
+
+    fn encode(&self, mut e: prometheus_client::encoding::MetricEncoder<'_>) -> fmt::Result {
+        let buckets: Vec<(f64, u64)> = BUCKETS
+            .iter()
+            .copied()
+            .chain([f64::MAX])
+            .zip(self.buckets.iter().map(|b| b.load(Ordering::Relaxed)))
+            .collect();
+        // Precision: the sum is kept in nanoseconds (585 years before it wraps).
+        #[allow(clippy::cast_precision_loss)]
+        let sum = self.sum_ns.load(Ordering::Relaxed) as f64 / 1e9;
+        e.encode_histogram::<NoLabelSet>(sum, self.count(), &buckets, None)
+    }
+}
+
+/// Which side of the mesh counted: `outbound` is the daemon of the client pod, `inbound` the
+/// daemon that delivers to the destination pod (the hop's destination side).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Direction {
+    /// From a local client pod.
+    Outbound,
+    /// Arriving over the mesh hop, delivered to a local pod.
+    Inbound,
+}
+
+impl Direction {
+    const ALL: [Self; 2] = [Self::Outbound, Self::Inbound];
+
+    /// The label value.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Outbound => "outbound",
+            Self::Inbound => "inbound",
+        }
+    }
+
+    fn index(self) -> usize {
+        match self {
+            Self::Outbound => 0,
+            Self::Inbound => 1,
+        }
+    }
+}
+
+/// Status code classes (`1xx` … `5xx`).
+const CLASSES: [&str; 5] = ["1xx", "2xx", "3xx", "4xx", "5xx"];
+/// Reason slots: none, then [`Reason::ALL`] in order.
+const REASON_SLOTS: usize = Reason::ALL.len() + 1;
+
+/// The slot of a reason (0: none).
+fn reason_slot(reason: Option<Reason>) -> usize {
+    reason.map_or(0, |r| {
+        Reason::ALL
+            .iter()
+            .position(|x| *x == r)
+            .map_or(0, |i| i + 1)
+    })
+}
+
+/// The label value of a reason slot: the `x-aether-error` value, empty for none.
+fn reason_label(slot: usize) -> &'static str {
+    slot.checked_sub(1)
+        .and_then(|i| Reason::ALL.get(i))
+        .map_or("", |r| r.code())
+}
+
+/// The reason an `x-aether-error` value names, when it is one of the closed table's.
+pub fn reason_of(value: &[u8]) -> Option<Reason> {
+    Reason::ALL
+        .iter()
+        .copied()
+        .find(|r| r.code().as_bytes() == value)
+}
+
+/// HTTP series of one (service port, direction).
+#[derive(Debug, Default)]
+pub struct HttpCells {
+    /// By code class and reason slot.
+    requests: Box<[AtomicU64]>,
+    /// The whole request: from its head to the response head.
+    duration: Histogram,
+    /// The mesh hop alone (source side): from sending the request on the hop to its response
+    /// head.
+    hop: Histogram,
+}
+
+impl HttpCells {
+    fn new() -> Self {
+        Self {
+            requests: (0..CLASSES.len() * REASON_SLOTS)
+                .map(|_| AtomicU64::new(0))
+                .collect(),
+            duration: Histogram::default(),
+            hop: Histogram::default(),
+        }
+    }
+}
+
+/// TCP series of one (service port, direction).
+#[derive(Debug, Default)]
+pub struct TcpCells {
+    opened: AtomicU64,
+    closed: AtomicU64,
+    /// Bytes from the client toward the destination.
+    sent: AtomicU64,
+    /// Bytes from the destination back to the client.
+    received: AtomicU64,
+    duration: Histogram,
+}
+
+/// Every series of one destination (service and port, or `unknown`).
+#[derive(Debug)]
+pub struct Series {
+    namespace: Arc<str>,
+    service: Arc<str>,
+    port: Option<u16>,
+    http: [OnceBox<HttpCells>; 2],
+    tcp: [OnceBox<TcpCells>; 2],
+}
+
+impl Series {
+    fn new(namespace: Arc<str>, service: Arc<str>, port: Option<u16>) -> Self {
+        Self {
+            namespace,
+            service,
+            port,
+            http: [OnceBox::new(), OnceBox::new()],
+            tcp: [OnceBox::new(), OnceBox::new()],
+        }
+    }
+
+    fn http(&self, direction: Direction) -> &HttpCells {
+        self.http[direction.index()].get_or_init(|| Box::new(HttpCells::new()))
+    }
+
+    fn tcp(&self, direction: Direction) -> &TcpCells {
+        self.tcp[direction.index()].get_or_init(Box::default)
+    }
+
+    /// Count one HTTP request that got `status` (with the mesh's `reason`, if it carries one)
+    /// after `took`.
+    pub fn record_request(
+        &self,
+        direction: Direction,
+        status: u16,
+        reason: Option<Reason>,
+        took: Duration,
+    ) {
+        let cells = self.http(direction);
+        let class = usize::from(status / 100).clamp(1, CLASSES.len()) - 1;
+        cells.requests[class * REASON_SLOTS + reason_slot(reason)].fetch_add(1, Ordering::Relaxed);
+        cells.duration.observe(took);
+    }
+
+    /// Record the mesh hop's own time of one request (source side).
+    pub fn record_hop(&self, took: Duration) {
+        self.http(Direction::Outbound).hop.observe(took);
+    }
+
+    /// Count a relayed byte stream opened.
+    pub fn tcp_opened(&self, direction: Direction) {
+        self.tcp(direction).opened.fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// Count a relayed byte stream closed, with its bytes each way and its duration.
+    pub fn tcp_closed(&self, direction: Direction, sent: u64, received: u64, took: Duration) {
+        let cells = self.tcp(direction);
+        cells.closed.fetch_add(1, Ordering::Relaxed);
+        cells.sent.fetch_add(sent, Ordering::Relaxed);
+        cells.received.fetch_add(received, Ordering::Relaxed);
+        cells.duration.observe(took);
+    }
+
+    fn labels(&self, direction: Option<Direction>) -> Vec<(&'static str, String)> {
+        let mut l = Vec::with_capacity(4);
+        if let Some(d) = direction {
+            l.push(("direction", d.as_str().to_owned()));
+        }
+        l.push(("namespace", self.namespace.to_string()));
+        l.push(("service", self.service.to_string()));
+        l.push((
+            "port",
+            self.port
+                .map_or_else(|| "unknown".to_owned(), |p| p.to_string()),
+        ));
+        l
+    }
+}
+
+/// The series of every service port the published model holds, by service and port.
+#[derive(Debug)]
+pub struct Table {
+    by_service: HashMap<ServiceKey, Vec<(u16, Arc<Series>)>>,
+    unknown: Arc<Series>,
+}
+
+impl Default for Table {
+    fn default() -> Self {
+        Self {
+            by_service: HashMap::new(),
+            unknown: Arc::new(Series::new("unknown".into(), "unknown".into(), None)),
+        }
+    }
+}
+
+impl Table {
+    /// The series of `port` of `service`, or `unknown` when the model does not hold it.
+    pub fn get(&self, service: &ServiceKey, port: u16) -> &Arc<Series> {
+        self.by_service
+            .get(service)
+            .and_then(|ports| ports.iter().find(|(p, _)| *p == port))
+            .map_or(&self.unknown, |(_, s)| s)
+    }
+
+    fn all(&self) -> impl Iterator<Item = &Arc<Series>> {
+        let mut v: Vec<&Arc<Series>> = self
+            .by_service
+            .values()
+            .flat_map(|ports| ports.iter().map(|(_, s)| s))
+            .collect();
+        v.sort_by(|a, b| {
+            (&a.namespace, &a.service, a.port).cmp(&(&b.namespace, &b.service, b.port))
+        });
+        v.into_iter().chain([&self.unknown])
+    }
+}
+
+/// Outcome of a mesh hop's TLS handshake, either side (the `result` label).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Handshake {
+    /// Finished, and the peer proved a mesh identity.
+    Ok,
+    /// Server side: the SNI names no port the pod serves with the hop's class; client side:
+    /// the SNI is not a valid name.
+    Sni,
+    /// The peer's certificate chains to the CA but proves no identity of the trust domain (or
+    /// this side had no certificate to offer).
+    Identity,
+    /// The peer's certificate does not verify against the trust bundle.
+    Ca,
+    /// Not finished within `handshake_timeout_ms`, or (client side) the TCP connect timed out.
+    Timeout,
+    /// Client side: the TCP connect failed.
+    Connect,
+    /// Any other TLS failure (the peer closed, a protocol error).
+    Tls,
+}
+
+impl Handshake {
+    const ALL: [Self; 7] = [
+        Self::Ok,
+        Self::Sni,
+        Self::Identity,
+        Self::Ca,
+        Self::Timeout,
+        Self::Connect,
+        Self::Tls,
+    ];
+
+    fn as_str(self) -> &'static str {
+        match self {
+            Self::Ok => "ok",
+            Self::Sni => "sni",
+            Self::Identity => "identity",
+            Self::Ca => "ca",
+            Self::Timeout => "timeout",
+            Self::Connect => "connect",
+            Self::Tls => "tls",
+        }
+    }
+
+    /// The cause of a failed TLS handshake, from its error.
+    pub fn of_tls_error(e: &std::io::Error) -> Self {
+        let tls = e
+            .get_ref()
+            .and_then(|inner| inner.downcast_ref::<rustls::Error>());
+        match tls {
+            Some(
+                rustls::Error::InvalidCertificate(_)
+                | rustls::Error::NoCertificatesPresented
+                | rustls::Error::AlertReceived(
+                    rustls::AlertDescription::BadCertificate
+                    | rustls::AlertDescription::UnknownCA
+                    | rustls::AlertDescription::CertificateRequired
+                    | rustls::AlertDescription::CertificateUnknown,
+                ),
+            ) => Self::Ca,
+            _ => Self::Tls,
+        }
+    }
+}
+
+/// Which side of the hop a handshake was counted on.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Side {
+    /// The source daemon (connecting).
+    Client,
+    /// The destination daemon (accepting).
+    Server,
+}
+
+/// An authorization filter's kind (the `kind` label).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum AuthzKind {
+    /// `rbac`.
+    Rbac,
+    /// `ext_authz`.
+    ExtAuthz,
+}
+
+/// An authorization check's outcome (the `outcome` label).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum AuthzOutcome {
+    /// Let through.
+    Allow,
+    /// Denied (`authz-denied`).
+    Deny,
+    /// The `ext_authz` server could not answer: denied, fail closed (`authz-unavailable`).
+    Unavailable,
+}
+
+const AUTHZ_KINDS: [&str; 2] = ["rbac", "ext_authz"];
+const AUTHZ_OUTCOMES: [&str; 3] = ["allow", "deny", "unavailable"];
+
+/// A passthrough's protocol (the `protocol` label).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum PassProtocol {
+    /// One HTTP request passed through.
+    Http,
+    /// A connection's bytes passed through.
+    Tcp,
+}
+
+/// The data plane's metrics; one per daemon, in [`super::Inputs`].
+#[derive(Debug)]
+pub struct DataPlane {
+    table: ArcSwap<Table>,
+    refusals: [AtomicU64; Reason::ALL.len()],
+    passthroughs: [AtomicU64; 2],
+    handshakes: [[AtomicU64; Handshake::ALL.len()]; 2],
+    /// Pooled HTTP/2 hop connections open now.
+    pub pool_connections: AtomicI64,
+    /// Requests in flight on pooled hop connections now.
+    pub pool_streams: AtomicI64,
+    authz: [[AtomicU64; 3]; 2],
+    authz_duration: [Histogram; 2],
+    udp: [AtomicU64; 2],
+    /// Mesh DNS: every pod's server counts here.
+    pub dns: Arc<DnsStats>,
+}
+
+impl Default for DataPlane {
+    fn default() -> Self {
+        Self {
+            table: ArcSwap::from_pointee(Table::default()),
+            refusals: Default::default(),
+            passthroughs: Default::default(),
+            handshakes: Default::default(),
+            pool_connections: AtomicI64::new(0),
+            pool_streams: AtomicI64::new(0),
+            authz: Default::default(),
+            authz_duration: Default::default(),
+            udp: Default::default(),
+            dns: Arc::default(),
+        }
+    }
+}
+
+impl DataPlane {
+    /// Rebuild the service table for a newly published model, off the request path: every
+    /// service port the model holds (its names' front ports and its mesh services' ports) keeps
+    /// its series if it had one; the others are dropped. O(service ports).
+    pub fn rebuild(&self, model: &Model) {
+        let old = self.table.load_full();
+        let mut by_service: HashMap<ServiceKey, Vec<(u16, Arc<Series>)>> = HashMap::new();
+        for (key, port) in model.service_ports() {
+            let series = old
+                .by_service
+                .get(&key)
+                .and_then(|ports| ports.iter().find(|(p, _)| *p == port))
+                .map_or_else(
+                    || {
+                        Arc::new(Series::new(
+                            key.namespace.clone(),
+                            key.name.clone(),
+                            Some(port),
+                        ))
+                    },
+                    |(_, s)| s.clone(),
+                );
+            by_service.entry(key).or_default().push((port, series));
+        }
+        self.table.store(Arc::new(Table {
+            by_service,
+            unknown: old.unknown.clone(),
+        }));
+    }
+
+    /// The series of `port` of `service` (`unknown` when the published model does not hold
+    /// it). Keep the `Arc` for the request or connection.
+    pub fn series(&self, service: &ServiceKey, port: u16) -> Arc<Series> {
+        self.table.load().get(service, port).clone()
+    }
+
+    /// The series of requests and connections with no destination service.
+    pub fn unknown(&self) -> Arc<Series> {
+        self.table.load().unknown.clone()
+    }
+
+    /// Count one mesh answer this daemon sent.
+    pub fn refused(&self, reason: Reason) {
+        if let Some(slot) = reason_slot(Some(reason)).checked_sub(1) {
+            self.refusals[slot].fetch_add(1, Ordering::Relaxed);
+        }
+    }
+
+    /// Count one passthrough.
+    pub fn passthrough(&self, protocol: PassProtocol) {
+        let i = match protocol {
+            PassProtocol::Http => 0,
+            PassProtocol::Tcp => 1,
+        };
+        self.passthroughs[i].fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// Passthroughs so far, both protocols.
+    pub fn passthroughs(&self) -> u64 {
+        self.passthroughs.iter().map(load).sum()
+    }
+
+    /// Count one mesh hop handshake.
+    pub fn handshake(&self, side: Side, result: Handshake) {
+        let s = match side {
+            Side::Client => 0,
+            Side::Server => 1,
+        };
+        if let Some(i) = Handshake::ALL.iter().position(|h| *h == result) {
+            self.handshakes[s][i].fetch_add(1, Ordering::Relaxed);
+        }
+    }
+
+    /// Count one authorization check and its time.
+    pub fn authz(&self, kind: AuthzKind, outcome: AuthzOutcome, took: Duration) {
+        let k = match kind {
+            AuthzKind::Rbac => 0,
+            AuthzKind::ExtAuthz => 1,
+        };
+        let o = match outcome {
+            AuthzOutcome::Allow => 0,
+            AuthzOutcome::Deny => 1,
+            AuthzOutcome::Unavailable => 2,
+        };
+        self.authz[k][o].fetch_add(1, Ordering::Relaxed);
+        self.authz_duration[k].observe(took);
+    }
+
+    /// Count one UDP datagram: `request` from the client toward the destination, else a reply.
+    pub fn udp_datagram(&self, request: bool) {
+        self.udp[usize::from(!request)].fetch_add(1, Ordering::Relaxed);
+    }
+}
+
+/// Renders a [`DataPlane`] at scrape time.
+#[derive(Debug, Clone)]
+pub struct DataPlaneCollector(pub Arc<DataPlane>);
+
+fn counter(
+    e: &mut DescriptorEncoder<'_>,
+    name: &str,
+    help: &str,
+    rows: &[(Vec<(&'static str, String)>, u64)],
+) -> fmt::Result {
+    let mut m = e.encode_descriptor(name, help, None, MetricType::Counter)?;
+    for (labels, v) in rows {
+        ConstCounter::new(*v).encode(m.encode_family(labels)?)?;
+    }
+    Ok(())
+}
+
+fn histograms(
+    e: &mut DescriptorEncoder<'_>,
+    name: &str,
+    help: &str,
+    rows: &[(Vec<(&'static str, String)>, &Histogram)],
+) -> fmt::Result {
+    let mut m = e.encode_descriptor(name, help, None, MetricType::Histogram)?;
+    for (labels, h) in rows {
+        h.encode(m.encode_family(labels)?)?;
+    }
+    Ok(())
+}
+
+fn load(a: &AtomicU64) -> u64 {
+    a.load(Ordering::Relaxed)
+}
+
+fn with(
+    mut labels: Vec<(&'static str, String)>,
+    more: &[(&'static str, &str)],
+) -> Vec<(&'static str, String)> {
+    labels.extend(more.iter().map(|(k, v)| (*k, (*v).to_owned())));
+    labels
+}
+
+impl Collector for DataPlaneCollector {
+    #[allow(clippy::too_many_lines)] // One flat list of families, in the order of the docs.
+    fn encode(&self, mut e: DescriptorEncoder<'_>) -> fmt::Result {
+        let dp = &self.0;
+        let table = dp.table.load_full();
+        let mut requests = Vec::new();
+        let mut durations = Vec::new();
+        let mut hops = Vec::new();
+        let (mut opened, mut closed, mut sent, mut received, mut tcp_durations) =
+            (Vec::new(), Vec::new(), Vec::new(), Vec::new(), Vec::new());
+        for series in table.all() {
+            for d in Direction::ALL {
+                if let Some(c) = series.http[d.index()].get() {
+                    for (i, n) in c.requests.iter().enumerate() {
+                        let n = load(n);
+                        if n == 0 {
+                            continue;
+                        }
+                        let (class, slot) = (i / REASON_SLOTS, i % REASON_SLOTS);
+                        let labels = with(
+                            series.labels(Some(d)),
+                            &[("code", CLASSES[class]), ("reason", reason_label(slot))],
+                        );
+                        requests.push((labels, n));
+                    }
+                    durations.push((series.labels(Some(d)), &c.duration));
+                    if d == Direction::Outbound && c.hop.count() > 0 {
+                        hops.push((series.labels(None), &c.hop));
+                    }
+                }
+                if let Some(c) = series.tcp[d.index()].get() {
+                    let l = series.labels(Some(d));
+                    opened.push((l.clone(), load(&c.opened)));
+                    closed.push((l.clone(), load(&c.closed)));
+                    sent.push((l.clone(), load(&c.sent)));
+                    received.push((l.clone(), load(&c.received)));
+                    tcp_durations.push((l, &c.duration));
+                }
+            }
+        }
+        counter(
+            &mut e,
+            "aether_http_requests",
+            "HTTP requests, by direction, destination service and port, status class and mesh reason",
+            &requests,
+        )?;
+        histograms(
+            &mut e,
+            "aether_http_request_duration_seconds",
+            "HTTP requests from the request head to the response head",
+            &durations,
+        )?;
+        histograms(
+            &mut e,
+            "aether_hop_request_duration_seconds",
+            "HTTP requests on the mesh hop alone (source side): sent on the hop to its response head",
+            &hops,
+        )?;
+        counter(
+            &mut e,
+            "aether_tcp_connections_opened",
+            "Relayed byte streams opened (raw TCP, L4 hops, passthroughs), by destination",
+            &opened,
+        )?;
+        counter(
+            &mut e,
+            "aether_tcp_connections_closed",
+            "Relayed byte streams closed, by destination",
+            &closed,
+        )?;
+        counter(
+            &mut e,
+            "aether_tcp_sent_bytes",
+            "Bytes relayed from the client toward the destination",
+            &sent,
+        )?;
+        counter(
+            &mut e,
+            "aether_tcp_received_bytes",
+            "Bytes relayed from the destination back to the client",
+            &received,
+        )?;
+        histograms(
+            &mut e,
+            "aether_tcp_connection_duration_seconds",
+            "Relayed byte streams, from the relay's start to its end",
+            &tcp_durations,
+        )?;
+        let refusals: Vec<_> = Reason::ALL
+            .iter()
+            .zip(&dp.refusals)
+            .map(|(r, n)| (vec![("reason", r.code().to_owned())], load(n)))
+            .collect();
+        counter(
+            &mut e,
+            "aether_refusals",
+            "Mesh answers this daemon sent (x-aether-error), by reason",
+            &refusals,
+        )?;
+        let pass: Vec<_> = ["http", "tcp"]
+            .iter()
+            .zip(&dp.passthroughs)
+            .map(|(p, n)| (vec![("protocol", (*p).to_owned())], load(n)))
+            .collect();
+        counter(
+            &mut e,
+            "aether_passthroughs",
+            "Connections (tcp) and HTTP requests (http) passed through to their dialled destination",
+            &pass,
+        )?;
+        let mut shakes = Vec::new();
+        for (side, row) in ["client", "server"].iter().zip(&dp.handshakes) {
+            for (h, n) in Handshake::ALL.iter().zip(row) {
+                shakes.push((
+                    vec![
+                        ("side", (*side).to_owned()),
+                        ("result", h.as_str().to_owned()),
+                    ],
+                    load(n),
+                ));
+            }
+        }
+        counter(
+            &mut e,
+            "aether_hop_handshakes",
+            "Mesh hop TLS handshakes, by side and result (ok, or the cause of the failure)",
+            &shakes,
+        )?;
+        for (name, help, g) in [
+            (
+                "aether_hop_pool_connections",
+                "Pooled HTTP/2 mesh hop connections open now",
+                &dp.pool_connections,
+            ),
+            (
+                "aether_hop_pool_streams",
+                "Requests in flight on pooled mesh hop connections now",
+                &dp.pool_streams,
+            ),
+        ] {
+            let m = e.encode_descriptor(name, help, None, MetricType::Gauge)?;
+            ConstGauge::new(g.load(Ordering::Relaxed)).encode(m)?;
+        }
+        let mut checks = Vec::new();
+        for (kind, row) in AUTHZ_KINDS.iter().zip(&dp.authz) {
+            for (outcome, n) in AUTHZ_OUTCOMES.iter().zip(row) {
+                checks.push((
+                    vec![
+                        ("kind", (*kind).to_owned()),
+                        ("outcome", (*outcome).to_owned()),
+                    ],
+                    load(n),
+                ));
+            }
+        }
+        counter(
+            &mut e,
+            "aether_authz_checks",
+            "Authorization checks (rbac, ext_authz), by outcome",
+            &checks,
+        )?;
+        let authz_durations: Vec<_> = AUTHZ_KINDS
+            .iter()
+            .zip(&dp.authz_duration)
+            .map(|(k, h)| (vec![("kind", (*k).to_owned())], h))
+            .collect();
+        histograms(
+            &mut e,
+            "aether_authz_check_duration_seconds",
+            "Authorization checks, from the start of the check to its verdict",
+            &authz_durations,
+        )?;
+        let c = dp.dns.counts();
+        let dns: Vec<_> = [
+            ("answered", c.answered),
+            ("forwarded", c.forwarded),
+            ("servfail", c.servfail),
+            ("formerr", c.formerr),
+            ("dropped", c.dropped),
+        ]
+        .iter()
+        .map(|(k, n)| (vec![("answer", (*k).to_owned())], *n))
+        .collect();
+        counter(
+            &mut e,
+            "aether_dns_queries",
+            "Mesh DNS queries, by answer kind",
+            &dns,
+        )?;
+        let udp: Vec<_> = ["request", "reply"]
+            .iter()
+            .zip(&dp.udp)
+            .map(|(w, n)| (vec![("way", (*w).to_owned())], load(n)))
+            .collect();
+        counter(
+            &mut e,
+            "aether_udp_datagrams",
+            "UDP datagrams relayed: request (client to destination) and reply",
+            &udp,
+        )
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn render(dp: &Arc<DataPlane>) -> String {
+        let mut registry = prometheus_client::registry::Registry::default();
+        registry.register_collector(Box::new(DataPlaneCollector(dp.clone())));
+        let mut text = String::new();
+        prometheus_client::encoding::text::encode(&mut text, &registry).unwrap();
+        text
+    }
+
+    fn key(ns: &str, name: &str) -> ServiceKey {
+        ServiceKey {
+            namespace: ns.into(),
+            name: name.into(),
+        }
+    }
+
+    #[test]
+    fn a_duration_lands_in_the_first_bucket_at_or_above_it() {
+        let h = Histogram::default();
+        h.observe(Duration::from_micros(100));
+        h.observe(Duration::from_micros(101));
+        h.observe(Duration::from_secs(11));
+        let b: Vec<u64> = h.buckets.iter().map(load).collect();
+        assert_eq!(b[0], 1, "100 µs is in le=0.0001");
+        assert_eq!(b[1], 1, "101 µs is in le=0.00025");
+        assert_eq!(b[BUCKETS.len()], 1, "11 s is only in +Inf");
+        assert_eq!(h.count(), 3);
+    }
+
+    #[test]
+    fn requests_render_with_their_labels_and_unknown_services_stay_unknown() {
+        let dp = Arc::new(DataPlane::default());
+        let snapshot = crate::model::Snapshot::default();
+        dp.rebuild(&crate::model::compile(
+            &snapshot,
+            &crate::model::NodeContext::default(),
+        ));
+        let s = dp.series(&key("mp", "nothing-here"), 8080);
+        s.record_request(
+            Direction::Outbound,
+            421,
+            Some(Reason::PortMismatch),
+            Duration::from_millis(1),
+        );
+        s.record_request(Direction::Inbound, 200, None, Duration::from_millis(1));
+        let text = render(&dp);
+        assert!(
+            text.contains(
+                "aether_http_requests_total{direction=\"outbound\",namespace=\"unknown\",service=\"unknown\",port=\"unknown\",code=\"4xx\",reason=\"port-mismatch\"} 1"
+            ),
+            "{text}"
+        );
+        assert!(
+            text.contains(
+                "aether_http_requests_total{direction=\"inbound\",namespace=\"unknown\",service=\"unknown\",port=\"unknown\",code=\"2xx\",reason=\"\"} 1"
+            ),
+            "{text}"
+        );
+        assert!(
+            text.contains("aether_http_request_duration_seconds_bucket{le=\"0.001\",direction=\"outbound\",namespace=\"unknown\",service=\"unknown\",port=\"unknown\"} 1"),
+            "{text}"
+        );
+    }
+
+    #[test]
+    fn a_service_keeps_its_series_across_publishes_and_loses_them_when_removed() {
+        let dp = DataPlane::default();
+        let mut table = Table::default();
+        let series = Arc::new(Series::new("mp".into(), "a".into(), Some(80)));
+        table
+            .by_service
+            .insert(key("mp", "a"), vec![(80, series.clone())]);
+        dp.table.store(Arc::new(table));
+        assert!(Arc::ptr_eq(&dp.series(&key("mp", "a"), 80), &series));
+        assert!(Arc::ptr_eq(&dp.series(&key("mp", "a"), 81), &dp.unknown()));
+        // A model without the service: its series are gone, `unknown` stays.
+        let unknown = dp.unknown();
+        dp.rebuild(&crate::model::compile(
+            &crate::model::Snapshot::default(),
+            &crate::model::NodeContext::default(),
+        ));
+        assert!(Arc::ptr_eq(&dp.series(&key("mp", "a"), 80), &unknown));
+    }
+
+    #[test]
+    fn every_reason_code_maps_back_to_its_reason() {
+        for r in Reason::ALL {
+            assert_eq!(reason_of(r.code().as_bytes()), Some(r));
+            assert_eq!(reason_label(reason_slot(Some(r))), r.code());
+        }
+        assert_eq!(reason_of(b"nonsense"), None);
+        assert_eq!(reason_label(reason_slot(None)), "");
+    }
+}
