@@ -81,6 +81,19 @@ impl WorkloadCert {
         // Invariant: `issue` builds the chain with the leaf in it.
         &self.key.cert[0]
     }
+
+    /// The leaf's serial number, as colon-separated hex bytes (as `openssl x509 -serial`
+    /// groups them); `None` if the leaf does not parse.
+    pub fn serial(&self) -> Option<String> {
+        let (_, x509) = x509_parser::parse_x509_certificate(self.leaf()).ok()?;
+        Some(
+            x509.raw_serial()
+                .iter()
+                .map(|b| format!("{b:02x}"))
+                .collect::<Vec<_>>()
+                .join(":"),
+        )
+    }
 }
 
 /// The workload certificates of this node, per (namespace, ServiceAccount).
@@ -177,6 +190,18 @@ impl Identities {
                 Ok(cert)
             }
         }
+    }
+
+    /// Every certificate issued and held, in (namespace, ServiceAccount) order (no key leaves
+    /// through this but inside the returned values; callers show their public parts).
+    pub fn issued(&self) -> Vec<Arc<WorkloadCert>> {
+        let mut all: Vec<_> = self
+            .cache
+            .iter()
+            .map(|e| (e.key().clone(), Arc::clone(e.value())))
+            .collect();
+        all.sort_by(|a, b| a.0.cmp(&b.0));
+        all.into_iter().map(|(_, c)| c).collect()
     }
 
     /// Re-issues every cached certificate whose half-life has passed at `now` and returns how

@@ -1,8 +1,9 @@
 //! The admin endpoints, on the unix socket `<state-dir>/admin.sock` and an optional TCP
-//! address: `/live`, `/ready`, `/metrics` (Prometheus text), `/pods`, `/model`. The metrics
-//! listener ([`serve_metrics`], on the node's network in a cluster) serves only
-//! [`METRICS_ENDPOINTS`], with a head deadline and a connection cap: anyone on the node's
-//! network can reach it.
+//! address: `/live`, `/ready`, `/metrics` (Prometheus text), `/pods`, `/model`. The unix
+//! socket alone also serves the debug endpoints of `aether debug`
+//! ([`super::debug::DEBUG_ENDPOINTS`]). The metrics listener ([`serve_metrics`], on the node's
+//! network in a cluster) serves only [`METRICS_ENDPOINTS`], with a head deadline and a
+//! connection cap: anyone on the node's network can reach it.
 
 use std::convert::Infallible;
 use std::sync::Arc;
@@ -56,6 +57,8 @@ pub struct Admin {
     /// Whether the Kubernetes writers (the registrar, if this node leads, and the route-status
     /// writer) have writes to make for the published model; always false on the file registry.
     pub kube_writes: Arc<super::KubeWrites>,
+    /// What the debug endpoints read besides the above.
+    pub debug: super::debug::DebugInputs,
 }
 
 fn json(value: &serde_json::Value) -> Response<Body> {
@@ -123,13 +126,20 @@ async fn handle(admin: &Admin, path: &str) -> Response<Body> {
     }
 }
 
-async fn serve_conn<I>(admin: Arc<Admin>, io: I)
+/// Serve one admin connection; `debug`: the debug endpoints too (the unix socket only).
+async fn serve_conn<I>(admin: Arc<Admin>, io: I, debug: bool)
 where
     I: AsyncRead + AsyncWrite + Unpin + Send + 'static,
 {
     let service = hyper::service::service_fn(move |req: Request<Incoming>| {
         let admin = admin.clone();
-        async move { Ok::<_, Infallible>(handle(&admin, req.uri().path()).await) }
+        async move {
+            Ok::<_, Infallible>(if debug && super::debug::is_debug_path(req.uri().path()) {
+                super::debug::handle(&admin, req).await
+            } else {
+                handle(&admin, req.uri().path()).await
+            })
+        }
     });
     let _ = hyper::server::conn::http1::Builder::new()
         .serve_connection(TokioIo::new(io), service)
@@ -143,7 +153,7 @@ pub async fn serve_unix(admin: Arc<Admin>, listener: tokio::net::UnixListener) {
     let mut acceptor = Acceptor::new(listener, "admin", errors);
     loop {
         let (s, _) = acceptor.accept().await;
-        tokio::spawn(serve_conn(admin.clone(), s));
+        tokio::spawn(serve_conn(admin.clone(), s, true));
     }
 }
 
@@ -191,13 +201,14 @@ pub async fn serve_metrics(
     }
 }
 
-/// Serve the admin TCP listener until the task is aborted, as [`serve_unix`].
+/// Serve the admin TCP listener until the task is aborted, as [`serve_unix`] but without the
+/// debug endpoints: they change the log filter and run `nft`, which is for the socket's owner.
 pub async fn serve_tcp(admin: Arc<Admin>, listener: tokio::net::TcpListener) {
     let errors = admin.inputs.stats.accept_errors("admin");
     let mut acceptor = Acceptor::new(listener, "admin", errors);
     loop {
         let (s, _) = acceptor.accept().await;
-        tokio::spawn(serve_conn(admin.clone(), s));
+        tokio::spawn(serve_conn(admin.clone(), s, false));
     }
 }
 
@@ -243,6 +254,7 @@ mod tests {
             fingerprint: Arc::default(),
             node_stats: Arc::default(),
             kube_writes: Arc::default(),
+            debug: super::super::debug::DebugInputs::detached(),
         }
     }
 
