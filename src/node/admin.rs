@@ -213,7 +213,7 @@ pub async fn serve_tcp(admin: Arc<Admin>, listener: tokio::net::TcpListener) {
 }
 
 #[cfg(test)]
-mod tests {
+pub(super) mod tests {
     use super::*;
     use crate::model::{NodeContext, Snapshot, compile};
     use crate::proxy::{HopTls, Peer, ProxySettings, Stats, hop::Pool};
@@ -236,11 +236,24 @@ mod tests {
 
     fn admin(ready: bool) -> Admin {
         let model = compile(&Snapshot::default(), &NodeContext::default());
+        admin_with(
+            ready,
+            ModelHandle::new(model),
+            super::super::debug::DebugInputs::detached(),
+        )
+    }
+
+    /// An admin over `model`, with no pods served.
+    pub(in crate::node) fn admin_with(
+        ready: bool,
+        model: ModelHandle,
+        debug: super::super::debug::DebugInputs,
+    ) -> Admin {
         // The receiver keeps the last value after the sender is gone.
         let (_, rx) = watch::channel(ready);
         Admin {
             inputs: Arc::new(Inputs {
-                model: Arc::new(ModelHandle::new(model)),
+                model: Arc::new(model),
                 tls: Arc::new(NoTls),
                 settings: ProxySettings::default(),
                 pool: Pool::default(),
@@ -254,7 +267,7 @@ mod tests {
             fingerprint: Arc::default(),
             node_stats: Arc::default(),
             kube_writes: Arc::default(),
-            debug: super::super::debug::DebugInputs::detached(),
+            debug,
         }
     }
 
@@ -322,7 +335,7 @@ mod tests {
     }
 
     /// One GET over a connected socket; the response's text, or what went wrong.
-    async fn get<S: AsyncRead + AsyncWrite + Unpin>(mut s: S, path: &str) -> String {
+    pub(in crate::node) async fn get<S: AsyncRead + AsyncWrite + Unpin>(mut s: S, path: &str) -> String {
         use tokio::io::{AsyncReadExt, AsyncWriteExt};
         let request = format!("GET {path} HTTP/1.1\r\nHost: admin\r\nConnection: close\r\n\r\n");
         if let Err(e) = s.write_all(request.as_bytes()).await {

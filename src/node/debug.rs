@@ -420,3 +420,298 @@ async fn config_dump(admin: &Admin, published: &Published) -> Response<Body> {
     });
     answer(StatusCode::OK, &dump)
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::identity::{Ca, IdentitySettings};
+    use crate::model::{Model, NodeContext, Snapshot, compile};
+    use crate::node::admin::tests::{admin_with, get};
+    use crate::state::ModelHandle;
+
+    fn fixture() -> (Snapshot, Model) {
+        let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR"));
+        let mut snapshot = crate::registry::file::load_dir(&root.join("config/examples/mp"))
+            .unwrap()
+            .snapshot;
+        crate::model::registrar::complete_snapshot(&mut snapshot, "10.96.0.0/16".parse().unwrap());
+        let ctx = NodeContext {
+            now_ms: 1_796_000_000_000,
+            ..NodeContext::default()
+        };
+        let model = compile(&snapshot, &ctx);
+        (snapshot, model)
+    }
+
+    /// A ready admin over the fixture's model and snapshot, with one certificate issued.
+    fn admin(ready: bool) -> (Admin, Snapshot, Model) {
+        let (snapshot, model) = fixture();
+        let now = crate::time::wall();
+        let ids = Identities::new(
+            Arc::new(Ca::generate(now).unwrap()),
+            IdentitySettings::default(),
+        )
+        .unwrap();
+        ids.certificate("mp", "mp-client", now).unwrap();
+        let handle = ModelHandle::with_source(model.clone(), Some(snapshot.clone()));
+        let debug = DebugInputs {
+            identities: Some(Arc::new(ids)),
+            max_body_bytes: 1024,
+            ..DebugInputs::detached()
+        };
+        (admin_with(ready, handle, debug), snapshot, model)
+    }
+
+    async fn ask(admin: &Admin, method: &str, uri: &str, body: &str) -> (StatusCode, Value) {
+        let req = Request::builder()
+            .method(method)
+            .uri(uri)
+            .body(http_body_util::Full::new(Bytes::from(body.to_owned())))
+            .unwrap();
+        let r = handle(admin, req).await;
+        let status = r.status();
+        let body = r.into_body().collect().await.unwrap().to_bytes();
+        (status, serde_json::from_slice(&body).unwrap())
+    }
+
+    /// A question from mp-client; `host`: one Host field (default: the dialled authority).
+    fn question(dial: &str, host: Option<&str>) -> String {
+        json!({
+            "from": "mp/mp-client",
+            "dial": dial,
+            "host": host.into_iter().collect::<Vec<_>>(),
+        })
+        .to_string()
+    }
+
+    #[tokio::test]
+    async fn explain_answers_from_the_published_model_exactly_as_offline_explain() {
+        let (admin, snapshot, model) = admin(true);
+        let body = question(
+            "mp-multi.mp.aether.internal:8080",
+            Some("mp-multi.mp.aether.internal:9090"),
+        );
+        let (status, v) = ask(&admin, "POST", "/debug/explain", &body).await;
+        assert_eq!(status, StatusCode::OK, "{v}");
+        assert_eq!(v["generation"], 1);
+        assert_eq!(v["ready"], true);
+        assert_eq!(v["explanation"]["request"]["status"], 421);
+        assert_eq!(v["explanation"]["request"]["reason"], "port-mismatch");
+        let request: ExplainRequest = serde_json::from_str(&body).unwrap();
+        let offline =
+            crate::explain::explain(&snapshot, &model, &request.question().unwrap()).unwrap();
+        assert_eq!(v["explanation"], json!(offline));
+        // A delivery names its pod port and pods.
+        let body = question("mp-multi.mp.aether.internal:9090", None);
+        let (_, v) = ask(&admin, "POST", "/debug/explain", &body).await;
+        let step = &v["explanation"]["request"];
+        assert_eq!(step["outcome"], "deliver", "{v}");
+        assert_eq!(step["pod_port"], 9090);
+        assert!(step["pods"].as_array().is_some_and(|p| !p.is_empty()), "{v}");
+    }
+
+    #[tokio::test]
+    async fn bad_questions_unknown_objects_and_oversized_bodies_get_clear_errors() {
+        let (admin, ..) = admin(true);
+        let cases = [
+            (
+                "POST",
+                "/debug/explain",
+                json!({"from": "mp/nobody", "dial": "mp-multi.mp.aether.internal:8080"})
+                    .to_string(),
+                StatusCode::NOT_FOUND,
+                "no such pod",
+            ),
+            (
+                "POST",
+                "/debug/explain",
+                "{not json".to_owned(),
+                StatusCode::BAD_REQUEST,
+                "not an explain request",
+            ),
+            (
+                "POST",
+                "/debug/explain",
+                json!({"from": "mp/mp-client", "dial": "mp-multi"}).to_string(),
+                StatusCode::BAD_REQUEST,
+                "--dial",
+            ),
+            (
+                "POST",
+                "/debug/explain",
+                json!({"from": "mp/mp-client", "dial": "x:1", "bytes": "smtp"}).to_string(),
+                StatusCode::BAD_REQUEST,
+                "--bytes",
+            ),
+            (
+                "POST",
+                "/debug/explain",
+                "x".repeat(1025),
+                StatusCode::PAYLOAD_TOO_LARGE,
+                "debug_max_body_bytes",
+            ),
+            (
+                "GET",
+                "/debug/services?name=mp/nothing",
+                String::new(),
+                StatusCode::NOT_FOUND,
+                "no mesh service",
+            ),
+            (
+                "GET",
+                "/debug/capture?pod=mp/mp-multi-0",
+                String::new(),
+                StatusCode::NOT_FOUND,
+                "not served by this node",
+            ),
+            (
+                "GET",
+                "/debug/capture",
+                String::new(),
+                StatusCode::BAD_REQUEST,
+                "?pod=<namespace>/<name>",
+            ),
+            (
+                "POST",
+                "/debug/log-level",
+                "aether=shouty".to_owned(),
+                StatusCode::BAD_REQUEST,
+                "not valid",
+            ),
+            (
+                "DELETE",
+                "/debug/pods",
+                String::new(),
+                StatusCode::METHOD_NOT_ALLOWED,
+                "not an endpoint",
+            ),
+        ];
+        for (method, uri, body, want, text) in cases {
+            let (status, v) = ask(&admin, method, uri, &body).await;
+            assert_eq!(status, want, "{method} {uri}: {v}");
+            let error = v["error"].as_str().unwrap_or_default();
+            assert!(error.contains(text), "{method} {uri}: {error:?}");
+            assert_eq!(v["node"], "node-a");
+        }
+        assert_eq!(admin.debug.logs.current(), "info");
+    }
+
+    #[tokio::test]
+    async fn every_view_answers_with_its_generation_and_a_not_ready_daemon_says_so() {
+        let (admin, ..) = admin(false);
+        for (method, path, _) in DEBUG_ENDPOINTS {
+            let (uri, body) = match *path {
+                "/debug/capture" => continue,
+                "/debug/explain" => (*path, question("mp-httponly.mp.aether.internal:8080", None)),
+                "/debug/log-level" if *method == "POST" => (*path, "debug".to_owned()),
+                _ => (*path, String::new()),
+            };
+            let (status, v) = ask(&admin, method, uri, &body).await;
+            assert_eq!(status, StatusCode::OK, "{method} {path}: {v}");
+            if *path != "/debug/log-level" {
+                assert_eq!(v["ready"], false, "{path}: {v}");
+                assert_eq!(v["generation"], 1, "{path}: {v}");
+            }
+        }
+        assert_eq!(admin.debug.logs.current(), "debug");
+        let (_, v) = ask(&admin, "GET", "/debug/services?name=mp%2Fmp-multi", "").await;
+        let svc = &v["services"][0];
+        assert_eq!(svc["name"], "mp-multi");
+        assert_eq!(v["services"].as_array().unwrap().len(), 1);
+        assert!(
+            svc["ports"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .any(|p| p["port"] == 8080 && p["class"] == "http"),
+            "{svc}"
+        );
+        let (_, v) = ask(&admin, "GET", "/debug/certs", "").await;
+        let cert = &v["certs"][0];
+        assert_eq!(cert["identity"], "spiffe://cluster.local/ns/mp/sa/mp-client");
+        assert!(cert["serial"].as_str().is_some_and(|s| s.contains(':')));
+        assert!(cert["not_after"].as_str().unwrap() > cert["rotates_at"].as_str().unwrap());
+        let (_, v) = ask(&admin, "GET", "/debug/routes", "").await;
+        assert!(
+            v["routes"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .any(|r| r["kind"] == "UDPRoute" && r["name"] == "mp-udp"),
+            "{v}"
+        );
+    }
+
+    #[tokio::test]
+    async fn a_config_dump_holds_no_key_and_compiles_to_the_served_model() {
+        let (admin, _, model) = admin(true);
+        let (status, v) = ask(&admin, "GET", "/config_dump", "").await;
+        assert_eq!(status, StatusCode::OK);
+        let text = v.to_string();
+        assert!(!text.contains("PRIVATE KEY"), "a key in the dump");
+        assert!(!text.contains("BEGIN CERTIFICATE"), "a certificate body in the dump");
+        for key in [
+            "pods",
+            "services",
+            "routes",
+            "certs",
+            "diagnostics",
+            "log_filter",
+        ] {
+            assert!(v.get(key).is_some(), "no {key}");
+        }
+        let inputs = view::compile_inputs(&v).unwrap();
+        assert_eq!(inputs.generation, 1);
+        assert_eq!(compile(&inputs.snapshot, &inputs.context), model);
+    }
+
+    #[tokio::test]
+    async fn the_debug_endpoints_are_on_the_unix_socket_only() {
+        let (admin, ..) = admin(true);
+        let admin = Arc::new(admin);
+        let dir = std::env::temp_dir().join(format!("aether-debug-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let sock = dir.join("admin.sock");
+        let _ = std::fs::remove_file(&sock);
+        let unix = tokio::net::UnixListener::bind(&sock).unwrap();
+        tokio::spawn(super::super::admin::serve_unix(admin.clone(), unix));
+        let tcp = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let tcp_addr = tcp.local_addr().unwrap();
+        tokio::spawn(super::super::admin::serve_tcp(admin.clone(), tcp));
+        let metrics = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let metrics_addr = metrics.local_addr().unwrap();
+        tokio::spawn(super::super::admin::serve_metrics(admin.clone(), metrics, 8));
+        let gets = DEBUG_ENDPOINTS
+            .iter()
+            .filter(|(m, p, _)| *m == "GET" && *p != "/debug/capture");
+        for (_, path, _) in gets {
+            let unix = get(tokio::net::UnixStream::connect(&sock).await.unwrap(), path).await;
+            assert!(unix.starts_with("HTTP/1.1 200"), "unix {path}: {unix}");
+            let tcp = get(tokio::net::TcpStream::connect(tcp_addr).await.unwrap(), path).await;
+            assert!(tcp.starts_with("HTTP/1.1 404"), "admin TCP {path}: {tcp}");
+            let m = get(tokio::net::TcpStream::connect(metrics_addr).await.unwrap(), path).await;
+            assert!(m.starts_with("HTTP/1.1 404"), "metrics {path}: {m}");
+        }
+        // The client reads the same socket.
+        let args = crate::debug::client::DebugArgs {
+            state_dir: dir.clone(),
+            output: crate::debug::client::Output::Json,
+            command: crate::debug::client::DebugCommand::Services {
+                name: Some("mp-nine".into()),
+            },
+        };
+        let printed = crate::debug::client::run(&args).await.unwrap();
+        let v: Value = serde_json::from_str(&printed.out).unwrap();
+        assert_eq!(v["services"][0]["name"], "mp-nine");
+        assert!(printed.notes.is_empty());
+        let args = crate::debug::client::DebugArgs {
+            command: crate::debug::client::DebugCommand::Services {
+                name: Some("mp/none".into()),
+            },
+            ..args
+        };
+        let err = crate::debug::client::run(&args).await.unwrap_err();
+        assert!(err.to_string().contains("404: no mesh service"), "{err}");
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+}
