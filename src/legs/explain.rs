@@ -17,13 +17,21 @@ use crate::model::port::PortProtocol;
 use crate::model::snapshot::ProtocolValue;
 use crate::workload::probe::{Dial, Host, HttpRequest, Outcome, Send};
 
-/// The leg.
-pub const EXPLAIN: &[Leg] = &[leg!(
-    "EXPLAIN",
-    "aether debug explain answers what the data plane did (seeded random requests)",
-    None,
-    explain_matches
-)];
+/// The legs.
+pub const EXPLAIN: &[Leg] = &[
+    leg!(
+        "EXPLAIN",
+        "aether debug explain answers what the data plane did (seeded random requests)",
+        None,
+        explain_matches
+    ),
+    leg!(
+        "DUMP",
+        "aether explain --config-dump replays each daemon's aether debug config-dump",
+        None,
+        dump_replays
+    ),
+];
 
 /// The client pods the sample is sent from (both capture everything).
 const CLIENTS: &[&str] = &["mp-client", "mp-client-other"];
@@ -381,5 +389,155 @@ async fn explain_matches(env: &Env) -> Check {
             .collect::<Vec<_>>()
             .join(", "),
         generations.first().copied().unwrap_or(0)
+    ))
+}
+
+/// Run this binary (`aether`) with `args`; its stdout, or what went wrong.
+async fn aether(args: Vec<std::ffi::OsString>) -> Result<Vec<u8>, String> {
+    let exe = std::env::current_exe().map_err(|e| format!("find the aether binary: {e}"))?;
+    let shown = args
+        .iter()
+        .map(|a| a.to_string_lossy().into_owned())
+        .collect::<Vec<_>>()
+        .join(" ");
+    let out = tokio::process::Command::new(exe)
+        .args(&args)
+        .output()
+        .await
+        .map_err(|e| format!("aether {shown}: {e}"))?;
+    if !out.status.success() {
+        return Err(format!(
+            "aether {shown}: {}: {}",
+            out.status,
+            String::from_utf8_lossy(&out.stderr).trim()
+        ));
+    }
+    Ok(out.stdout)
+}
+
+/// The DUMP leg (issue #10, acceptance): for each daemon, `aether debug config-dump` is one
+/// JSON document, and `aether explain --config-dump FILE` answers a set of questions (fixed
+/// ones and a seeded random sample) exactly as `aether debug explain` does on that daemon.
+async fn dump_replays(env: &Env) -> Check {
+    let Some(reg) = &env.registry else {
+        return Err(env.not_here(Need::DaemonSockets));
+    };
+    let seed = std::env::var("AETHER_EXPLAIN_SEED")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or_else(|| fastrand::u64(..));
+    let fail = |e: String| format!("seed {seed}: {e}");
+    let targets = targets(env);
+    if targets.is_empty() {
+        return Err(fail("no mesh service with an HTTP port in namespace mp".into()));
+    }
+    let mut rng = fastrand::Rng::with_seed(seed);
+    let mut asked = 0;
+    let mut sizes = Vec::new();
+    for socket in &reg.admin_sockets {
+        let state_dir = socket
+            .parent()
+            .ok_or_else(|| fail(format!("{} has no directory", socket.display())))?;
+        let dump = aether(vec![
+            "debug".into(),
+            "config-dump".into(),
+            "--state-dir".into(),
+            state_dir.into(),
+        ])
+        .await
+        .map_err(fail)?;
+        let doc: serde_json::Value = serde_json::from_slice(&dump)
+            .map_err(|e| fail(format!("the config dump of {} is not JSON: {e}", socket.display())))?;
+        let generation = doc["generation"].as_u64();
+        sizes.push(dump.len());
+        let file = state_dir.join("leg-config-dump.json");
+        std::fs::write(&file, &dump).map_err(|e| fail(format!("{}: {e}", file.display())))?;
+        let mut questions: Vec<Vec<String>> = vec![
+            vec!["--dial".into(), env.mesh("mp-multi") + ":8080"],
+            vec![
+                "--dial".into(),
+                env.mesh("mp-multi") + ":8080",
+                "--host".into(),
+                env.mesh("mp-multi") + ":9090",
+            ],
+            vec!["--dial".into(), env.mesh("mp-httponly") + ":9999"],
+            vec!["--dial".into(), env.mesh("mp-udp") + ":18082", "--bytes".into(), "udp".into()],
+            vec!["--dial".into(), env.mesh("mp-tcpfirst") + ":5432", "--bytes".into(), "raw".into()],
+            vec!["--dial".into(), "127.0.0.1:18081".into(), "--host".into(), env.mesh("mp-nine") + ":9000"],
+        ];
+        for _ in 0..10 {
+            let s = sample(&mut rng, env, &targets).map_err(fail)?;
+            let mut q = vec!["--dial".into(), s.dial, "--path".into(), s.path.into()];
+            if let Some(h) = s.host {
+                q.extend(["--host".into(), h]);
+            }
+            questions.push(q);
+        }
+        for q in questions {
+            let mut live_args: Vec<std::ffi::OsString> = vec![
+                "debug".into(),
+                "explain".into(),
+                "--state-dir".into(),
+                state_dir.into(),
+                "-o".into(),
+                "json".into(),
+                "--from".into(),
+                "mp/mp-client".into(),
+            ];
+            live_args.extend(q.iter().map(Into::into));
+            let live = aether(live_args).await;
+            let mut offline_args: Vec<std::ffi::OsString> = vec![
+                "explain".into(),
+                "--config-dump".into(),
+                file.clone().into(),
+                "-o".into(),
+                "json".into(),
+                "--from".into(),
+                "mp/mp-client".into(),
+            ];
+            offline_args.extend(q.iter().map(Into::into));
+            let offline = aether(offline_args).await;
+            let (live, offline) = match (live, offline) {
+                // The same refusal of the question (a name with no address) on both sides.
+                (Err(a), Err(b)) if a.contains("no address") && b.contains("no address") => {
+                    asked += 1;
+                    continue;
+                }
+                (Ok(a), Ok(b)) => (a, b),
+                (a, b) => {
+                    return Err(fail(format!(
+                        "{q:?} on {}: live {a:?}, offline {b:?}",
+                        socket.display()
+                    )));
+                }
+            };
+            let live: serde_json::Value =
+                serde_json::from_slice(&live).map_err(|e| fail(e.to_string()))?;
+            let offline: serde_json::Value =
+                serde_json::from_slice(&offline).map_err(|e| fail(e.to_string()))?;
+            if live["generation"].as_u64() != generation {
+                return Err(fail(format!(
+                    "the model of {} changed during the leg",
+                    socket.display()
+                )));
+            }
+            if live["explanation"] != offline {
+                return Err(fail(format!(
+                    "{q:?} on {}: live {} offline {offline}",
+                    socket.display(),
+                    live["explanation"]
+                )));
+            }
+            asked += 1;
+        }
+        let _ = std::fs::remove_file(&file);
+    }
+    Ok(format!(
+        "seed {seed}: {asked} questions answered alike live and from the dumps ({} bytes)",
+        sizes
+            .iter()
+            .map(ToString::to_string)
+            .collect::<Vec<_>>()
+            .join(", ")
     ))
 }
