@@ -16,10 +16,14 @@ use crate::node::config::LogFormat;
 #[derive(Debug, thiserror::Error)]
 pub enum InvalidFilter {
     /// Nothing was given (`EnvFilter` would read it as "errors only": a slip, not a wish).
-    #[error("the log filter is empty (expected LEVEL[,target=LEVEL...], e.g. info,aether::proxy=debug)")]
+    #[error(
+        "the log filter is empty (expected LEVEL[,target=LEVEL...], e.g. info,aether::proxy=debug)"
+    )]
     Empty,
     /// `EnvFilter` does not accept it.
-    #[error("log filter {text:?} is not valid (expected LEVEL[,target=LEVEL...], e.g. info,aether::proxy=debug)")]
+    #[error(
+        "log filter {text:?} is not valid (expected LEVEL[,target=LEVEL...], e.g. info,aether::proxy=debug)"
+    )]
     Syntax {
         /// What was given.
         text: String,

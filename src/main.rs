@@ -445,7 +445,10 @@ fn run_explain(args: &ExplainArgs) -> anyhow::Result<ExitCode> {
     let (snapshot, model, generation) = explain_inputs(args)?;
     let e = explain(&snapshot, &model, &q)?;
     let text = match (args.output, generation) {
-        (Output::Table, Some(g)) => format!("generation {g} (from the config dump)\n{}", render_table(&e)),
+        (Output::Table, Some(g)) => format!(
+            "generation {g} (from the config dump)\n{}",
+            render_table(&e)
+        ),
         (Output::Table, None) => render_table(&e),
         (Output::Json, _) => serde_json::to_string_pretty(&e)? + "\n",
     };
@@ -906,7 +909,10 @@ fn node_config(args: &NodeArgs) -> anyhow::Result<aether::node::NodeConfig> {
 
 /// Install the log subscriber; the handle changes its filter at run time (`aether debug
 /// log-level`).
-fn init_logs(format: aether::node::config::LogFormat, level: &str) -> aether::log_filter::LogFilter {
+fn init_logs(
+    format: aether::node::config::LogFormat,
+    level: &str,
+) -> aether::log_filter::LogFilter {
     aether::log_filter::init(format, level)
 }
 

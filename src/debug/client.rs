@@ -33,7 +33,12 @@ pub enum Output {
 #[derive(Debug, clap::Args)]
 pub struct DebugArgs {
     /// The daemon's state directory, where its admin socket `admin.sock` is.
-    #[arg(long, env = "AETHER_STATE_DIR", default_value = "/var/run/aether", global = true)]
+    #[arg(
+        long,
+        env = "AETHER_STATE_DIR",
+        default_value = "/var/run/aether",
+        global = true
+    )]
     pub state_dir: PathBuf,
     /// Output format.
     #[arg(short = 'o', long, value_enum, default_value = "table", global = true)]
@@ -319,7 +324,8 @@ pub async fn run(args: &DebugArgs) -> Result<Printed, DebugError> {
             let request = flags.request();
             // Asked here first: a malformed question is refused before the daemon is called.
             request.question().map_err(DebugError::Usage)?;
-            let body = serde_json::to_vec(&request).map_err(|e| DebugError::Usage(e.to_string()))?;
+            let body =
+                serde_json::to_vec(&request).map_err(|e| DebugError::Usage(e.to_string()))?;
             (
                 json_call(socket, "POST", "/debug/explain", Some(body)).await?,
                 explanation,
@@ -345,10 +351,7 @@ pub async fn run(args: &DebugArgs) -> Result<Printed, DebugError> {
                 out,
             });
         }
-        DebugCommand::Certs => (
-            json_call(socket, "GET", "/debug/certs", None).await?,
-            certs,
-        ),
+        DebugCommand::Certs => (json_call(socket, "GET", "/debug/certs", None).await?, certs),
         DebugCommand::LogLevel { filter } => {
             let v = match filter {
                 Some(f) => {
@@ -376,7 +379,10 @@ pub async fn run(args: &DebugArgs) -> Result<Printed, DebugError> {
             (v, stats_table)
         }
         DebugCommand::Capture { pod } => {
-            if pod.split_once('/').is_none_or(|(n, p)| n.is_empty() || p.is_empty()) {
+            if pod
+                .split_once('/')
+                .is_none_or(|(n, p)| n.is_empty() || p.is_empty())
+            {
                 return Err(DebugError::Usage(format!(
                     "capture {pod:?}: name the pod as <namespace>/<name>"
                 )));

@@ -302,7 +302,10 @@ mod tests {
             udp.routes.iter().any(|r| r.starts_with("UDPRoute mp/")),
             "{udp:?}"
         );
-        assert_eq!(services(&snapshot, &model, Some("mp-multi")), [multi.clone()]);
+        assert_eq!(
+            services(&snapshot, &model, Some("mp-multi")),
+            [multi.clone()]
+        );
         assert!(services(&snapshot, &model, Some("mp/no-such")).is_empty());
     }
 

@@ -159,7 +159,12 @@ fn sample(rng: &mut fastrand::Rng, env: &Env, targets: &[Target]) -> Result<Samp
         }
         _ => (mesh.clone(), super::name(&mesh, port)),
     };
-    let other = t.http_ports.iter().copied().find(|p| *p != port).unwrap_or(81);
+    let other = t
+        .http_ports
+        .iter()
+        .copied()
+        .find(|p| *p != port)
+        .unwrap_or(81);
     let host = match rng.u8(..6) {
         0 => Some(format!("{mesh}:{port}")),
         1 => Some(format!("{mesh}:{other}")),
@@ -261,7 +266,10 @@ async fn check_one(
     let v: serde_json::Value = serde_json::from_slice(&answer)
         .map_err(|e| format!("request {i}: explain answered {status}: {e}"))?;
     let send = Send::Http(HttpRequest {
-        host: s.host.clone().map_or(Host::Default, |h| Host::Values(vec![h])),
+        host: s
+            .host
+            .clone()
+            .map_or(Host::Default, |h| Host::Values(vec![h])),
         ..HttpRequest::get(s.path)
     });
     let mut p = probe(s.probe_dial, send);
@@ -339,7 +347,9 @@ async fn explain_matches(env: &Env) -> Check {
     let workloads = workloads(env);
     let targets = targets(env);
     if targets.is_empty() {
-        return Err(fail("no mesh service with an HTTP port in namespace mp".into()));
+        return Err(fail(
+            "no mesh service with an HTTP port in namespace mp".into(),
+        ));
     }
     // Drawn first, in order: the seed alone fixes the sample, whatever order answers come in.
     let mut rng = fastrand::Rng::with_seed(seed);
@@ -351,15 +361,14 @@ async fn explain_matches(env: &Env) -> Check {
             .ok_or_else(|| fail(format!("no daemon serves {}", s.client)))?;
         samples.push((i, socket.clone(), s));
     }
-    let mut results: Vec<(usize, Result<Agreed, String>)> =
-        futures_util::stream::iter(samples)
-            .map(|(i, socket, s)| {
-                let workloads = &workloads;
-                async move { (i, check_one(env, &socket, workloads, i, s).await) }
-            })
-            .buffer_unordered(IN_FLIGHT)
-            .collect()
-            .await;
+    let mut results: Vec<(usize, Result<Agreed, String>)> = futures_util::stream::iter(samples)
+        .map(|(i, socket, s)| {
+            let workloads = &workloads;
+            async move { (i, check_one(env, &socket, workloads, i, s).await) }
+        })
+        .buffer_unordered(IN_FLIGHT)
+        .collect()
+        .await;
     results.sort_by_key(|(i, _)| *i);
     let mut outcomes: BTreeMap<String, usize> = BTreeMap::new();
     let mut generations = BTreeSet::new();
@@ -429,7 +438,9 @@ async fn dump_replays(env: &Env) -> Check {
     let fail = |e: String| format!("seed {seed}: {e}");
     let targets = targets(env);
     if targets.is_empty() {
-        return Err(fail("no mesh service with an HTTP port in namespace mp".into()));
+        return Err(fail(
+            "no mesh service with an HTTP port in namespace mp".into(),
+        ));
     }
     let mut rng = fastrand::Rng::with_seed(seed);
     let mut asked = 0;
@@ -446,8 +457,12 @@ async fn dump_replays(env: &Env) -> Check {
         ])
         .await
         .map_err(fail)?;
-        let doc: serde_json::Value = serde_json::from_slice(&dump)
-            .map_err(|e| fail(format!("the config dump of {} is not JSON: {e}", socket.display())))?;
+        let doc: serde_json::Value = serde_json::from_slice(&dump).map_err(|e| {
+            fail(format!(
+                "the config dump of {} is not JSON: {e}",
+                socket.display()
+            ))
+        })?;
         let generation = doc["generation"].as_u64();
         sizes.push(dump.len());
         let file = state_dir.join("leg-config-dump.json");
@@ -461,9 +476,24 @@ async fn dump_replays(env: &Env) -> Check {
                 env.mesh("mp-multi") + ":9090",
             ],
             vec!["--dial".into(), env.mesh("mp-httponly") + ":9999"],
-            vec!["--dial".into(), env.mesh("mp-udp") + ":18082", "--bytes".into(), "udp".into()],
-            vec!["--dial".into(), env.mesh("mp-tcpfirst") + ":5432", "--bytes".into(), "raw".into()],
-            vec!["--dial".into(), "127.0.0.1:18081".into(), "--host".into(), env.mesh("mp-nine") + ":9000"],
+            vec![
+                "--dial".into(),
+                env.mesh("mp-udp") + ":18082",
+                "--bytes".into(),
+                "udp".into(),
+            ],
+            vec![
+                "--dial".into(),
+                env.mesh("mp-tcpfirst") + ":5432",
+                "--bytes".into(),
+                "raw".into(),
+            ],
+            vec![
+                "--dial".into(),
+                "127.0.0.1:18081".into(),
+                "--host".into(),
+                env.mesh("mp-nine") + ":9000",
+            ],
         ];
         for _ in 0..10 {
             let s = sample(&mut rng, env, &targets).map_err(fail)?;

@@ -335,7 +335,10 @@ pub(super) mod tests {
     }
 
     /// One GET over a connected socket; the response's text, or what went wrong.
-    pub(in crate::node) async fn get<S: AsyncRead + AsyncWrite + Unpin>(mut s: S, path: &str) -> String {
+    pub(in crate::node) async fn get<S: AsyncRead + AsyncWrite + Unpin>(
+        mut s: S,
+        path: &str,
+    ) -> String {
         use tokio::io::{AsyncReadExt, AsyncWriteExt};
         let request = format!("GET {path} HTTP/1.1\r\nHost: admin\r\nConnection: close\r\n\r\n");
         if let Err(e) = s.write_all(request.as_bytes()).await {

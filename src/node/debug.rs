@@ -52,11 +52,7 @@ pub const DEBUG_ENDPOINTS: &[(&str, &str, &str)] = &[
         "/debug/certs",
         "the workload certificates: identity, serial, validity, rotation time",
     ),
-    (
-        "GET",
-        "/debug/log-level",
-        "the log filter in force",
-    ),
+    ("GET", "/debug/log-level", "the log filter in force"),
     (
         "POST",
         "/debug/log-level",
@@ -170,7 +166,10 @@ where
         return error(
             admin,
             StatusCode::METHOD_NOT_ALLOWED,
-            format!("{} {path}: not an endpoint of the admin socket", parts.method),
+            format!(
+                "{} {path}: not an endpoint of the admin socket",
+                parts.method
+            ),
         );
     }
     if parts.method == Method::POST {
@@ -507,7 +506,10 @@ mod tests {
         let step = &v["explanation"]["request"];
         assert_eq!(step["outcome"], "deliver", "{v}");
         assert_eq!(step["pod_port"], 9090);
-        assert!(step["pods"].as_array().is_some_and(|p| !p.is_empty()), "{v}");
+        assert!(
+            step["pods"].as_array().is_some_and(|p| !p.is_empty()),
+            "{v}"
+        );
     }
 
     #[tokio::test]
@@ -628,7 +630,10 @@ mod tests {
         );
         let (_, v) = ask(&admin, "GET", "/debug/certs", "").await;
         let cert = &v["certs"][0];
-        assert_eq!(cert["identity"], "spiffe://cluster.local/ns/mp/sa/mp-client");
+        assert_eq!(
+            cert["identity"],
+            "spiffe://cluster.local/ns/mp/sa/mp-client"
+        );
         assert!(cert["serial"].as_str().is_some_and(|s| s.contains(':')));
         assert!(cert["not_after"].as_str().unwrap() > cert["rotates_at"].as_str().unwrap());
         let (_, v) = ask(&admin, "GET", "/debug/routes", "").await;
@@ -649,7 +654,10 @@ mod tests {
         assert_eq!(status, StatusCode::OK);
         let text = v.to_string();
         assert!(!text.contains("PRIVATE KEY"), "a key in the dump");
-        assert!(!text.contains("BEGIN CERTIFICATE"), "a certificate body in the dump");
+        assert!(
+            !text.contains("BEGIN CERTIFICATE"),
+            "a certificate body in the dump"
+        );
         for key in [
             "pods",
             "services",
@@ -680,16 +688,28 @@ mod tests {
         tokio::spawn(super::super::admin::serve_tcp(admin.clone(), tcp));
         let metrics = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
         let metrics_addr = metrics.local_addr().unwrap();
-        tokio::spawn(super::super::admin::serve_metrics(admin.clone(), metrics, 8));
+        tokio::spawn(super::super::admin::serve_metrics(
+            admin.clone(),
+            metrics,
+            8,
+        ));
         let gets = DEBUG_ENDPOINTS
             .iter()
             .filter(|(m, p, _)| *m == "GET" && *p != "/debug/capture");
         for (_, path, _) in gets {
             let unix = get(tokio::net::UnixStream::connect(&sock).await.unwrap(), path).await;
             assert!(unix.starts_with("HTTP/1.1 200"), "unix {path}: {unix}");
-            let tcp = get(tokio::net::TcpStream::connect(tcp_addr).await.unwrap(), path).await;
+            let tcp = get(
+                tokio::net::TcpStream::connect(tcp_addr).await.unwrap(),
+                path,
+            )
+            .await;
             assert!(tcp.starts_with("HTTP/1.1 404"), "admin TCP {path}: {tcp}");
-            let m = get(tokio::net::TcpStream::connect(metrics_addr).await.unwrap(), path).await;
+            let m = get(
+                tokio::net::TcpStream::connect(metrics_addr).await.unwrap(),
+                path,
+            )
+            .await;
             assert!(m.starts_with("HTTP/1.1 404"), "metrics {path}: {m}");
         }
         // The client reads the same socket.
