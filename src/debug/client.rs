@@ -645,9 +645,8 @@ pub fn stats(text: &str, filter: Option<&str>) -> Value {
         if line.starts_with('#') || line.trim().is_empty() {
             continue;
         }
-        let (series, value) = match line.rsplit_once(' ') {
-            Some(p) => p,
-            None => continue,
+        let Some((series, value)) = line.rsplit_once(' ') else {
+            continue;
         };
         let (name, labels) = match series.split_once('{') {
             Some((n, l)) => (n, l.trim_end_matches('}')),

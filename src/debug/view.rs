@@ -304,7 +304,7 @@ mod tests {
         );
         assert_eq!(
             services(&snapshot, &model, Some("mp-multi")),
-            [multi.clone()]
+            std::slice::from_ref(multi)
         );
         assert!(services(&snapshot, &model, Some("mp/no-such")).is_empty());
     }

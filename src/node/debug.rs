@@ -132,7 +132,7 @@ fn envelope(admin: &Admin, p: &Published, key: &str, value: Value) -> Value {
     v
 }
 
-fn query<'a>(query: Option<&'a str>, key: &str) -> Option<String> {
+fn query(query: Option<&str>, key: &str) -> Option<String> {
     form_urlencoded::parse(query?.as_bytes())
         .find(|(k, _)| k == key)
         .map(|(_, v)| v.into_owned())
