@@ -647,6 +647,18 @@ mod tests {
         );
     }
 
+    #[test]
+    fn docs_debug_md_lists_every_endpoint_with_its_methods() {
+        let docs = include_str!("../../docs/debug.md");
+        for (method, path, _) in DEBUG_ENDPOINTS {
+            let row = docs
+                .lines()
+                .find(|l| l.starts_with(&format!("| `{path}")))
+                .unwrap_or_else(|| panic!("docs/debug.md has no row for {path}"));
+            assert!(row.contains(method), "{path}: {row} does not name {method}");
+        }
+    }
+
     #[tokio::test]
     async fn a_config_dump_holds_no_key_and_compiles_to_the_served_model() {
         let (admin, _, model) = admin(true);
