@@ -110,7 +110,8 @@ pub struct ExplainFlags {
     /// A request header, `name:value` (repeatable).
     #[arg(long = "header")]
     pub headers: Vec<String>,
-    /// What the client sends first: http, http1.0, h2c, tls:<sni>, raw, none; or udp (one datagram).
+    /// What the client sends first: `http`, `http1.0`, `h2c`, `tls:<sni>`, `raw`, `none`; or `udp`
+    /// (one datagram).
     #[arg(long, default_value = "http")]
     pub bytes: String,
     /// Entropy for the weighted choice of a route backend (vary it to see each share).
