@@ -192,16 +192,16 @@ impl Identities {
         }
     }
 
-    /// Every certificate issued and held, in (namespace, ServiceAccount) order (no key leaves
-    /// through this but inside the returned values; callers show their public parts).
-    pub fn issued(&self) -> Vec<Arc<WorkloadCert>> {
+    /// Every certificate issued and held now, by (namespace, ServiceAccount), in that order
+    /// (for metrics and the debug CLI).
+    pub fn certificates(&self) -> Vec<((String, String), Arc<WorkloadCert>)> {
         let mut all: Vec<_> = self
             .cache
             .iter()
             .map(|e| (e.key().clone(), Arc::clone(e.value())))
             .collect();
         all.sort_by(|a, b| a.0.cmp(&b.0));
-        all.into_iter().map(|(_, c)| c).collect()
+        all
     }
 
     /// Re-issues every cached certificate whose half-life has passed at `now` and returns how

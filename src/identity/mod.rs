@@ -19,7 +19,7 @@ use std::io;
 use std::path::PathBuf;
 
 pub use ca::Ca;
-pub use certs::{Identities, IdentitySettings};
+pub use certs::{Identities, IdentitySettings, WorkloadCert};
 pub use id::{InvalidSpiffeId, SpiffeId};
 pub use tls::{client_config, peer_identity, server_config};
 

@@ -30,6 +30,12 @@ pub static KUBE: &[Leg] = &[
         stopped
     ),
     leg!(
+        "KDASH",
+        "every metric the chart's Grafana dashboard queries is one each daemon exports on /metrics",
+        None,
+        dashboard
+    ),
+    leg!(
         "KEXPIRE",
         "the API server forgets its history (410 Gone): the daemons relist, and a deleted route is gone",
         None,
@@ -197,4 +203,128 @@ async fn writes(env: &Env) -> Check {
     Ok(format!(
         "Lease held by {holder}; {applies} Service applies by {FIELD_MANAGER}; {statuses} route status writes"
     ))
+}
+
+/// The chart's Grafana dashboard (issue #10 §4).
+const DASHBOARD: &str = include_str!("../../charts/aether/dashboards/aether.json");
+
+/// The leg: every metric the dashboard's queries name is exported by every daemon. On the
+/// Kubernetes source, so that the watches' metrics are there too.
+async fn dashboard(env: &Env) -> Check {
+    let (_, admins) = sockets(env)?;
+    let (queries, wanted) = dashboard_metrics(DASHBOARD)?;
+    for socket in admins {
+        let text = super::admin_get(socket, "/metrics").await?;
+        let have = exported(&text);
+        let missing: Vec<&String> = wanted.iter().filter(|m| !have.contains(*m)).collect();
+        if !missing.is_empty() {
+            return Err(format!(
+                "the dashboard queries {missing:?}, which the daemon of {} does not export",
+                socket.display()
+            ));
+        }
+    }
+    Ok(format!(
+        "{} metrics in {queries} queries, each exported by all {} daemons",
+        wanted.len(),
+        admins.len()
+    ))
+}
+
+/// The number of queries in a Grafana dashboard (panel targets and template variables), and
+/// every metric they name (`aether_…` and `process_…` identifiers).
+pub(crate) fn dashboard_metrics(
+    json: &str,
+) -> Result<(usize, std::collections::BTreeSet<String>), String> {
+    fn walk(v: &serde_json::Value, out: &mut Vec<String>) {
+        match v {
+            serde_json::Value::Object(m) => {
+                for (k, v) in m {
+                    match (k.as_str(), v) {
+                        ("expr" | "query", serde_json::Value::String(q)) => out.push(q.clone()),
+                        _ => walk(v, out),
+                    }
+                }
+            }
+            serde_json::Value::Array(a) => a.iter().for_each(|v| walk(v, out)),
+            _ => {}
+        }
+    }
+    let doc: serde_json::Value =
+        serde_json::from_str(json).map_err(|e| format!("the dashboard is not JSON: {e}"))?;
+    let mut queries = Vec::new();
+    walk(&doc, &mut queries);
+    let mut metrics = std::collections::BTreeSet::new();
+    for q in &queries {
+        let words = q.split(|c: char| !(c.is_ascii_alphanumeric() || c == '_' || c == ':'));
+        metrics.extend(
+            words
+                .filter(|w| w.starts_with("aether_") || w.starts_with("process_"))
+                .map(str::to_owned),
+        );
+    }
+    Ok((queries.len(), metrics))
+}
+
+/// Every series name a `/metrics` text can hold: its samples', and for each `# TYPE` line the
+/// names that family's samples take (`_total` of a counter; `_bucket`, `_sum`, `_count` of a
+/// histogram), so that a family with no series yet counts as exported.
+pub(crate) fn exported(text: &str) -> std::collections::BTreeSet<String> {
+    let mut names = std::collections::BTreeSet::new();
+    for line in text.lines() {
+        if let Some(rest) = line.strip_prefix("# TYPE ") {
+            let mut parts = rest.split_whitespace();
+            let (Some(name), Some(kind)) = (parts.next(), parts.next()) else {
+                continue;
+            };
+            let suffixes: &[&str] = match kind {
+                "counter" => &["_total"],
+                "histogram" => &["_bucket", "_sum", "_count"],
+                _ => &[""],
+            };
+            names.extend(suffixes.iter().map(|s| format!("{name}{s}")));
+        } else if !line.starts_with('#') {
+            let name = line.split(['{', ' ']).next().unwrap_or_default();
+            if !name.is_empty() {
+                names.insert(name.to_owned());
+            }
+        }
+    }
+    names
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_dashboards_metrics_are_read_from_its_queries_and_a_family_with_no_series_counts() {
+        let (queries, metrics) = dashboard_metrics(DASHBOARD).unwrap();
+        assert!(queries >= 30, "{queries}");
+        for m in [
+            "aether_http_requests_total",
+            "aether_http_request_duration_seconds_bucket",
+            "aether_refusals_total",
+            "aether_registry_watch_errors_total",
+            "aether_workload_cert_expiry_timestamp_seconds",
+            "process_resident_memory_bytes",
+        ] {
+            assert!(metrics.contains(m), "{m} not in {metrics:?}");
+        }
+        // No PromQL function or label is taken for a metric.
+        assert!(metrics.iter().all(|m| !m.contains("rate")), "{metrics:?}");
+        let text = "# HELP a_x X.\n# TYPE a_x counter\n# TYPE a_h_seconds histogram\n\
+                    a_h_seconds_bucket{le=\"0.1\"} 1\n# TYPE a_g gauge\na_g{kind=\"Pod\"} 1\n";
+        let have = exported(text);
+        for n in [
+            "a_x_total",
+            "a_h_seconds_bucket",
+            "a_h_seconds_count",
+            "a_g",
+        ] {
+            assert!(have.contains(n), "{n} not in {have:?}");
+        }
+        assert!(!have.contains("a_x"));
+        assert!(dashboard_metrics("{not json").is_err());
+    }
 }

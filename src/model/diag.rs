@@ -41,6 +41,19 @@ pub enum DiagnosticKind {
 }
 
 impl DiagnosticKind {
+    /// Every kind, for tables and counters.
+    pub const ALL: [Self; 9] = [
+        Self::RowRefused,
+        Self::PodRefused,
+        Self::ReservedPort,
+        Self::ClassDisagreement,
+        Self::DuplicateAddress,
+        Self::Route,
+        Self::Filter,
+        Self::InboundMode,
+        Self::ExtAuthzOnTcp,
+    ];
+
     /// The stable name.
     pub fn as_str(self) -> &'static str {
         match self {

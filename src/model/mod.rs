@@ -394,6 +394,11 @@ impl Model {
         self.service_filters.get(key).map_or(&[], |f| f)
     }
 
+    /// How many mesh services the model holds (for metrics).
+    pub fn mesh_service_count(&self) -> usize {
+        self.classes.len()
+    }
+
     /// How many names the model answers (for dumps and benchmarks).
     pub fn name_count(&self) -> usize {
         self.names.values().map(HashMap::len).sum()

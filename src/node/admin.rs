@@ -59,6 +59,8 @@ pub struct Admin {
     pub kube_writes: Arc<super::KubeWrites>,
     /// What the debug endpoints read besides the above.
     pub debug: super::debug::DebugInputs,
+    /// What `/metrics` reads at each scrape (watches, process, runtime).
+    pub control: Arc<super::telemetry::ControlCollector>,
 }
 
 fn json(value: &serde_json::Value) -> Response<Body> {
@@ -85,6 +87,7 @@ async fn handle(admin: &Admin, path: &str) -> Response<Body> {
             let mut registry = prometheus_client::registry::Registry::default();
             admin.inputs.stats.register(&mut registry);
             admin.node_stats.register(&mut registry);
+            registry.register_collector(Box::new(admin.control.clone()));
             let generation = prometheus_client::metrics::gauge::Gauge::<i64>::default();
             generation.set(i64::try_from(admin.inputs.model.generation()).unwrap_or(i64::MAX));
             registry.register(
@@ -268,6 +271,7 @@ pub(super) mod tests {
             node_stats: Arc::default(),
             kube_writes: Arc::default(),
             debug,
+            control: Arc::default(),
         }
     }
 

@@ -280,9 +280,9 @@ fn certs(admin: &Admin) -> Value {
         return json!([]);
     };
     Value::Array(
-        ids.issued()
+        ids.certificates()
             .iter()
-            .map(|c| {
+            .map(|(_, c)| {
                 json!({
                     "identity": c.id.to_string(),
                     "serial": c.serial(),

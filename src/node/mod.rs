@@ -10,6 +10,7 @@ pub mod dns;
 pub mod handoff;
 pub mod pods;
 pub mod stats;
+pub mod telemetry;
 pub mod tls;
 
 use std::collections::{BTreeMap, BTreeSet};
@@ -214,7 +215,9 @@ fn load(
             crate::model::retention::advance(&model.http_ports(), retained, &snapshot, ctx.now_ms);
     }
     let dns = DnsTable::build(&snapshot, &ctx.domains, config.dns_kubernetes_names);
+    let started = crate::time::now();
     let model = compile(&snapshot, &ctx);
+    stats.record_compile(&snapshot, &model, started.elapsed());
     let retained = snapshot.retained.clone();
     if let Some(w) = writers.as_mut() {
         w.status.statuses = model.route_statuses().to_vec();
@@ -404,6 +407,7 @@ pub async fn run_with_logs(
         .collect();
     let shared = Shared {
         inputs: inputs.clone(),
+        stats: node_stats.clone(),
         home,
         dns: dns::DnsShared {
             table: dns_table.clone(),
@@ -478,6 +482,14 @@ pub async fn run_with_logs(
             max_body_bytes: config.debug_max_body_bytes,
             capture_timeout: Duration::from_millis(config.debug_capture_timeout_ms),
         },
+        control: Arc::new(telemetry::ControlCollector {
+            kinds: match &*source {
+                Source::Kube(kube) => kube.kinds().to_vec(),
+                Source::File(_) => Vec::new(),
+            },
+            runtime: Some(tokio::runtime::Handle::current()),
+            identities: Some(identities.clone()),
+        }),
     };
     let admin = Arc::new(admin);
     let admin_sock = state_dir.join("admin.sock");

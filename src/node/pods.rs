@@ -196,6 +196,8 @@ pub struct Shared {
     pub home: Arc<Netns>,
     /// Mesh DNS.
     pub dns: crate::node::dns::DnsShared,
+    /// The control side's counters (capture programming, pods served).
+    pub stats: Arc<crate::node::stats::NodeStats>,
 }
 
 /// A pod could not be served.
@@ -230,7 +232,10 @@ impl Pods {
             if let Some(served) = self.served.remove(&key) {
                 served.pod.retire();
                 if let Err(e) = nft::remove(&served.desired.netns).await {
+                    shared.stats.capture_programmed("remove-failed");
                     warn!(error = %e, pod = %key.1, "removing capture");
+                } else {
+                    shared.stats.capture_programmed("removed");
                 }
                 info!(namespace = %key.0, pod = %key.1, "pod no longer served");
             }
@@ -247,11 +252,15 @@ impl Pods {
             {
                 match program(shared, &s.pod, &d).await {
                     Ok(()) => {
+                        shared.stats.capture_programmed("rules-changed");
                         info!(namespace = %key.0, pod = %key.1,
                             refused = ?d.capture.inbound_refused_ports, "inbound rules changed");
                         s.desired = d;
                     }
-                    Err(e) => failed.push((key, e)),
+                    Err(e) => {
+                        shared.stats.capture_programmed("failed");
+                        failed.push((key, e));
+                    }
                 }
                 continue;
             }
@@ -270,6 +279,7 @@ impl Pods {
             }
             match served {
                 Ok((tasks, pod, listeners)) => {
+                    shared.stats.capture_programmed("served");
                     info!(namespace = %key.0, pod = %key.1, netns = %d.netns.display(),
                         mode = d.capture.mode.as_str(), "pod served");
                     self.served.insert(
@@ -282,9 +292,16 @@ impl Pods {
                         },
                     );
                 }
-                Err(e) => failed.push((key, e)),
+                Err(e) => {
+                    shared.stats.capture_programmed("failed");
+                    failed.push((key, e));
+                }
             }
         }
+        shared
+            .stats
+            .pods_served
+            .set(i64::try_from(self.served.len()).unwrap_or(i64::MAX));
         failed
     }
 

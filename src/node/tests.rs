@@ -104,6 +104,7 @@ fn shared_with(manifests: &str) -> (NodeConfig, Shared) {
             stats: Stats::default(),
         }),
         home: Arc::new(Netns::current().unwrap()),
+        stats: Arc::new(NodeStats::default()),
         dns: dns::DnsShared {
             table: Arc::new(ArcSwap::from_pointee(loaded.dns)),
             upstreams: Vec::new(),
@@ -575,4 +576,74 @@ fn a_pod_whose_ip_the_api_does_not_have_yet_is_captured_with_the_adds_addresses(
     let model = compiled(&config, MANIFESTS).model;
     let want = pods::desired(&model, "node-a", "", &added, &[]);
     assert_eq!(want[&key].capture.ipv4, Some("10.255.0.7".parse().unwrap()));
+}
+
+#[test]
+fn a_compile_sets_the_model_metrics_and_counts_each_refused_row_by_its_reason() {
+    // Two services, and a pod whose annotations do not parse (no row: refused).
+    let manifests = r#"
+apiVersion: v1
+kind: Namespace
+metadata: {name: mp}
+---
+apiVersion: v1
+kind: Pod
+metadata:
+  name: web-0
+  namespace: mp
+  annotations: {endpoint.aether.io/port: "8080"}
+spec: {serviceAccountName: web, nodeName: node-a}
+status: {podIP: 10.255.0.7}
+---
+apiVersion: v1
+kind: Pod
+metadata:
+  name: api-0
+  namespace: mp
+  annotations: {endpoint.aether.io/ports: "9000=tcp"}
+spec: {serviceAccountName: api, nodeName: node-a}
+status: {podIP: 10.255.0.8}
+---
+apiVersion: v1
+kind: Pod
+metadata:
+  name: bad-0
+  namespace: mp
+  annotations: {endpoint.aether.io/ports: "9000=bogus"}
+spec: {serviceAccountName: bad, nodeName: node-a}
+status: {podIP: 10.255.0.9}
+"#;
+    let dir = std::env::temp_dir().join(format!(
+        "aether-node-metrics-{}-{}",
+        std::process::id(),
+        fastrand::u64(..)
+    ));
+    std::fs::create_dir_all(&dir).unwrap();
+    std::fs::write(dir.join("pods.yaml"), manifests).unwrap();
+    let config = NodeConfig {
+        node_name: "node-a".into(),
+        registry: dir.clone(),
+        ..NodeConfig::default()
+    };
+    let source = Source::File(parking_lot::Mutex::new(LastGood::default()));
+    let stats = NodeStats::default();
+    load(&config, &source, &stats, None).unwrap();
+    load(&config, &source, &stats, None).unwrap();
+    std::fs::remove_dir_all(&dir).unwrap();
+    let mut registry = prometheus_client::registry::Registry::default();
+    stats.register(&mut registry);
+    let mut text = String::new();
+    prometheus_client::encoding::text::encode(&mut text, &registry).unwrap();
+    for line in [
+        "aether_model_compiles_total 2",
+        "aether_model_compile_duration_seconds_count 2",
+        "aether_model_services 2",
+        "aether_model_rows 2",
+        "aether_model_rows_refused{reason=\"annotation-unparseable\"} 1",
+        "aether_model_rows_refused{reason=\"invalid-port\"} 0",
+        "aether_model_diagnostics{kind=\"pod-refused\"} 1",
+        "aether_model_diagnostics{kind=\"class-disagreement\"} 0",
+    ] {
+        assert!(text.lines().any(|l| l == line), "no {line:?} in\n{text}");
+    }
 }

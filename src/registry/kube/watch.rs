@@ -69,10 +69,14 @@ pub struct KindState {
     pub relists: AtomicU64,
     /// The last error, for `/ready` and the logs.
     pub last_error: Mutex<Option<String>>,
+    /// When the watch last brought a change or completed a list, Unix time in milliseconds
+    /// (0: never); `aether_registry_watch_last_event_timestamp_seconds`.
+    pub last_event_ms: AtomicU64,
 }
 
 impl KindState {
-    fn new(kind: &'static str) -> Self {
+    /// The state of a kind not listed yet.
+    pub fn new(kind: &'static str) -> Self {
         Self {
             kind,
             ..Self::default()
@@ -375,6 +379,14 @@ where
             .reflect(writer);
         let mut stream = std::pin::pin!(stream);
         while let Some(item) = stream.next().await {
+            if matches!(
+                item,
+                Ok(Event::InitDone | Event::Apply(_) | Event::Delete(_))
+            ) {
+                state
+                    .last_event_ms
+                    .store(crate::time::wall_ms(), Ordering::Relaxed);
+            }
             match item {
                 Ok(Event::InitDone) => {
                     if state.synced.swap(true, Ordering::AcqRel) {
