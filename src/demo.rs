@@ -706,7 +706,42 @@ pub fn try_these(running: &Running) -> String {
          \x20 ip netns exec {p}mp-client aether probe --dial {multi}:7777\n\
          \x20 ip netns exec {p}mp-client aether probe --dial mp-serverfirst.mp.{mesh}:3306 --wait --lines 2\n\
          (with curl installed: ip netns exec {p}mp-client curl -si http://mp-multi.mp.{mesh}:9090/)\n\
+         {}\
          Logs: {}/logs\n",
+        debug_these(running),
         running.run_dir.display()
     )
+}
+
+/// How to call `aether debug` on each node's daemon (docs/debug.md).
+fn debug_these(running: &Running) -> String {
+    let mesh = &running.env.mesh_domain;
+    let sockets = running
+        .env
+        .registry
+        .as_ref()
+        .map(|r| r.admin_sockets.as_slice())
+        .unwrap_or_default();
+    let mut s = String::from("Ask a node's daemon (docs/debug.md), as root:\n");
+    for socket in sockets {
+        let Some(dir) = socket.parent() else {
+            continue;
+        };
+        let node = dir
+            .file_name()
+            .map(|n| {
+                let n = n.to_string_lossy();
+                n.strip_prefix("node-").unwrap_or(&n).to_owned()
+            })
+            .unwrap_or_default();
+        let d = dir.display();
+        s.push_str(&format!(
+            "  node {node}:\n\
+             \x20   aether debug pods --state-dir {d}\n\
+             \x20   aether debug services mp-multi --state-dir {d}\n\
+             \x20   aether debug explain --state-dir {d} --from mp/mp-client --dial mp-multi.mp.{mesh}:8080 --host mp-multi.mp.{mesh}:9090\n\
+             \x20   aether debug config-dump --state-dir {d} > dump.json && aether explain --config-dump dump.json --from mp/mp-client --dial mp-multi.mp.{mesh}:8080\n"
+        ));
+    }
+    s
 }

@@ -7,7 +7,9 @@
 
 use std::net::{IpAddr, Ipv4Addr, SocketAddr};
 
-use serde::Serialize;
+use std::borrow::Cow;
+
+use serde::{Deserialize, Serialize};
 
 use crate::model::names::{AuthorityInput, Family, HttpVersion, NameForm, read_name};
 use crate::model::port::{LEGACY_PORT, PROXY_PORT};
@@ -102,13 +104,13 @@ pub enum InvalidQuestion {
     Unmanaged(String),
 }
 
-/// The whole answer, for the table and for `-o json`.
-#[derive(Clone, Debug, Serialize)]
+/// The whole answer, for the table and for `-o json` (read back by `aether debug explain`).
+#[derive(Clone, Debug, Serialize, Deserialize)]
 pub struct Explanation {
     /// The caller.
     pub from: String,
     /// The caller's capture mode.
-    pub capture: &'static str,
+    pub capture: Cow<'static, str>,
     /// What was dialled, after DNS.
     pub dialled: String,
     /// How DNS answered, when a name was dialled.
@@ -124,14 +126,14 @@ pub struct Explanation {
 }
 
 /// One decision, in words and in data.
-#[derive(Clone, Debug, Serialize)]
+#[derive(Clone, Debug, Serialize, Deserialize)]
 pub struct Step {
     /// `deliver`, `refuse`, `answer`, `passthrough`, `tcp`, `close`, `hold`, `redirect`, `http`.
-    pub outcome: &'static str,
+    pub outcome: Cow<'static, str>,
     /// The HTTP status, when the mesh answers or redirects.
     pub status: Option<u16>,
     /// The `x-aether-error` reason.
-    pub reason: Option<&'static str>,
+    pub reason: Option<Cow<'static, str>>,
     /// The answer's body (mesh answers).
     pub body: Option<String>,
     /// Where the traffic goes.
@@ -144,6 +146,12 @@ pub struct Step {
     pub rule: String,
     /// The facts behind it.
     pub detail: String,
+    /// A delivery's pod port (the application's own port).
+    #[serde(default)]
+    pub pod_port: Option<u16>,
+    /// A delivery's pods, any of which may answer.
+    #[serde(default)]
+    pub pods: Vec<String>,
 }
 
 /// Resolves `dial` the way a pod's resolver would: IP literals as they are; mesh names through
@@ -223,7 +231,7 @@ fn choice_targets(c: &TcpChoice) -> Vec<String> {
 
 fn step(outcome: &'static str, rule: &str, detail: &str) -> Step {
     Step {
-        outcome,
+        outcome: Cow::Borrowed(outcome),
         status: None,
         reason: None,
         body: None,
@@ -232,6 +240,8 @@ fn step(outcome: &'static str, rule: &str, detail: &str) -> Step {
         declared: None,
         rule: rule.to_owned(),
         detail: detail.to_owned(),
+        pod_port: None,
+        pods: Vec::new(),
     }
 }
 
@@ -239,7 +249,7 @@ fn answer_step(a: &MeshAnswer, rule: &str, detail: &str) -> Step {
     let status = a.reason.status();
     Step {
         status: Some(status),
-        reason: Some(a.reason.code()),
+        reason: Some(Cow::Borrowed(a.reason.code())),
         body: Some(a.body()),
         ..step(
             if status == 421 { "refuse" } else { "answer" },
@@ -364,6 +374,13 @@ fn request_step(model: &Model, d: &RequestDecision, dialled: SocketAddr) -> Step
             filters: crate::resolve::describe_route_filters(d)
                 .into_iter()
                 .chain(crate::resolve::describe_service_filters(d))
+                .collect(),
+            pod_port: Some(d.backend.pod_port),
+            pods: d
+                .backend
+                .endpoints
+                .iter()
+                .filter_map(|e| e.pod.as_deref().map(str::to_owned))
                 .collect(),
             ..step("deliver", d.why.rule, &d.why.detail)
         },
@@ -663,7 +680,7 @@ pub fn explain(
     };
     Ok(Explanation {
         from: q.from.clone(),
-        capture,
+        capture: Cow::Borrowed(capture),
         dialled: d.dialled.to_string(),
         dns: d.dns.clone(),
         path,
@@ -693,11 +710,11 @@ pub fn render_table(e: &Explanation) -> String {
     }
     line("path", &e.path);
     let show = |title: &str, st: &Step, line: &mut dyn FnMut(&str, &str)| {
-        let mut head = st.outcome.to_owned();
+        let mut head = st.outcome.to_string();
         if let Some(status) = st.status {
             head.push_str(&format!(" {status}"));
         }
-        if let Some(r) = st.reason {
+        if let Some(r) = &st.reason {
             head.push_str(&format!("  x-aether-error: {r}"));
         }
         line(title, &head);

@@ -8,12 +8,14 @@
 pub mod accept;
 pub mod capture;
 pub mod cni;
+pub mod debug;
 pub mod demo;
 pub mod dns;
 pub mod explain;
 pub mod identity;
 pub mod lab;
 pub mod legs;
+pub mod log_filter;
 pub mod marks;
 pub mod model;
 pub mod netns;

@@ -6,7 +6,7 @@ use std::process::ExitCode;
 use anyhow::{Context, bail};
 use clap::{Parser, Subcommand, ValueEnum};
 
-use aether::explain::{Bytes, Question, explain, render_table};
+use aether::explain::{explain, render_table};
 use aether::model::{NodeContext, compile, registrar};
 
 /// aether: a node-local service mesh in which a service is addressed by its real ports.
@@ -21,6 +21,9 @@ struct Cli {
 enum Command {
     /// Answer one connection or request exactly as the daemon would, and say what decided it.
     Explain(ExplainArgs),
+    /// Ask the daemon of this node (its admin socket): pods, services, explain, routes,
+    /// certificates, metrics, capture rules, the log filter, a config dump (docs/debug.md).
+    Debug(aether::debug::client::DebugArgs),
     /// The echo workload: every listener answers with its workload name and its own port.
     Echo(EchoArgs),
     /// The e2e client: HTTP/1.x, h2c, gRPC, raw TCP, TLS or UDP from where it runs, one request
@@ -191,6 +194,12 @@ struct NodeArgs {
     /// The largest ext_authz answer body read, in bytes.
     #[arg(long, env = "AETHER_EXT_AUTHZ_MAX_BODY_BYTES")]
     ext_authz_max_body_bytes: Option<usize>,
+    /// The largest request body the admin socket's debug endpoints read, in bytes.
+    #[arg(long, env = "AETHER_DEBUG_MAX_BODY_BYTES")]
+    debug_max_body_bytes: Option<usize>,
+    /// How long `aether debug capture` waits for the rule listing, in milliseconds.
+    #[arg(long, env = "AETHER_DEBUG_CAPTURE_TIMEOUT_MS")]
+    debug_capture_timeout_ms: Option<u64>,
 }
 
 #[derive(Debug, clap::Args)]
@@ -362,31 +371,13 @@ struct ExplainArgs {
     /// A directory of Kubernetes manifests (the file registry).
     #[arg(long, default_value = "config/examples/mp")]
     registry: PathBuf,
-    /// The calling pod, `<namespace>/<pod>`.
-    #[arg(long)]
-    from: String,
-    /// What the client dials: `<name-or-ip>:<port>` (`127.0.0.1:18081` is the loopback proxy).
-    #[arg(long)]
-    dial: String,
-    /// A `Host` field to send (repeat for several; default: the dialled name and port, the
-    /// port left out for 80). An empty value sends no Host field.
-    #[arg(long)]
-    host: Vec<String>,
-    /// Send the request in absolute form (`GET http://<authority>/path`), as an http_proxy does.
-    #[arg(long)]
-    absolute: Option<String>,
-    /// The request path (and query).
-    #[arg(long, default_value = "/")]
-    path: String,
-    /// The request method.
-    #[arg(long, default_value = "GET")]
-    method: String,
-    /// A request header, `name:value` (repeatable).
-    #[arg(long = "header")]
-    headers: Vec<String>,
-    /// What the client sends first: http, http1.0, h2c, tls:<sni>, raw, none; or udp (one datagram).
-    #[arg(long, default_value = "http")]
-    bytes: Bytes,
+    /// Answer from an `aether debug config-dump` document instead of a registry: the model
+    /// the daemon served, compiled again from the dump's snapshot and context.
+    #[arg(long, conflicts_with_all = ["registry", "mesh_domain", "cluster_domain", "ignored_namespaces", "service_cidr"])]
+    config_dump: Option<PathBuf>,
+    /// The question.
+    #[command(flatten)]
+    question: aether::debug::client::ExplainFlags,
     /// Mesh domain.
     #[arg(long, default_value = "aether.internal", env = "AETHER_MESH_DOMAIN")]
     mesh_domain: String,
@@ -399,9 +390,6 @@ struct ExplainArgs {
     /// The range ClusterIPs are allocated from where the manifests give none.
     #[arg(long, default_value = "10.96.0.0/16", env = "AETHER_SERVICE_CIDR")]
     service_cidr: ipnet::IpNet,
-    /// Entropy for the weighted choice of a route backend (vary it to see each share).
-    #[arg(long, default_value_t = 0)]
-    entropy: u64,
     /// Output format.
     #[arg(short = 'o', long, value_enum, default_value = "table")]
     output: Output,
@@ -412,7 +400,21 @@ fn domain_arg(flag: &str) -> String {
     flag.trim_end_matches('.').to_ascii_lowercase()
 }
 
-fn run_explain(args: &ExplainArgs) -> anyhow::Result<ExitCode> {
+/// The snapshot and model `aether explain` answers from: a registry directory compiled for
+/// every node, or a config dump's compile inputs (with the generation it gave the daemon).
+fn explain_inputs(
+    args: &ExplainArgs,
+) -> anyhow::Result<(aether::model::Snapshot, aether::model::Model, Option<u64>)> {
+    if let Some(path) = &args.config_dump {
+        let text =
+            std::fs::read_to_string(path).with_context(|| format!("read {}", path.display()))?;
+        let dump: serde_json::Value = serde_json::from_str(&text)
+            .with_context(|| format!("{} is not JSON", path.display()))?;
+        let inputs = aether::debug::view::compile_inputs(&dump)
+            .map_err(|e| anyhow::anyhow!("{}: {e}", path.display()))?;
+        let model = compile(&inputs.snapshot, &inputs.context);
+        return Ok((inputs.snapshot, model, Some(inputs.generation)));
+    }
     let load = aether::registry::file::load_dir(&args.registry)
         .with_context(|| format!("reading the registry {}", args.registry.display()))?;
     for p in &load.problems {
@@ -434,46 +436,46 @@ fn run_explain(args: &ExplainArgs) -> anyhow::Result<ExitCode> {
     ctx.ignored_namespaces = args.ignored_namespaces.iter().cloned().collect();
     registrar::complete_snapshot_except(&mut snapshot, args.service_cidr, &ctx.ignored_namespaces);
     let model = compile(&snapshot, &ctx);
+    Ok((snapshot, model, None))
+}
 
-    let mut headers = Vec::new();
-    for h in &args.headers {
-        let Some((k, v)) = h.split_once(':') else {
-            bail!("--header {h:?}: expected name:value");
-        };
-        headers.push((k.trim().to_ascii_lowercase(), v.trim().to_owned()));
-    }
-    // The mesh removes every x-aether- header a client sends before anything reads it (I12).
-    headers.retain(|(k, _)| !k.starts_with(aether::resolve::answer::MESH_HEADER_PREFIX));
-    let hosts = if args.host.is_empty() {
-        None
-    } else {
-        Some(
-            args.host
-                .iter()
-                .filter(|h| !h.is_empty())
-                .cloned()
-                .collect(),
-        )
-    };
-    let q = Question {
-        from: args.from.clone(),
-        dial: args.dial.clone(),
-        hosts,
-        absolute: args.absolute.clone(),
-        method: args.method.clone(),
-        path: args.path.clone(),
-        headers,
-        bytes: args.bytes.clone(),
-        entropy: args.entropy,
-    };
+fn run_explain(args: &ExplainArgs) -> anyhow::Result<ExitCode> {
+    let q = args
+        .question
+        .request()
+        .question()
+        .map_err(|e| anyhow::anyhow!(e))?;
+    let (snapshot, model, generation) = explain_inputs(args)?;
     let e = explain(&snapshot, &model, &q)?;
-    let text = match args.output {
-        Output::Table => render_table(&e),
-        Output::Json => serde_json::to_string_pretty(&e)? + "\n",
+    let text = match (args.output, generation) {
+        (Output::Table, Some(g)) => format!(
+            "generation {g} (from the config dump)\n{}",
+            render_table(&e)
+        ),
+        (Output::Table, None) => render_table(&e),
+        (Output::Json, _) => serde_json::to_string_pretty(&e)? + "\n",
     };
     #[allow(clippy::print_stdout)] // The command's output.
     {
         print!("{text}");
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+/// `aether debug`: one request to the local daemon's admin socket, its answer printed.
+fn run_debug(args: &aether::debug::client::DebugArgs) -> anyhow::Result<ExitCode> {
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .context("start the runtime")?;
+    let printed = runtime.block_on(aether::debug::client::run(args))?;
+    #[allow(clippy::print_stderr)] // Notes for the operator, apart from the output.
+    for note in &printed.notes {
+        eprintln!("{note}");
+    }
+    #[allow(clippy::print_stdout)] // The command's output.
+    {
+        print!("{}", printed.out);
     }
     Ok(ExitCode::SUCCESS)
 }
@@ -893,7 +895,9 @@ fn node_config(args: &NodeArgs) -> anyhow::Result<aether::node::NodeConfig> {
         max_headers,
         tcp_idle_timeout_secs,
         mirror_max_body_bytes,
-        ext_authz_max_body_bytes
+        ext_authz_max_body_bytes,
+        debug_max_body_bytes,
+        debug_capture_timeout_ms
     );
     macro_rules! set_opt {
         ($($field:ident),*) => {$(
@@ -907,28 +911,24 @@ fn node_config(args: &NodeArgs) -> anyhow::Result<aether::node::NodeConfig> {
     Ok(c)
 }
 
-fn init_logs(format: aether::node::config::LogFormat, level: &str) {
-    let filter = tracing_subscriber::EnvFilter::try_new(level)
-        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
-    let builder = tracing_subscriber::fmt()
-        .with_env_filter(filter)
-        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
-        .with_writer(std::io::stderr);
-    let _ = match format {
-        aether::node::config::LogFormat::Json => builder.json().try_init(),
-        aether::node::config::LogFormat::Text => builder.try_init(),
-    };
+/// Install the log subscriber; the handle changes its filter at run time (`aether debug
+/// log-level`).
+fn init_logs(
+    format: aether::node::config::LogFormat,
+    level: &str,
+) -> aether::log_filter::LogFilter {
+    aether::log_filter::init(format, level)
 }
 
 fn run_node(args: &NodeArgs) -> anyhow::Result<ExitCode> {
     let config = node_config(args)?;
-    init_logs(config.log_format, &config.log_level);
+    let logs = init_logs(config.log_format, &config.log_level);
     release_freed_memory_in_background();
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()
         .context("start the runtime")?;
-    runtime.block_on(aether::node::run(config))?;
+    runtime.block_on(aether::node::run_with_logs(config, logs))?;
     Ok(ExitCode::SUCCESS)
 }
 
@@ -1100,6 +1100,7 @@ fn main() -> ExitCode {
             command: Some(CniCommand::Install(args)),
         }) => run_cni_install(args),
         Command::Explain(args) => run_explain(args),
+        Command::Debug(args) => run_debug(args),
         Command::Echo(args) => run_echo(args),
         Command::Probe(args) => run_probe(args),
         Command::Node(args) => run_node(args),

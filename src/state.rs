@@ -7,26 +7,55 @@ use std::time::Duration;
 use arc_swap::ArcSwap;
 use tokio::sync::watch;
 
-use crate::model::Model;
+use crate::model::{Model, Snapshot};
+
+/// One published model with what it was compiled from, swapped whole: the debug endpoints
+/// (`aether debug explain`, `/config_dump`) read the snapshot beside the very model the data
+/// plane serves, so the two cannot disagree. `compile(source, &model.context)` gives `model`
+/// again (the snapshot carries the retained entries, the context the compile time).
+#[derive(Debug)]
+pub struct Published {
+    /// Its generation (1 for the first model, one more per publish).
+    pub generation: u64,
+    /// The model the data plane serves.
+    pub model: Arc<Model>,
+    /// The snapshot it was compiled from; `None` where the publisher kept none (tests).
+    pub source: Option<Arc<Snapshot>>,
+}
 
 /// The handle every proxy task reads the model through.
 #[derive(Debug)]
 pub struct ModelHandle {
-    current: ArcSwap<Model>,
+    current: ArcSwap<Published>,
     generation: watch::Sender<u64>,
 }
 
 impl ModelHandle {
-    /// A handle holding a first model (generation 1).
+    /// A handle holding a first model (generation 1), with no source kept.
     pub fn new(model: Model) -> Self {
+        Self::with_source(model, None)
+    }
+
+    /// A handle holding a first model (generation 1) and the snapshot it was compiled from.
+    pub fn with_source(model: Model, source: Option<Snapshot>) -> Self {
         Self {
-            current: ArcSwap::from_pointee(model),
+            current: ArcSwap::from_pointee(Published {
+                generation: 1,
+                model: Arc::new(model),
+                source: source.map(Arc::new),
+            }),
             generation: watch::Sender::new(1),
         }
     }
 
     /// The current model; keep the `Arc` for the whole decision.
     pub fn load(&self) -> Arc<Model> {
+        // One guard, one reference count: the same cost as loading the model itself.
+        self.current.load().model.clone()
+    }
+
+    /// The current model with its generation and source, as one value.
+    pub fn published(&self) -> Arc<Published> {
         self.current.load_full()
     }
 
@@ -37,12 +66,19 @@ impl ModelHandle {
 
     /// Swap in a new model. Established connections keep the model they loaded.
     pub fn publish(&self, model: Model) -> u64 {
-        self.current.store(Arc::new(model));
-        let mut next = 0;
-        self.generation.send_modify(|g| {
-            *g += 1;
-            next = *g;
-        });
+        self.publish_with_source(model, None)
+    }
+
+    /// Swap in a new model and the snapshot it was compiled from, whole. One publisher writes
+    /// (STYLE.md §6.3), so the generation read here is the one this publish follows.
+    pub fn publish_with_source(&self, model: Model, source: Option<Snapshot>) -> u64 {
+        let next = *self.generation.borrow() + 1;
+        self.current.store(Arc::new(Published {
+            generation: next,
+            model: Arc::new(model),
+            source: source.map(Arc::new),
+        }));
+        self.generation.send_replace(next);
         next
     }
 

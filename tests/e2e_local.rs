@@ -25,7 +25,7 @@ fn every_leg_through_real_sockets() {
         56,
         &[
             "A1", "A13", "N19", "N23", "N28", "SWAP", "RET", "RESTART", "CNI", "BADSNI", "BADPEER",
-            "BADHTTP", "METRICS",
+            "BADHTTP", "METRICS", "EXPLAIN", "DUMP",
         ],
     );
 }

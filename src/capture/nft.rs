@@ -54,6 +54,7 @@ impl ApplyError {
 /// The outcome of one command that ran.
 struct Ran {
     status: ExitStatus,
+    stdout: String,
     stderr: String,
 }
 
@@ -86,7 +87,7 @@ async fn run(
         } else {
             Stdio::null()
         })
-        .stdout(Stdio::null())
+        .stdout(Stdio::piped())
         .stderr(Stdio::piped())
         .kill_on_drop(true)
         .spawn()
@@ -99,6 +100,7 @@ async fn run(
     let out = child.wait_with_output().await.map_err(spawn_err)?;
     Ok(Ran {
         status: out.status,
+        stdout: String::from_utf8_lossy(&out.stdout).into_owned(),
         stderr: String::from_utf8_lossy(&out.stderr).trim().to_owned(),
     })
 }
@@ -206,6 +208,21 @@ pub async fn remove(netns: &Path) -> Result<(), ApplyError> {
         Some(&plan::removal_ruleset()),
     )
     .await
+}
+
+/// `table inet aether` of the namespace at `netns`, as `nft list table` prints it (what is
+/// installed, not what was planned); `None` when there is no such table. The caller bounds the
+/// time: the child is killed when the future is dropped.
+pub async fn list(netns: &Path) -> Result<Option<String>, ApplyError> {
+    let args = ["list", "table", "inet", TABLE].map(str::to_owned);
+    let ran = run(netns, "nft", &args, None).await?;
+    if ran.status.success() {
+        Ok(Some(ran.stdout))
+    } else if !nsenter_failed(&ran.stderr) && ran.stderr.contains("No such file or directory") {
+        Ok(None)
+    } else {
+        Err(failed(netns, "nft", &args, ran))
+    }
 }
 
 /// Whether `table inet aether` exists in the namespace at `netns`.

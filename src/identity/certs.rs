@@ -81,6 +81,19 @@ impl WorkloadCert {
         // Invariant: `issue` builds the chain with the leaf in it.
         &self.key.cert[0]
     }
+
+    /// The leaf's serial number, as colon-separated hex bytes (as `openssl x509 -serial`
+    /// groups them); `None` if the leaf does not parse.
+    pub fn serial(&self) -> Option<String> {
+        let (_, x509) = x509_parser::parse_x509_certificate(self.leaf()).ok()?;
+        Some(
+            x509.raw_serial()
+                .iter()
+                .map(|b| format!("{b:02x}"))
+                .collect::<Vec<_>>()
+                .join(":"),
+        )
+    }
 }
 
 /// The workload certificates of this node, per (namespace, ServiceAccount).

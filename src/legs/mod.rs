@@ -38,6 +38,7 @@ macro_rules! leg {
 }
 
 mod catalogue;
+mod explain;
 mod extra;
 mod hostile;
 mod kube;
@@ -58,6 +59,7 @@ use crate::workload::probe::{
 };
 
 pub use catalogue::LEGS;
+pub use explain::EXPLAIN;
 pub use extra::EXTRA;
 pub use hostile::HOSTILE;
 pub use kube::KUBE;
@@ -488,6 +490,7 @@ pub async fn run(env: &Env, filter: Option<&[String]>) -> Vec<LegResult> {
         .chain(METRICS)
         .chain(RULES)
         .chain(HOSTILE)
+        .chain(EXPLAIN)
         .chain(kube)
     {
         if let Some(f) = filter

@@ -1,8 +1,9 @@
 //! The admin endpoints, on the unix socket `<state-dir>/admin.sock` and an optional TCP
-//! address: `/live`, `/ready`, `/metrics` (Prometheus text), `/pods`, `/model`. The metrics
-//! listener ([`serve_metrics`], on the node's network in a cluster) serves only
-//! [`METRICS_ENDPOINTS`], with a head deadline and a connection cap: anyone on the node's
-//! network can reach it.
+//! address: `/live`, `/ready`, `/metrics` (Prometheus text), `/pods`, `/model`. The unix
+//! socket alone also serves the debug endpoints of `aether debug`
+//! ([`super::debug::DEBUG_ENDPOINTS`]). The metrics listener ([`serve_metrics`], on the node's
+//! network in a cluster) serves only [`METRICS_ENDPOINTS`], with a head deadline and a
+//! connection cap: anyone on the node's network can reach it.
 
 use std::convert::Infallible;
 use std::sync::Arc;
@@ -60,6 +61,8 @@ pub struct Admin {
     /// Whether the Kubernetes writers (the registrar, if this node leads, and the route-status
     /// writer) have writes to make for the published model; always false on the file registry.
     pub kube_writes: Arc<super::KubeWrites>,
+    /// What the debug endpoints read besides the above.
+    pub debug: super::debug::DebugInputs,
     /// What `/metrics` reads at each scrape (watches, process, runtime).
     pub control: Arc<super::telemetry::ControlCollector>,
 }
@@ -167,9 +170,9 @@ async fn put_access_log(admin: &Admin, body: Incoming) -> Response<Body> {
     }
 }
 
-/// Serve one admin connection; `writable`: the unix socket, where the endpoints that change the
-/// daemon (`PUT /access-log`) are served.
-async fn serve_conn<I>(admin: Arc<Admin>, io: I, writable: bool)
+/// Serve one admin connection; `unix`: the admin unix socket, where the debug endpoints and the
+/// ones that change the daemon (`PUT /access-log`) are served.
+async fn serve_conn<I>(admin: Arc<Admin>, io: I, unix: bool)
 where
     I: AsyncRead + AsyncWrite + Unpin + Send + 'static,
 {
@@ -177,13 +180,18 @@ where
         let admin = admin.clone();
         async move {
             let put = req.method() == http::Method::PUT;
-            let resp = match req.uri().path() {
-                "/access-log" if put && writable => put_access_log(&admin, req.into_body()).await,
-                _ if put => status(
+            let path = req.uri().path().to_owned();
+            let resp = if put && unix && path == "/access-log" {
+                put_access_log(&admin, req.into_body()).await
+            } else if unix && super::debug::is_debug_path(&path) {
+                super::debug::handle(&admin, req).await
+            } else if put {
+                status(
                     StatusCode::METHOD_NOT_ALLOWED,
                     "PUT is served for /access-log on the admin unix socket only\n",
-                ),
-                path => handle(&admin, path).await,
+                )
+            } else {
+                handle(&admin, &path).await
             };
             Ok::<_, Infallible>(resp)
         }
@@ -248,7 +256,8 @@ pub async fn serve_metrics(
     }
 }
 
-/// Serve the admin TCP listener until the task is aborted, as [`serve_unix`].
+/// Serve the admin TCP listener until the task is aborted, as [`serve_unix`] but without the
+/// debug endpoints: they change the log filter and run `nft`, which is for the socket's owner.
 pub async fn serve_tcp(admin: Arc<Admin>, listener: tokio::net::TcpListener) {
     let errors = admin.inputs.stats.accept_errors("admin");
     let mut acceptor = Acceptor::new(listener, "admin", errors);
@@ -259,7 +268,7 @@ pub async fn serve_tcp(admin: Arc<Admin>, listener: tokio::net::TcpListener) {
 }
 
 #[cfg(test)]
-mod tests {
+pub(super) mod tests {
     use super::*;
     use crate::model::{NodeContext, Snapshot, compile};
     use crate::proxy::{HopTls, Peer, ProxySettings, Stats, hop::Pool};
@@ -282,11 +291,24 @@ mod tests {
 
     fn admin(ready: bool) -> Admin {
         let model = compile(&Snapshot::default(), &NodeContext::default());
+        admin_with(
+            ready,
+            ModelHandle::new(model),
+            super::super::debug::DebugInputs::detached(),
+        )
+    }
+
+    /// An admin over `model`, with no pods served.
+    pub(in crate::node) fn admin_with(
+        ready: bool,
+        model: ModelHandle,
+        debug: super::super::debug::DebugInputs,
+    ) -> Admin {
         // The receiver keeps the last value after the sender is gone.
         let (_, rx) = watch::channel(ready);
         Admin {
             inputs: Arc::new(Inputs {
-                model: Arc::new(ModelHandle::new(model)),
+                model: Arc::new(model),
                 tls: Arc::new(NoTls),
                 settings: ProxySettings::default(),
                 pool: Pool::default(),
@@ -302,6 +324,7 @@ mod tests {
             fingerprint: Arc::default(),
             node_stats: Arc::default(),
             kube_writes: Arc::default(),
+            debug,
             control: Arc::default(),
         }
     }
@@ -370,7 +393,10 @@ mod tests {
     }
 
     /// One GET over a connected socket; the response's text, or what went wrong.
-    async fn get<S: AsyncRead + AsyncWrite + Unpin>(mut s: S, path: &str) -> String {
+    pub(in crate::node) async fn get<S: AsyncRead + AsyncWrite + Unpin>(
+        mut s: S,
+        path: &str,
+    ) -> String {
         use tokio::io::{AsyncReadExt, AsyncWriteExt};
         let request = format!("GET {path} HTTP/1.1\r\nHost: admin\r\nConnection: close\r\n\r\n");
         if let Err(e) = s.write_all(request.as_bytes()).await {

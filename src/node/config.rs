@@ -71,8 +71,8 @@ pub struct NodeConfig {
     /// socket `<state_dir>/admin.sock` is always served.
     pub admin_addr: Option<SocketAddr>,
     /// A TCP listener that serves `/metrics`, `/ready` and `/live` only (the per-node metrics
-    /// endpoint and the probes of the DaemonSet); the debug endpoints stay on `admin_addr` and
-    /// the admin socket.
+    /// endpoint and the probes of the DaemonSet); `/pods` and `/model` stay on `admin_addr` and
+    /// the admin socket, the debug endpoints of `aether debug` on the admin socket alone.
     pub metrics_addr: Option<SocketAddr>,
     /// The most connections open at once to the metrics listener; a new one over it is closed
     /// at accept and counted. Default 64.
@@ -168,6 +168,14 @@ pub struct NodeConfig {
     pub mirror_max_body_bytes: usize,
     /// The largest `ext_authz` answer body read, in bytes. Default 64 KiB.
     pub ext_authz_max_body_bytes: usize,
+    /// The largest request body the admin socket's debug endpoints read (an `aether debug
+    /// explain` question, a log filter), in bytes, *for each request*; a larger one is answered
+    /// `413`. Default 65536. Key `debug_max_body_bytes`, `AETHER_DEBUG_MAX_BODY_BYTES`.
+    pub debug_max_body_bytes: usize,
+    /// How long `aether debug capture` waits for `nft list table` in a pod's namespace, in
+    /// milliseconds; then the listing is killed and answered `504`. Default 5000. Key
+    /// `debug_capture_timeout_ms`, `AETHER_DEBUG_CAPTURE_TIMEOUT_MS`.
+    pub debug_capture_timeout_ms: u64,
 }
 
 impl Default for NodeConfig {
@@ -184,6 +192,8 @@ impl Default for NodeConfig {
             admin_addr: None,
             metrics_addr: None,
             metrics_max_connections: 64,
+            debug_max_body_bytes: 65536,
+            debug_capture_timeout_ms: 5000,
             netns_prefix: String::new(),
             mesh_domain: "aether.internal".into(),
             cluster_domain: "cluster.local".into(),
@@ -322,6 +332,11 @@ impl NodeConfig {
                 "metrics_max_connections",
                 self.metrics_max_connections as u64,
             ),
+            (
+                "debug_max_body_bytes",
+                u64::try_from(self.debug_max_body_bytes).unwrap_or(u64::MAX),
+            ),
+            ("debug_capture_timeout_ms", self.debug_capture_timeout_ms),
             ("udp_idle_secs", self.udp_idle_secs),
             ("dns_tcp_max_clients", self.dns_tcp_max_clients as u64),
             ("dns_tcp_query_timeout_ms", self.dns_tcp_query_timeout_ms),
@@ -423,6 +438,8 @@ mod tests {
         "dns_tcp_query_timeout_ms",
         "metrics_max_connections",
         "cni_add_waiters_max",
+        "debug_max_body_bytes",
+        "debug_capture_timeout_ms",
     ];
 
     #[test]

@@ -5,6 +5,7 @@ pub mod admin;
 mod cni_gate;
 pub mod cni_records;
 pub mod config;
+pub mod debug;
 pub mod dns;
 pub mod handoff;
 pub mod pods;
@@ -125,6 +126,8 @@ struct Loaded {
     dns: DnsTable,
     /// The registry's fingerprint, taken before it was read (see `registry::file::fingerprint`).
     fingerprint: u64,
+    /// The snapshot the model was compiled from, published with it (`aether debug explain`).
+    snapshot: crate::model::Snapshot,
 }
 
 fn context(config: &NodeConfig) -> NodeContext {
@@ -225,6 +228,7 @@ fn load(
         retained,
         dns,
         fingerprint,
+        snapshot,
     })
 }
 
@@ -272,11 +276,22 @@ fn empty(config: &NodeConfig) -> Loaded {
         writers: None,
         retained: Vec::new(),
         fingerprint: 0,
+        snapshot,
     }
 }
 
-/// Run the daemon until SIGTERM or SIGINT, then drain.
+/// Run the daemon until SIGTERM or SIGINT, then drain; its log filter cannot be changed.
 pub async fn run(config: NodeConfig) -> Result<(), NodeError> {
+    let logs = crate::log_filter::LogFilter::detached(&config.log_level);
+    run_with_logs(config, logs).await
+}
+
+/// Run the daemon until SIGTERM or SIGINT, then drain; `logs` changes the process's log filter
+/// (`aether debug log-level`).
+pub async fn run_with_logs(
+    config: NodeConfig,
+    logs: crate::log_filter::LogFilter,
+) -> Result<(), NodeError> {
     config.validate()?;
     let state_dir = config.state_dir.clone();
     std::fs::create_dir_all(&state_dir).map_err(|source| NodeError::StateDir {
@@ -329,7 +344,7 @@ pub async fn run(config: NodeConfig) -> Result<(), NodeError> {
         Source::Kube(_) => info!(node = %config.node_name,
             "watching the Kubernetes API server; no pod is served before every kind has listed"),
     }
-    let handle = Arc::new(ModelHandle::new(first.model));
+    let handle = Arc::new(ModelHandle::with_source(first.model, Some(first.snapshot)));
     let fingerprint = Arc::new(std::sync::atomic::AtomicU64::new(first.fingerprint));
     let dns_table = Arc::new(ArcSwap::from_pointee(first.dns));
 
@@ -477,6 +492,12 @@ pub async fn run(config: NodeConfig) -> Result<(), NodeError> {
         fingerprint: fingerprint.clone(),
         node_stats: node_stats.clone(),
         kube_writes: kube_writes.clone(),
+        debug: debug::DebugInputs {
+            identities: Some(identities.clone()),
+            logs,
+            max_body_bytes: config.debug_max_body_bytes,
+            capture_timeout: Duration::from_millis(config.debug_capture_timeout_ms),
+        },
         control: Arc::new(telemetry::ControlCollector {
             kinds: match &*source {
                 Source::Kube(kube) => kube.kinds().to_vec(),
@@ -620,7 +641,7 @@ pub async fn run(config: NodeConfig) -> Result<(), NodeError> {
                             let _ = reg.send(Arc::new(w.registrar));
                             let _ = st.send(Arc::new(w.status));
                         }
-                        let generation = handle.publish(l.model);
+                        let generation = handle.publish_with_source(l.model, Some(l.snapshot));
                         // Off the request path: the metric series of the services it holds.
                         shared.inputs.metrics.rebuild(&handle.load());
                         dns_table.store(Arc::new(l.dns));

@@ -345,9 +345,21 @@ impl Pods {
                     "ipv6": s.desired.capture.ipv6,
                     "mode": s.desired.capture.mode.as_str(),
                     "udp": s.desired.capture.udp,
+                    "service_account": s.desired.service_account,
+                    "listeners": s.listeners.iter().map(|(id, _)| serde_json::json!({
+                        "kind": id.kind,
+                        "addr": id.addr.to_string(),
+                    })).collect::<Vec<_>>(),
                 })
             })
             .collect()
+    }
+
+    /// The network namespace of a served pod.
+    pub fn netns_of(&self, namespace: &str, pod: &str) -> Option<PathBuf> {
+        self.served
+            .get(&(namespace.to_owned(), pod.to_owned()))
+            .map(|s| s.desired.netns.clone())
     }
 }
 
