@@ -73,6 +73,11 @@ pub enum DebugCommand {
         /// The new filter.
         filter: Option<String>,
     },
+    /// Show the access log's mode, or set it: `off`, `on` or `sample=N` (one request in N).
+    AccessLog {
+        /// The new mode.
+        mode: Option<String>,
+    },
     /// The daemon's metrics whose name contains FILTER, as a table.
     Stats {
         /// A part of the metric name (`refus`, `aether_dns`); all when absent.
@@ -368,6 +373,20 @@ pub async fn run(args: &DebugArgs) -> Result<Printed, DebugError> {
             };
             (v, log_level)
         }
+        DebugCommand::AccessLog { mode } => {
+            let (status, body) = match mode {
+                Some(m) => call(socket, "PUT", "/access-log", Some(m.clone().into_bytes())).await?,
+                None => call(socket, "GET", "/access-log", None).await?,
+            };
+            let text = String::from_utf8_lossy(&body).trim().to_owned();
+            if status != 200 {
+                return Err(DebugError::Daemon {
+                    status,
+                    message: text,
+                });
+            }
+            (serde_json::json!({ "access_log": text }), access_log)
+        }
         DebugCommand::Stats { filter } => {
             let (status, body) = call(socket, "GET", "/metrics", None).await?;
             if status != 200 {
@@ -624,6 +643,10 @@ fn certs(v: &Value) -> String {
         ]);
     }
     header(v) + &columns(&rows)
+}
+
+fn access_log(v: &Value) -> String {
+    format!("access log: {}\n", s(&v["access_log"]))
 }
 
 fn log_level(v: &Value) -> String {

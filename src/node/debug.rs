@@ -744,6 +744,26 @@ mod tests {
         };
         let err = crate::debug::client::run(&args).await.unwrap_err();
         assert!(err.to_string().contains("404: no mesh service"), "{err}");
+        // `aether debug access-log`: set, then read back; a bad mode changes nothing.
+        let access = |mode: Option<&str>| crate::debug::client::DebugArgs {
+            state_dir: dir.clone(),
+            output: crate::debug::client::Output::Json,
+            command: crate::debug::client::DebugCommand::AccessLog {
+                mode: mode.map(str::to_owned),
+            },
+        };
+        let set = crate::debug::client::run(&access(Some("sample=10")))
+            .await
+            .unwrap();
+        let v: Value = serde_json::from_str(&set.out).unwrap();
+        assert_eq!(v["access_log"], "sample=10");
+        let err = crate::debug::client::run(&access(Some("loud")))
+            .await
+            .unwrap_err();
+        assert!(err.to_string().contains("\"loud\" is not off, on or sample=N"), "{err}");
+        let read = crate::debug::client::run(&access(None)).await.unwrap();
+        let v: Value = serde_json::from_str(&read.out).unwrap();
+        assert_eq!(v["access_log"], "sample=10");
         let _ = std::fs::remove_dir_all(&dir);
     }
 }

@@ -287,13 +287,27 @@ async fn ext_authz<B>(
         return Some(respond::reason(Reason::AuthzUnavailable));
     };
     let timeout = Duration::from_millis(ext.timeout_ms.max(1));
-    let answer = tokio::time::timeout(
-        timeout,
-        super::mesh_call::mesh_call(inputs, pod, server, check),
-    )
-    .await
-    .ok()
-    .flatten();
+    // A check whose hop failed before any answer is sent once more on a new connection, within
+    // the same timeout: a pooled hop connection can be closed by a peer daemon that drains (an
+    // upgrade) just as the check is sent on it. The check has no body and no effect but its
+    // answer, so sending it twice is safe; the request itself is never resent.
+    let call = async {
+        match super::mesh_call::mesh_send(inputs, pod, server, check).await {
+            Err(super::mesh_call::MeshCallError::Hop(e)) => {
+                tracing::debug!(error = %crate::DisplayChain(&e), "ext_authz check: hop failed, sent once more");
+                let again = check_request(req, server, service, peer)?;
+                super::mesh_call::mesh_send(inputs, pod, server, again)
+                    .await
+                    .ok()
+            }
+            other => other.ok(),
+        }
+    };
+    let answer = tokio::time::timeout(timeout, call)
+        .await
+        .ok()
+        .flatten()
+        .map(|r| r.map(|b| b.map_err(super::BoxError::from).boxed()));
     let Some(resp) = answer else {
         return Some(respond::reason(Reason::AuthzUnavailable));
     };
