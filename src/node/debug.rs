@@ -760,7 +760,11 @@ mod tests {
         let err = crate::debug::client::run(&access(Some("loud")))
             .await
             .unwrap_err();
-        assert!(err.to_string().contains("\"loud\" is not off, on or sample=N"), "{err}");
+        assert!(
+            err.to_string()
+                .contains("\"loud\" is not off, on or sample=N"),
+            "{err}"
+        );
         let read = crate::debug::client::run(&access(None)).await.unwrap();
         let v: Value = serde_json::from_str(&read.out).unwrap();
         assert_eq!(v["access_log"], "sample=10");
