@@ -287,15 +287,28 @@ async fn json_call(
     value.ok_or_else(|| DebugError::Answer(String::from_utf8_lossy(&body).into_owned()))
 }
 
-/// The note for an answer from a daemon that is not ready.
+/// The note for an answer from a daemon that is not ready: which pods it could not serve,
+/// when the answer says (`aether debug pods`).
 fn readiness(v: &Value) -> Vec<String> {
-    if v["ready"].as_bool() == Some(false) {
+    if v["ready"].as_bool() != Some(false) {
+        return Vec::new();
+    }
+    let node = v["node"].as_str().unwrap_or("?");
+    let failed: Vec<String> = v["not_served"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .map(|p| format!("{}/{}", s(&p["namespace"]), s(&p["pod"])))
+        .collect();
+    if failed.is_empty() {
         vec![format!(
-            "warning: the daemon of node {} is not ready (a pod is not served yet, or the registry is not read whole); this is what it holds now",
-            v["node"].as_str().unwrap_or("?")
+            "warning: the daemon of node {node} is not ready (a pod is not served yet, or the registry is not read whole); this is what it holds now"
         )]
     } else {
-        Vec::new()
+        vec![format!(
+            "warning: the daemon of node {node} is not ready: it could not serve {} (the NOT SERVED rows, or `not_served` in -o json, say why); this is what it holds now",
+            failed.join(", ")
+        )]
     }
 }
 
@@ -498,7 +511,20 @@ fn pods(v: &Value) -> String {
             listeners.join(", "),
         ]);
     }
-    header(v) + &columns(&rows)
+    let mut out = header(v) + &columns(&rows);
+    let failed = v["not_served"].as_array().into_iter().flatten();
+    let mut rows = vec![vec!["NOT SERVED".to_owned(), "WHY".into()]];
+    rows.extend(failed.map(|p| {
+        vec![
+            format!("{}/{}", s(&p["namespace"]), s(&p["pod"])),
+            s(&p["error"]),
+        ]
+    }));
+    if rows.len() > 1 {
+        out.push('\n');
+        out.push_str(&columns(&rows));
+    }
+    out
 }
 
 fn services(v: &Value) -> String {
@@ -731,6 +757,32 @@ mod tests {
                 .any(|l| l.starts_with("aether_model_generation") && l.ends_with(" 7")),
             "{table}"
         );
+    }
+
+    #[test]
+    fn a_daemon_that_could_not_serve_a_pod_names_it_with_why() {
+        let v = serde_json::json!({
+            "node": "node-x", "generation": 1, "ready": false, "pods": [],
+            "not_served": [{"namespace": "shop", "pod": "web-0", "error": "open network namespace /var/run/netns/x: No such file or directory (os error 2)"}],
+        });
+        let table = pods(&v);
+        assert!(
+            table.starts_with("node node-x  generation 1  NOT READY\n"),
+            "{table}"
+        );
+        assert!(
+            table.lines().any(|l| l.starts_with("shop/web-0")
+                && l.ends_with("open network namespace /var/run/netns/x: No such file or directory (os error 2)")),
+            "{table}"
+        );
+        let notes = readiness(&v);
+        assert_eq!(notes.len(), 1);
+        assert!(notes[0].contains("could not serve shop/web-0"), "{notes:?}");
+        // Every pod served, the daemon still not ready (the registry not read whole): no
+        // NOT SERVED rows, the general warning.
+        let v = serde_json::json!({"node": "node-x", "generation": 1, "ready": false, "pods": [], "not_served": []});
+        assert!(!pods(&v).contains("NOT SERVED"));
+        assert!(readiness(&v)[0].contains("registry is not read whole"));
     }
 
     #[tokio::test]

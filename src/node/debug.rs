@@ -30,7 +30,7 @@ pub const DEBUG_ENDPOINTS: &[(&str, &str, &str)] = &[
     (
         "GET",
         "/debug/pods",
-        "the pods this node serves: capture mode, listeners, identity",
+        "the pods this node serves: capture mode, listeners, identity; and its pods it could not serve, with why",
     ),
     (
         "GET",
@@ -200,10 +200,11 @@ where
     let published = admin.inputs.model.published();
     let q = parts.uri.query();
     match path {
-        "/debug/pods" => answer(
-            StatusCode::OK,
-            &envelope(admin, &published, "pods", pods(admin).await),
-        ),
+        "/debug/pods" => {
+            let mut v = envelope(admin, &published, "pods", pods(admin).await);
+            v["not_served"] = Value::Array(admin.pods.lock().await.not_served());
+            answer(StatusCode::OK, &v)
+        }
         "/debug/services" => services(admin, &published, query(q, "name").as_deref()),
         "/debug/routes" => match &published.source {
             Some(s) => answer(

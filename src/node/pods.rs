@@ -85,6 +85,8 @@ impl Drop for Served {
 #[derive(Debug, Default)]
 pub struct Pods {
     served: BTreeMap<(String, String), Served>,
+    /// The local pods the last reconcile could not serve (or re-program), with why.
+    not_served: BTreeMap<(String, String), String>,
     /// Listening sockets a predecessor daemon handed over, used instead of binding.
     inherited: Inherited,
 }
@@ -302,7 +304,21 @@ impl Pods {
             .stats
             .pods_served
             .set(i64::try_from(self.served.len()).unwrap_or(i64::MAX));
+        self.not_served = failed
+            .iter()
+            .map(|(k, e)| (k.clone(), crate::DisplayChain(e).to_string()))
+            .collect();
         failed
+    }
+
+    /// The local pods the last reconcile could not serve, with why (`aether debug pods`).
+    pub fn not_served(&self) -> Vec<serde_json::Value> {
+        self.not_served
+            .iter()
+            .map(|((ns, name), error)| {
+                serde_json::json!({ "namespace": ns, "pod": name, "error": error })
+            })
+            .collect()
     }
 
     /// Serve pods on the sockets a predecessor handed over where they match (pod, kind,

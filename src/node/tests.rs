@@ -439,7 +439,8 @@ async fn a_pod_annotated_with_the_daemons_own_namespace_is_not_served() {
     );
     let want = pods::desired(&model, "node-a", "", &cni, &[]);
     assert_eq!(want.len(), 1);
-    let failed = Pods::default().reconcile(&shared, want).await;
+    let mut pods = Pods::default();
+    let failed = pods.reconcile(&shared, want.clone()).await;
     let reasons: Vec<String> = failed
         .iter()
         .map(|(_, e)| crate::DisplayChain(e).to_string())
@@ -448,6 +449,15 @@ async fn a_pod_annotated_with_the_daemons_own_namespace_is_not_served() {
         matches!(&reasons[..], [r] if r.contains("the daemon's own network namespace")),
         "{reasons:?}"
     );
+    // `aether debug pods` names it, with the same reason, until a reconcile serves it or it
+    // is no longer wanted.
+    let listed = pods.not_served();
+    assert_eq!(listed.len(), 1, "{listed:?}");
+    assert_eq!(listed[0]["namespace"], "mp");
+    assert_eq!(listed[0]["pod"], "mp-cni-0");
+    assert_eq!(listed[0]["error"], reasons[0].as_str());
+    pods.reconcile(&shared, BTreeMap::new()).await;
+    assert!(pods.not_served().is_empty());
 }
 
 #[tokio::test]
