@@ -7,7 +7,10 @@
 //! - 3 refusals with different reasons: `port-mismatch`, `port-not-declared`, `port-not-http`;
 //! - 1 `ext_authz` denial (mp-multi-1, `401 authz-denied`);
 //! - 1 passthrough (ext-http, outside the mesh);
-//! - 1 raw-TCP stream to mp-mixed-1:9000 (node-b), with a known payload each way.
+//! - 1 raw-TCP stream to mp-mixed-1:9000 (node-b), with a known payload each way;
+//! - 1 request to mp-mixed-1:8080 (node-b) that switches protocols (`101`), then a known
+//!   payload each way on the switched connection: counted as a `1xx` request and as the byte
+//!   stream it became, on both sides.
 
 use std::collections::BTreeMap;
 use std::path::PathBuf;
@@ -31,6 +34,8 @@ const NOCAP: &str = "mp-client-nocapture";
 const DELIVERED: u64 = 5;
 /// The raw-TCP payload.
 const PAYLOAD: &[u8] = b"metrics-leg-payload\n";
+/// The bytes sent on the switched connection.
+const SWITCHED: &str = "metrics-leg-switched\n";
 
 /// One sample of the text exposition: its name and labels.
 type Key = (String, BTreeMap<String, String>);
@@ -162,13 +167,16 @@ async fn quiet(sockets: &[PathBuf]) -> Result<Vec<BTreeMap<Key, f64>>, String> {
     }
 }
 
-/// The destination labels of a service port.
+/// The labels of a service port's series of requests and streams from `CLIENT` (mesh service
+/// `mp/mp-client`), on either side of the hop.
 fn dst<'a>(direction: &'a str, svc: &'a str, port: &'a str) -> Vec<(&'static str, &'a str)> {
     vec![
         ("direction", direction),
         ("namespace", "mp"),
         ("service", svc),
         ("port", port),
+        ("source_namespace", "mp"),
+        ("source_service", CLIENT),
     ]
 }
 
@@ -253,6 +261,22 @@ async fn metrics(env: &Env) -> Check {
         return Err(format!("raw TCP to mp-mixed-1:9000: got {}", o.summary()));
     }
     let echoed = o.body.len() as f64;
+    let switch = format!(
+        "GET /switch HTTP/1.1\r\nHost: {mixed}:8080\r\nConnection: Upgrade\r\n\
+         Upgrade: echo\r\n\r\n{SWITCHED}"
+    );
+    // The echo's switched connection: its workload line, then the bytes back.
+    let switched_back = format!("mp-mixed:8080\n{SWITCHED}");
+    let mut p = probe(addr(mixed, 8080), Send::Raw(switch.into_bytes()));
+    p.until = ReadUntil::Text(switched_back.clone());
+    let o = env.probe(CLIENT, &p).await?;
+    let text = o.body_text();
+    if !text.starts_with("HTTP/1.1 101 ") || !text.ends_with(&switched_back) {
+        return Err(format!(
+            "switch to mp-mixed-1:8080: want 101 then {switched_back:?}, got {}",
+            o.summary()
+        ));
+    }
 
     // What they must move.
     let n = DELIVERED as f64;
@@ -294,6 +318,26 @@ async fn metrics(env: &Env) -> Check {
             &tcp,
             1.0,
         ));
+        let mut switched = dst(direction, "mp-mixed", "8080");
+        switched.extend([("code", "1xx"), ("reason", "")]);
+        want.push(Want::new(
+            node,
+            "aether_http_requests_total",
+            &switched,
+            1.0,
+        ));
+        let spliced = dst(direction, "mp-mixed", "8080");
+        for (name, delta) in [
+            ("aether_tcp_connections_opened_total", 1.0),
+            ("aether_tcp_connections_closed_total", 1.0),
+            ("aether_tcp_sent_bytes_total", SWITCHED.len() as f64),
+            (
+                "aether_tcp_received_bytes_total",
+                switched_back.len() as f64,
+            ),
+        ] {
+            want.push(Want::new(node, name, &spliced, delta));
+        }
     }
     want.push(Want::new(
         a,
@@ -302,6 +346,7 @@ async fn metrics(env: &Env) -> Check {
             ("namespace", "mp"),
             ("service", "mp-httponly"),
             ("port", "8080"),
+            ("source_service", CLIENT),
         ],
         n,
     ));
@@ -312,11 +357,17 @@ async fn metrics(env: &Env) -> Check {
             &[("reason", reason)],
             1.0,
         ));
+        let from = if reason == "port-not-http" {
+            NOCAP
+        } else {
+            CLIENT
+        };
         want.push(Want::new(
             a,
             "aether_http_requests_total",
             &[
                 ("direction", "outbound"),
+                ("source_service", from),
                 ("code", "4xx"),
                 ("reason", reason),
             ],
@@ -370,7 +421,7 @@ async fn metrics(env: &Env) -> Check {
             .collect();
         if wrong.is_empty() {
             return Ok(format!(
-                "{} series moved by exactly the {} requests and 1 stream sent",
+                "{} series moved by exactly the {} requests, 1 stream and 1 switched connection sent",
                 want.len(),
                 DELIVERED + 6
             ));

@@ -340,6 +340,21 @@ impl Model {
         out
     }
 
+    /// Every (namespace, mesh service) a request or connection can come from, as the data
+    /// plane's metrics label it: each mesh service's, and each known pod's ServiceAccount (a
+    /// client pod need not serve a port). O(mesh services + pods).
+    pub fn sources(&self) -> std::collections::HashSet<(&str, &str)> {
+        self.classes
+            .keys()
+            .map(|k| (&*k.namespace, &*k.name))
+            .chain(
+                self.pods
+                    .values()
+                    .map(|p| (p.namespace.as_str(), p.service_account.as_str())),
+            )
+            .collect()
+    }
+
     /// Route status entries, one per (route, parentRef).
     pub fn route_statuses(&self) -> &[RouteStatus] {
         &self.statuses

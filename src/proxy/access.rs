@@ -191,14 +191,15 @@ pub struct Destination {
 }
 
 /// What every line says: who, how it came in, what was decided, where it went.
-#[derive(Debug)]
+#[derive(Debug, Clone)]
 pub struct Line {
     /// Who sent the request or opened the stream.
     pub source: Source,
     /// The path it took in: `captured`, `pod-ip`, `proxy-port`, `proxy-port-captured`,
     /// `legacy-18082`, `hop-inbound`.
     pub path: &'static str,
-    /// `deliver`, `refuse`, `redirect`, `passthrough`, `deny`, `l4-hop`.
+    /// `deliver`, `refuse`, `redirect`, `passthrough`, `deny`, `l4-hop`, and `switched` for
+    /// the byte stream a request became on `101 Switching Protocols`.
     pub decision: &'static str,
     /// Where it went.
     pub destination: Destination,
@@ -252,6 +253,30 @@ fn write(
         head_us = http.map(|h| micros(h.head)),
         hop_us = http.and_then(|h| h.hop).map(micros),
         "access"
+    );
+}
+
+/// The line of a first request head the mesh answered itself before parsing it as a request
+/// (`400 bad-request`, `431 headers-too-large`, addressing.md §11.1): nothing was read of a
+/// body, `answered` bytes went back.
+pub fn answered_at_head(
+    line: &Line,
+    status: u16,
+    reason: &'static str,
+    answered: u64,
+    took: Duration,
+) {
+    write(
+        Direction::Outbound,
+        line,
+        (0, answered),
+        took,
+        Some(HttpFacts {
+            status,
+            reason: Some(reason),
+            head: took,
+            hop: None,
+        }),
     );
 }
 
@@ -393,6 +418,16 @@ impl TcpConn {
         direction: Direction,
         line: impl FnOnce() -> Line,
     ) -> Self {
+        Self::with_line(
+            series,
+            direction,
+            inputs.access.pick().then(|| Box::new(line())),
+        )
+    }
+
+    /// Count a stream opened toward `series`, logged at its end when `line` is given (the
+    /// byte stream of a switched request, logged when the request was).
+    pub fn with_line(series: Arc<Series>, direction: Direction, line: Option<Box<Line>>) -> Self {
         series.tcp_opened(direction);
         Self {
             series,
@@ -400,7 +435,7 @@ impl TcpConn {
             started: crate::time::now(),
             sent: 0,
             received: 0,
-            line: inputs.access.pick().then(|| Box::new(line())),
+            line,
         }
     }
 }
@@ -503,6 +538,45 @@ mod tests {
             "bytes.recv=5",
             "head_us=300",
             "hop_us=200",
+        ] {
+            assert!(text.contains(field), "{field} missing: {text}");
+        }
+    }
+
+    #[test]
+    fn a_head_the_mesh_answered_before_parsing_gets_its_line_with_status_and_reason() {
+        let text = captured(|| {
+            let line = Line {
+                source: Source::Pod {
+                    pod: "mp/mp-client".into(),
+                    identity: "spiffe://cluster.local/ns/mp/sa/mp-client".into(),
+                },
+                path: "captured",
+                decision: "refuse",
+                destination: Destination {
+                    rule: "addressing.md §11.1",
+                    ..Destination::default()
+                },
+            };
+            answered_at_head(
+                &line,
+                431,
+                "headers-too-large",
+                120,
+                Duration::from_micros(40),
+            );
+        });
+        assert_eq!(text.lines().count(), 1, "{text}");
+        for field in [
+            "protocol=\"http\"",
+            "src=mp/mp-client",
+            "dst.service=-",
+            "decision=\"refuse\"",
+            "status=431",
+            "reason=\"headers-too-large\"",
+            "bytes.sent=0",
+            "bytes.recv=120",
+            "head_us=40",
         ] {
             assert!(text.contains(field), "{field} missing: {text}");
         }

@@ -107,7 +107,7 @@ async fn inbound_connection(
         app,
         client_ip,
         pod_ip: local.ip(),
-        series: inputs.metrics.series(&own, hop.port),
+        series: inputs.metrics.series(&own, hop.port, hop.peer.source()),
         service: own,
     };
     if hop.l4 {
@@ -352,12 +352,23 @@ fn inbound_done(
     if let Some(here) = super::respond::answered_here(&resp) {
         inputs.metrics.refused(here);
     }
+    const RULE: &str = "model.md §14 inbound hop";
+    if let Some(switched) = resp.extensions().get::<super::upgrade::Switched>() {
+        let stream = request_bytes
+            .is_some()
+            .then(|| Box::new(inbound_line(peer, to, pod, "switched", RULE)));
+        switched.account(TcpConn::with_line(
+            to.series.clone(),
+            Direction::Inbound,
+            stream,
+        ));
+    }
     let Some(request_bytes) = request_bytes else {
         return resp;
     };
     let line = super::access::HttpLine {
         direction: Direction::Inbound,
-        line: inbound_line(peer, to, pod, decision, "model.md §14 inbound hop"),
+        line: inbound_line(peer, to, pod, decision, RULE),
         http: super::access::HttpFacts {
             status: resp.status().as_u16(),
             reason: reason.map(crate::resolve::answer::Reason::code),

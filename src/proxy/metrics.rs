@@ -6,15 +6,19 @@
 //! every call, so the families here are not prometheus-client metrics: every series is a plain
 //! atomic, found without a lock, and rendered at scrape time through the [`Collector`] trait.
 //!
-//! - Series that carry a destination service (namespace, name and port) live in a [`Table`]
-//!   built from the model whenever one is published ([`DataPlane::rebuild`]) and swapped whole
-//!   (`ArcSwap`). A request or connection looks its series up once (two hash lookups) and keeps
-//!   the `Arc`. A key the model does not hold counts under `unknown`, so the label set is bounded
-//!   by the registry; a service that leaves the registry leaves the table at the next publish
-//!   (its series vanish), one that stays keeps its series (and counts) across publishes.
+//! - Series that carry a destination service (namespace, name and port) hang off a [`Target`]
+//!   in a [`Table`] built from the model whenever one is published ([`DataPlane::rebuild`]) and
+//!   swapped whole (`ArcSwap`). A key the model does not hold counts under `unknown`, so the
+//!   label set is bounded by the registry; a service that leaves the registry leaves the table
+//!   at the next publish (its series vanish), one that stays keeps its series (and counts)
+//!   across publishes.
+//! - Each target holds one [`Series`] per source (the sending pod's mesh service: namespace and
+//!   ServiceAccount), in a sorted list swapped whole when a new source first sends. A request or
+//!   connection finds its series once (two hash lookups and a binary search by `&str`, no
+//!   allocation) and keeps the `Arc`. Sources the model no longer holds are dropped at publish.
 //! - Each (series, direction) allocates its cells on first use (`once_cell::race::OnceBox`:
-//!   lock-free, a racing loser frees its copy), so the table costs a few words per service port
-//!   that never carried traffic from this node.
+//!   lock-free, a racing loser frees its copy), so a pair costs a few words until it carries
+//!   traffic in that direction.
 //! - Label sets that do not name a service (reason, cause, outcome) are fixed arrays.
 //!
 //! Layer 1: imports `model` (read only, to build the table), `resolve` (the reason table) and
@@ -179,22 +183,30 @@ pub struct TcpCells {
     duration: Histogram,
 }
 
-/// Every series of one destination (service and port, or `unknown`).
+/// The source of a request or stream, as its labels: the mesh service of the pod that sent it
+/// (its namespace and ServiceAccount, model.md §1), which is also its proven identity on the
+/// hop. Bounded by the registry: [`DataPlane::rebuild`] drops the sources the model no longer
+/// holds.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Source<'a> {
+    /// The source pod's namespace.
+    pub namespace: &'a str,
+    /// Its mesh service (ServiceAccount).
+    pub service: &'a str,
+}
+
+/// Every series of one (destination, source) pair.
 #[derive(Debug)]
 pub struct Series {
-    namespace: Arc<str>,
-    service: Arc<str>,
-    port: Option<u16>,
+    source: ServiceKey,
     http: [OnceBox<HttpCells>; 2],
     tcp: [OnceBox<TcpCells>; 2],
 }
 
 impl Series {
-    fn new(namespace: Arc<str>, service: Arc<str>, port: Option<u16>) -> Self {
+    fn new(source: ServiceKey) -> Self {
         Self {
-            namespace,
-            service,
-            port,
+            source,
             http: [OnceBox::new(), OnceBox::new()],
             tcp: [OnceBox::new(), OnceBox::new()],
         }
@@ -242,8 +254,69 @@ impl Series {
         cells.duration.observe(took);
     }
 
-    fn labels(&self, direction: Option<Direction>) -> Vec<(&'static str, String)> {
-        let mut l = Vec::with_capacity(4);
+    fn key(&self) -> (&str, &str) {
+        (&self.source.namespace, &self.source.name)
+    }
+}
+
+/// The series of each source of one target, sorted by source.
+type Sources = Arc<Vec<Arc<Series>>>;
+
+/// One destination (service and port, or `unknown`) and the series of each source seen
+/// sending to it, sorted by source.
+#[derive(Debug)]
+pub struct Target {
+    namespace: Arc<str>,
+    service: Arc<str>,
+    port: Option<u16>,
+    /// Copied on write when a new source first sends (rare: once per pair while the model holds
+    /// both), read without a lock otherwise.
+    sources: ArcSwap<Vec<Arc<Series>>>,
+}
+
+impl Target {
+    fn new(namespace: Arc<str>, service: Arc<str>, port: Option<u16>) -> Self {
+        Self {
+            namespace,
+            service,
+            port,
+            sources: ArcSwap::from_pointee(Vec::new()),
+        }
+    }
+
+    /// The series of `source` sending here; made on its first request or stream. A binary
+    /// search by `&str`: no allocation unless the pair is new.
+    pub fn from(&self, source: Source<'_>) -> Arc<Series> {
+        let want = (source.namespace, source.service);
+        let find = |v: &[Arc<Series>]| v.binary_search_by(|s| s.key().cmp(&want));
+        {
+            let now = self.sources.load();
+            if let Ok(i) = find(&now) {
+                return now[i].clone();
+            }
+        }
+        let fresh = Arc::new(Series::new(ServiceKey {
+            namespace: source.namespace.into(),
+            name: source.service.into(),
+        }));
+        let mut out = fresh.clone();
+        self.sources.rcu(|v| match find(v) {
+            Ok(i) => {
+                out = v[i].clone();
+                v.clone()
+            }
+            Err(i) => {
+                out = fresh.clone();
+                let mut more = Vec::clone(v);
+                more.insert(i, fresh.clone());
+                Arc::new(more)
+            }
+        });
+        out
+    }
+
+    fn labels(&self, direction: Option<Direction>, source: &Series) -> Vec<(&'static str, String)> {
+        let mut l = Vec::with_capacity(6);
         if let Some(d) = direction {
             l.push(("direction", d.as_str().to_owned()));
         }
@@ -254,37 +327,53 @@ impl Series {
             self.port
                 .map_or_else(|| "unknown".to_owned(), |p| p.to_string()),
         ));
+        l.push(("source_namespace", source.source.namespace.to_string()));
+        l.push(("source_service", source.source.name.to_string()));
         l
+    }
+
+    /// Keep only the sources `keep` holds.
+    fn retain(&self, keep: &std::collections::HashSet<(&str, &str)>) {
+        let now = self.sources.load();
+        if now.iter().all(|s| keep.contains(&s.key())) {
+            return;
+        }
+        let kept: Vec<Arc<Series>> = now
+            .iter()
+            .filter(|s| keep.contains(&s.key()))
+            .cloned()
+            .collect();
+        self.sources.store(Arc::new(kept));
     }
 }
 
-/// The series of every service port the published model holds, by service and port.
+/// The targets of every service port the published model holds, by service and port.
 #[derive(Debug)]
 pub struct Table {
-    by_service: HashMap<ServiceKey, Vec<(u16, Arc<Series>)>>,
-    unknown: Arc<Series>,
+    by_service: HashMap<ServiceKey, Vec<(u16, Arc<Target>)>>,
+    unknown: Arc<Target>,
 }
 
 impl Default for Table {
     fn default() -> Self {
         Self {
             by_service: HashMap::new(),
-            unknown: Arc::new(Series::new("unknown".into(), "unknown".into(), None)),
+            unknown: Arc::new(Target::new("unknown".into(), "unknown".into(), None)),
         }
     }
 }
 
 impl Table {
-    /// The series of `port` of `service`, or `unknown` when the model does not hold it.
-    pub fn get(&self, service: &ServiceKey, port: u16) -> &Arc<Series> {
+    /// The target of `port` of `service`, or `unknown` when the model does not hold it.
+    pub fn get(&self, service: &ServiceKey, port: u16) -> &Arc<Target> {
         self.by_service
             .get(service)
             .and_then(|ports| ports.iter().find(|(p, _)| *p == port))
             .map_or(&self.unknown, |(_, s)| s)
     }
 
-    fn all(&self) -> impl Iterator<Item = &Arc<Series>> {
-        let mut v: Vec<&Arc<Series>> = self
+    fn all(&self) -> impl Iterator<Item = &Arc<Target>> {
+        let mut v: Vec<&Arc<Target>> = self
             .by_service
             .values()
             .flat_map(|ports| ports.iter().map(|(_, s)| s))
@@ -440,18 +529,20 @@ impl Default for DataPlane {
 impl DataPlane {
     /// Rebuild the service table for a newly published model, off the request path: every
     /// service port the model holds (its names' front ports and its mesh services' ports) keeps
-    /// its series if it had one; the others are dropped. O(service ports).
+    /// its target if it had one; the others are dropped. Each kept target keeps the sources the
+    /// model still holds (a mesh service, or the ServiceAccount of a pod it knows). O(service
+    /// ports + pods).
     pub fn rebuild(&self, model: &Model) {
         let old = self.table.load_full();
-        let mut by_service: HashMap<ServiceKey, Vec<(u16, Arc<Series>)>> = HashMap::new();
+        let mut by_service: HashMap<ServiceKey, Vec<(u16, Arc<Target>)>> = HashMap::new();
         for (key, port) in model.service_ports() {
-            let series = old
+            let target = old
                 .by_service
                 .get(&key)
                 .and_then(|ports| ports.iter().find(|(p, _)| *p == port))
                 .map_or_else(
                     || {
-                        Arc::new(Series::new(
+                        Arc::new(Target::new(
                             key.namespace.clone(),
                             key.name.clone(),
                             Some(port),
@@ -459,23 +550,28 @@ impl DataPlane {
                     },
                     |(_, s)| s.clone(),
                 );
-            by_service.entry(key).or_default().push((port, series));
+            by_service.entry(key).or_default().push((port, target));
         }
-        self.table.store(Arc::new(Table {
+        let table = Table {
             by_service,
             unknown: old.unknown.clone(),
-        }));
+        };
+        let sources = model.sources();
+        for target in table.all() {
+            target.retain(&sources);
+        }
+        self.table.store(Arc::new(table));
     }
 
-    /// The series of `port` of `service` (`unknown` when the published model does not hold
-    /// it). Keep the `Arc` for the request or connection.
-    pub fn series(&self, service: &ServiceKey, port: u16) -> Arc<Series> {
-        self.table.load().get(service, port).clone()
+    /// The series of `source` sending to `port` of `service` (`unknown` when the published
+    /// model does not hold it). Keep the `Arc` for the request or connection.
+    pub fn series(&self, service: &ServiceKey, port: u16, source: Source<'_>) -> Arc<Series> {
+        self.table.load().get(service, port).from(source)
     }
 
-    /// The series of requests and connections with no destination service.
-    pub fn unknown(&self) -> Arc<Series> {
-        self.table.load().unknown.clone()
+    /// The series of `source`'s requests and connections with no destination service.
+    pub fn unknown(&self, source: Source<'_>) -> Arc<Series> {
+        self.table.load().unknown.from(source)
     }
 
     /// Count one mesh answer this daemon sent.
@@ -583,9 +679,13 @@ impl Collector for DataPlaneCollector {
         let mut hops = Vec::new();
         let (mut opened, mut closed, mut sent, mut received, mut tcp_durations) =
             (Vec::new(), Vec::new(), Vec::new(), Vec::new(), Vec::new());
-        for series in table.all() {
-            for d in Direction::ALL {
+        // Every (target, source) pair, its sources' list held for the whole scrape.
+        let pairs: Vec<(&Arc<Target>, Sources)> =
+            table.all().map(|t| (t, t.sources.load_full())).collect();
+        for (target, sources) in &pairs {
+            for (series, d) in sources.iter().flat_map(|s| Direction::ALL.map(|d| (s, d))) {
                 if let Some(c) = series.http[d.index()].get() {
+                    let l = target.labels(Some(d), series);
                     for (i, n) in c.requests.iter().enumerate() {
                         let n = load(n);
                         if n == 0 {
@@ -593,18 +693,18 @@ impl Collector for DataPlaneCollector {
                         }
                         let (class, slot) = (i / REASON_SLOTS, i % REASON_SLOTS);
                         let labels = with(
-                            series.labels(Some(d)),
+                            l.clone(),
                             &[("code", CLASSES[class]), ("reason", reason_label(slot))],
                         );
                         requests.push((labels, n));
                     }
-                    durations.push((series.labels(Some(d)), &c.duration));
+                    durations.push((l, &c.duration));
                     if d == Direction::Outbound && c.hop.count() > 0 {
-                        hops.push((series.labels(None), &c.hop));
+                        hops.push((target.labels(None, series), &c.hop));
                     }
                 }
                 if let Some(c) = series.tcp[d.index()].get() {
-                    let l = series.labels(Some(d));
+                    let l = target.labels(Some(d), series);
                     opened.push((l.clone(), load(&c.opened)));
                     closed.push((l.clone(), load(&c.closed)));
                     sent.push((l.clone(), load(&c.sent)));
@@ -616,7 +716,7 @@ impl Collector for DataPlaneCollector {
         counter(
             &mut e,
             "aether_http_requests",
-            "HTTP requests, by direction, destination service and port, status class and mesh reason",
+            "HTTP requests, by direction, destination service and port, source service, status class and mesh reason",
             &requests,
         )?;
         histograms(
@@ -808,6 +908,11 @@ mod tests {
         assert_eq!(h.count(), 3);
     }
 
+    const CLIENT: Source<'static> = Source {
+        namespace: "mp",
+        service: "mp-client",
+    };
+
     #[test]
     fn requests_render_with_their_labels_and_unknown_services_stay_unknown() {
         let dp = Arc::new(DataPlane::default());
@@ -816,7 +921,7 @@ mod tests {
             &snapshot,
             &crate::model::NodeContext::default(),
         ));
-        let s = dp.series(&key("mp", "nothing-here"), 8080);
+        let s = dp.series(&key("mp", "nothing-here"), 8080, CLIENT);
         s.record_request(
             Direction::Outbound,
             421,
@@ -825,42 +930,86 @@ mod tests {
         );
         s.record_request(Direction::Inbound, 200, None, Duration::from_millis(1));
         let text = render(&dp);
+        let src = "source_namespace=\"mp\",source_service=\"mp-client\"";
+        assert!(
+            text.contains(&format!(
+                "aether_http_requests_total{{direction=\"outbound\",namespace=\"unknown\",service=\"unknown\",port=\"unknown\",{src},code=\"4xx\",reason=\"port-mismatch\"}} 1"
+            )),
+            "{text}"
+        );
+        assert!(
+            text.contains(&format!(
+                "aether_http_requests_total{{direction=\"inbound\",namespace=\"unknown\",service=\"unknown\",port=\"unknown\",{src},code=\"2xx\",reason=\"\"}} 1"
+            )),
+            "{text}"
+        );
+        assert!(
+            text.contains(&format!("aether_http_request_duration_seconds_bucket{{le=\"0.001\",direction=\"outbound\",namespace=\"unknown\",service=\"unknown\",port=\"unknown\",{src}}} 1")),
+            "{text}"
+        );
+    }
+
+    #[test]
+    fn each_source_has_its_own_series_found_again_without_a_new_one() {
+        let dp = Arc::new(DataPlane::default());
+        let a = dp.unknown(CLIENT);
+        let b = dp.unknown(Source {
+            namespace: "mp",
+            service: "mp-other",
+        });
+        let c = dp.unknown(Source {
+            namespace: "ab",
+            service: "mp-client",
+        });
+        assert!(!Arc::ptr_eq(&a, &b) && !Arc::ptr_eq(&a, &c));
+        assert!(Arc::ptr_eq(&a, &dp.unknown(CLIENT)));
+        a.record_request(Direction::Outbound, 200, None, Duration::from_millis(1));
+        b.record_request(Direction::Outbound, 200, None, Duration::from_millis(1));
+        b.record_request(Direction::Outbound, 200, None, Duration::from_millis(1));
+        let text = render(&dp);
         assert!(
             text.contains(
-                "aether_http_requests_total{direction=\"outbound\",namespace=\"unknown\",service=\"unknown\",port=\"unknown\",code=\"4xx\",reason=\"port-mismatch\"} 1"
+                "source_namespace=\"mp\",source_service=\"mp-client\",code=\"2xx\",reason=\"\"} 1"
             ),
             "{text}"
         );
         assert!(
             text.contains(
-                "aether_http_requests_total{direction=\"inbound\",namespace=\"unknown\",service=\"unknown\",port=\"unknown\",code=\"2xx\",reason=\"\"} 1"
+                "source_namespace=\"mp\",source_service=\"mp-other\",code=\"2xx\",reason=\"\"} 2"
             ),
             "{text}"
         );
-        assert!(
-            text.contains("aether_http_request_duration_seconds_bucket{le=\"0.001\",direction=\"outbound\",namespace=\"unknown\",service=\"unknown\",port=\"unknown\"} 1"),
-            "{text}"
-        );
+        // A source of no request renders no request sample.
+        assert!(!text.contains("aether_http_requests_total{direction=\"outbound\",namespace=\"unknown\",service=\"unknown\",port=\"unknown\",source_namespace=\"ab\""), "{text}");
     }
 
     #[test]
     fn a_service_keeps_its_series_across_publishes_and_loses_them_when_removed() {
         let dp = DataPlane::default();
         let mut table = Table::default();
-        let series = Arc::new(Series::new("mp".into(), "a".into(), Some(80)));
-        table
-            .by_service
-            .insert(key("mp", "a"), vec![(80, series.clone())]);
+        let target = Arc::new(Target::new("mp".into(), "a".into(), Some(80)));
+        let series = target.from(CLIENT);
+        table.by_service.insert(key("mp", "a"), vec![(80, target)]);
         dp.table.store(Arc::new(table));
-        assert!(Arc::ptr_eq(&dp.series(&key("mp", "a"), 80), &series));
-        assert!(Arc::ptr_eq(&dp.series(&key("mp", "a"), 81), &dp.unknown()));
-        // A model without the service: its series are gone, `unknown` stays.
-        let unknown = dp.unknown();
+        assert!(Arc::ptr_eq(
+            &dp.series(&key("mp", "a"), 80, CLIENT),
+            &series
+        ));
+        assert!(Arc::ptr_eq(
+            &dp.series(&key("mp", "a"), 81, CLIENT),
+            &dp.unknown(CLIENT)
+        ));
+        // A model without the service: its series are gone, and so is every source the model
+        // does not hold; `unknown` stays.
+        let unknown = dp.unknown(CLIENT);
         dp.rebuild(&crate::model::compile(
             &crate::model::Snapshot::default(),
             &crate::model::NodeContext::default(),
         ));
-        assert!(Arc::ptr_eq(&dp.series(&key("mp", "a"), 80), &unknown));
+        assert!(dp.table.load().unknown.sources.load().is_empty());
+        let again = dp.series(&key("mp", "a"), 80, CLIENT);
+        assert!(!Arc::ptr_eq(&again, &series) && !Arc::ptr_eq(&again, &unknown));
+        assert!(Arc::ptr_eq(&again, &dp.unknown(CLIENT)));
     }
 
     #[test]

@@ -78,6 +78,16 @@ pub struct Peer {
     pub id: String,
 }
 
+impl Peer {
+    /// The peer as the source of the metrics' series: its mesh service.
+    pub fn source(&self) -> metrics::Source<'_> {
+        metrics::Source {
+            namespace: &self.namespace,
+            service: &self.service_account,
+        }
+    }
+}
+
 /// The TLS side of the mesh hop, provided by `identity` (wired in `node`).
 pub trait HopTls: Send + Sync + std::fmt::Debug + 'static {
     /// The client configuration of a source workload, offering `alpn`.
@@ -554,5 +564,13 @@ impl PodCtx {
     /// The pod as a caller (connection facts only, I4).
     pub fn caller(&self) -> &Caller {
         &self.caller
+    }
+
+    /// The pod as the source of the metrics' series: its mesh service.
+    pub fn source(&self) -> metrics::Source<'_> {
+        metrics::Source {
+            namespace: &self.namespace,
+            service: &self.service_account,
+        }
     }
 }

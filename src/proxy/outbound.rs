@@ -161,7 +161,9 @@ async fn tcp(inputs: &Inputs, pod: &PodCtx, mut stream: TcpStream, choice: &TcpC
         }
     };
     count(&inputs.stats.deliveries);
-    let series = inputs.metrics.series(&target.service, target.port);
+    let series = inputs
+        .metrics
+        .series(&target.service, target.port, pod.source());
     let mut conn = TcpConn::open(inputs, series, Direction::Outbound, || Line {
         source: Source::pod(pod, &inputs.settings.trust_domain),
         path: tcp_path(target.port),
@@ -203,8 +205,10 @@ async fn passthrough(inputs: &Inputs, pod: &PodCtx, mut stream: TcpStream, diall
     };
     // A passthrough has no destination service unless it crosses the hop to a mesh pod.
     let series = match &target.hop {
-        Some(service) => inputs.metrics.series(service, target.dst.port()),
-        None => inputs.metrics.unknown(),
+        Some(service) => inputs
+            .metrics
+            .series(service, target.dst.port(), pod.source()),
+        None => inputs.metrics.unknown(pod.source()),
     };
     let mut conn = TcpConn::open(inputs, series, Direction::Outbound, || Line {
         source: Source::pod(pod, &inputs.settings.trust_domain),

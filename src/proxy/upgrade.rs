@@ -10,7 +10,13 @@
 //! upstream's upgraded connection is spliced with the caller's ([`splice`]).
 //!
 //! The functions here own no socket: they take any byte stream, so that the splice can be
-//! tested over in-memory streams. Imports: `copy` (the relay).
+//! tested over in-memory streams. Imports: `copy` (the relay), `access` (the accounting guard
+//! of the switched bytes).
+//!
+//! A `101` carries a [`Switched`] in its extensions: whoever counts the request (it knows the
+//! destination's series and the access line) gives it the stream's [`TcpConn`], which the
+//! splice fills with the bytes moved each way and drops at its end, so that a switched
+//! connection is counted and logged as the byte stream it became.
 
 use http::header::{CONNECTION, UPGRADE};
 use http::{HeaderValue, Request, Response, StatusCode, Version};
@@ -20,8 +26,31 @@ use hyper_util::rt::TokioIo;
 use tokio::io::{AsyncRead, AsyncWrite};
 use tracing::debug;
 
-use super::copy::Ended;
+use std::sync::Arc;
+
+use super::access::TcpConn;
+use super::copy::{Ended, Moved};
 use super::{Body, BoxError};
+
+/// The accounting slot of a switched connection, in the extensions of its `101`.
+#[derive(Clone, Debug, Default)]
+pub struct Switched(Arc<parking_lot::Mutex<Option<TcpConn>>>);
+
+impl Switched {
+    /// Count the switched bytes into `conn` (counted opened now, closed when the splice
+    /// ends). Before the `101` reaches the client, so before a byte is spliced.
+    pub fn account(&self, conn: TcpConn) {
+        *self.0.lock() = Some(conn);
+    }
+
+    /// The splice ended, having moved `moved`: close the stream's accounting.
+    fn close(&self, moved: Moved) {
+        if let Some(mut conn) = self.0.lock().take() {
+            conn.sent = moved.a_to_b;
+            conn.received = moved.b_to_a;
+        }
+    }
+}
 
 /// Relaying a switched connection failed.
 #[derive(Debug, thiserror::Error)]
@@ -100,7 +129,8 @@ pub fn carry<B>(req: &mut Request<B>, upgrade: Option<&HeaderValue>, asked: bool
 /// answer. When it is `101 Switching Protocols`, a task splices `client` (the caller's side of
 /// the switch, from [`hyper::upgrade::on`] on the incoming request) with the upstream's
 /// upgraded connection once the caller has sent the `101` on, until both close or no byte moves
-/// for `idle`; any other answer is returned as it is and `client` is dropped.
+/// for `idle`; any other answer is returned as it is and `client` is dropped. The `101` carries
+/// the splice's [`Switched`].
 pub async fn forward<IO>(
     io: IO,
     req: Request<Body>,
@@ -125,30 +155,36 @@ where
         .map_err(UpgradeError::Request)?;
     if resp.status() == StatusCode::SWITCHING_PROTOCOLS {
         let upstream = hyper::upgrade::on(&mut resp);
+        let switched = Switched::default();
+        resp.extensions_mut().insert(switched.clone());
         tokio::spawn(async move {
-            match splice(client, upstream, idle).await {
+            let mut moved = Moved::default();
+            match splice(client, upstream, idle, &mut moved).await {
                 Ok(Ended::Closed { a_to_b, b_to_a }) => {
                     debug!(up = a_to_b, down = b_to_a, "switched connection closed");
                 }
                 Ok(Ended::Idle) => debug!("switched connection closed: idle"),
                 Err(e) => debug!(error = %crate::DisplayChain(&e), "switched connection failed"),
             }
+            switched.close(moved);
         });
     }
     Ok(resp.map(|b| b.map_err(BoxError::from).boxed()))
 }
 
 /// Wait for both sides to switch, then relay bytes both ways until both close or no byte moves
-/// for `idle` ([`super::copy`]); with the bytes sent each way (client to upstream first).
+/// for `idle` ([`super::copy`]); the bytes moved each way (client to upstream first) go to
+/// `moved`, however it ends.
 pub async fn splice(
     client: OnUpgrade,
     upstream: OnUpgrade,
     idle: Option<std::time::Duration>,
+    moved: &mut Moved,
 ) -> Result<Ended, UpgradeError> {
     let (client, upstream) = tokio::try_join!(client, upstream).map_err(UpgradeError::Switch)?;
     let mut client = TokioIo::new(client);
     let mut upstream = TokioIo::new(upstream);
-    super::copy::bidirectional(&mut client, &mut upstream, idle)
+    super::copy::bidirectional_counted(&mut client, &mut upstream, idle, moved)
         .await
         .map_err(UpgradeError::Relay)
 }

@@ -52,19 +52,38 @@ pub async fn serve(inputs: Arc<Inputs>, pod: Arc<PodCtx>, mut stream: TcpStream,
                 Reason::HeadersTooLarge => count(&inputs.stats.headers_too_large),
                 _ => {}
             }
-            let rendered = MeshAnswer::bare(reason).render();
-            let _ = stream
-                .write_all(&rendered.to_http1(reason.status_text()))
-                .await;
+            let rendered = MeshAnswer::bare(reason)
+                .render()
+                .to_http1(reason.status_text());
+            let _ = stream.write_all(&rendered).await;
             let _ = stream.shutdown().await;
             count(&inputs.stats.answers);
             inputs.metrics.refused(reason);
-            inputs.metrics.unknown().record_request(
+            let took = accepted.elapsed();
+            inputs.metrics.unknown(pod.source()).record_request(
                 Direction::Outbound,
                 reason.status(),
                 Some(reason),
-                accepted.elapsed(),
+                took,
             );
+            if inputs.access.pick() {
+                let line = access::Line {
+                    source: access::Source::pod(&pod, &inputs.settings.trust_domain),
+                    path: access::entry_path(entry),
+                    decision: "refuse",
+                    destination: access::Destination {
+                        rule: "addressing.md §11.1",
+                        ..access::Destination::default()
+                    },
+                };
+                access::answered_at_head(
+                    &line,
+                    reason.status(),
+                    reason.code(),
+                    rendered.len() as u64,
+                    took,
+                );
+            }
             return;
         }
         First::Close => return,
@@ -475,8 +494,8 @@ pub async fn handle(
     }
     let head = started.elapsed();
     let series = match &outcome.service {
-        Some((key, port)) => inputs.metrics.series(key, *port),
-        None => inputs.metrics.unknown(),
+        Some((key, port)) => inputs.metrics.series(key, *port, pod.source()),
+        None => inputs.metrics.unknown(pod.source()),
     };
     let reason = resp
         .headers()
@@ -490,22 +509,36 @@ pub async fn handle(
     if let Some(h) = &hop {
         series.record_hop(h.took);
     }
-    match request_bytes {
-        Some(request_bytes) => {
+    let line = request_bytes.is_some().then(|| access::Line {
+        source: access::Source::pod(pod, &inputs.settings.trust_domain),
+        path: access::entry_path(entry),
+        decision: outcome.decision,
+        destination: access::Destination {
+            service: outcome.service.as_ref().map(|(k, _)| k.clone()),
+            port: outcome.service.as_ref().map(|(_, p)| *p),
+            pod: hop.as_ref().map(Hopped::pod),
+            route: outcome.route,
+            rule: outcome.rule,
+        },
+    });
+    if let Some(switched) = resp.extensions().get::<upgrade::Switched>() {
+        let stream = line.clone().map(|l| {
+            Box::new(access::Line {
+                decision: "switched",
+                ..l
+            })
+        });
+        switched.account(access::TcpConn::with_line(
+            series,
+            Direction::Outbound,
+            stream,
+        ));
+    }
+    match request_bytes.zip(line) {
+        Some((request_bytes, line)) => {
             let line = access::HttpLine {
                 direction: Direction::Outbound,
-                line: access::Line {
-                    source: access::Source::pod(pod, &inputs.settings.trust_domain),
-                    path: access::entry_path(entry),
-                    decision: outcome.decision,
-                    destination: access::Destination {
-                        service: outcome.service.as_ref().map(|(k, _)| k.clone()),
-                        port: outcome.service.as_ref().map(|(_, p)| *p),
-                        pod: hop.as_ref().map(Hopped::pod),
-                        route: outcome.route,
-                        rule: outcome.rule,
-                    },
-                },
+                line,
                 http: access::HttpFacts {
                     status: resp.status().as_u16(),
                     reason: reason.map(Reason::code),

@@ -17,6 +17,7 @@ use tokio_rustls::{LazyConfigAcceptor, TlsConnector};
 
 use super::*;
 use crate::identity::{Ca, Identities, IdentitySettings, client_config, server_config};
+use crate::proxy::metrics::{DataPlane, DataPlaneCollector, Direction, Source};
 use crate::proxy::{ALPN_H1, respond};
 use crate::workload::echo::{Echo, EchoOptions, ListenerKind};
 
@@ -69,12 +70,19 @@ async fn destination(ids: Arc<Identities>, io: DuplexStream, app: SocketAddr) {
 }
 
 /// The source half: the client's HTTP/1.1 server with upgrades; its one request crosses the
-/// hop (`hop`) with ALPN `aether-h1/1`.
-async fn source(ids: Arc<Identities>, client: DuplexStream, hop: DuplexStream) {
+/// hop (`hop`) with ALPN `aether-h1/1`. A switch is counted in `metrics` as the request
+/// handler counts it (unknown destination, source `mp/mp-client`).
+async fn source(
+    ids: Arc<Identities>,
+    client: DuplexStream,
+    hop: DuplexStream,
+    metrics: Arc<DataPlane>,
+) {
     let hop = Arc::new(tokio::sync::Mutex::new(Some(hop)));
     let service = service_fn(move |mut req: Request<Incoming>| {
         let ids = ids.clone();
         let hop = hop.clone();
+        let metrics = metrics.clone();
         async move {
             let hop = hop.lock().await.take().expect("one request per connection");
             assert!(is_upgrade(&req), "the client asks to switch");
@@ -87,6 +95,13 @@ async fn source(ids: Arc<Identities>, client: DuplexStream, hop: DuplexStream) {
                 .await
                 .expect("the hop handshake");
             let resp = forward(tls, req, up, None).await.expect("the hop answers");
+            if let Some(switched) = resp.extensions().get::<Switched>() {
+                let series = metrics.unknown(Source {
+                    namespace: "mp",
+                    service: "mp-client",
+                });
+                switched.account(TcpConn::with_line(series, Direction::Outbound, None));
+            }
             Ok::<_, Infallible>(resp)
         }
     });
@@ -96,14 +111,27 @@ async fn source(ids: Arc<Identities>, client: DuplexStream, hop: DuplexStream) {
         .await;
 }
 
-/// Client, source, hop and destination, wired; the client's end.
-fn mesh(app: SocketAddr) -> DuplexStream {
+/// Client, source, hop and destination, wired; the client's end, and the source's metrics.
+fn mesh(app: SocketAddr) -> (DuplexStream, Arc<DataPlane>) {
     let ids = identities();
+    let metrics = Arc::new(DataPlane::default());
     let (client, client_srv) = tokio::io::duplex(64 * 1024);
     let (hop_src, hop_dst) = tokio::io::duplex(64 * 1024);
     tokio::spawn(destination(ids.clone(), hop_dst, app));
-    tokio::spawn(source(ids, client_srv, hop_src));
-    client
+    tokio::spawn(source(ids, client_srv, hop_src, metrics.clone()));
+    (client, metrics)
+}
+
+/// The source's relayed-stream series, as `/metrics` renders them.
+fn tcp_samples(metrics: &Arc<DataPlane>) -> Vec<String> {
+    let mut registry = prometheus_client::registry::Registry::default();
+    registry.register_collector(Box::new(DataPlaneCollector(metrics.clone())));
+    let mut text = String::new();
+    prometheus_client::encoding::text::encode(&mut text, &registry).unwrap();
+    text.lines()
+        .filter(|l| l.starts_with("aether_tcp_") && !l.contains("_duration_"))
+        .map(str::to_owned)
+        .collect()
 }
 
 /// Read until `want` has arrived (or fail after 5 s); everything read.
@@ -135,7 +163,7 @@ fn head(upgrade: &str) -> String {
 #[tokio::test]
 async fn a_switched_connection_is_relayed_both_ways_through_the_hop() {
     let app = app();
-    let mut client = mesh(app);
+    let (mut client, metrics) = mesh(app);
     client.write_all(head("echo").as_bytes()).await.unwrap();
     let mut got = Vec::new();
     let answer = read_until(&mut client, &mut got, "\r\n\r\n").await;
@@ -172,12 +200,28 @@ async fn a_switched_connection_is_relayed_both_ways_through_the_hop() {
         .await
         .expect("the relay closes");
     assert_eq!(n.unwrap(), 0);
+
+    // The switched connection is counted as the byte stream it became, its bytes each way.
+    let labels = "{direction=\"outbound\",namespace=\"unknown\",service=\"unknown\",port=\"unknown\",source_namespace=\"mp\",source_service=\"mp-client\"}";
+    let sent = "hello over the mesh".len() + 13;
+    let received = ident.len() + sent;
+    let want = vec![
+        format!("aether_tcp_connections_opened_total{labels} 1"),
+        format!("aether_tcp_connections_closed_total{labels} 1"),
+        format!("aether_tcp_sent_bytes_total{labels} {sent}"),
+        format!("aether_tcp_received_bytes_total{labels} {received}"),
+    ];
+    let deadline = crate::time::now() + Duration::from_secs(5);
+    while tcp_samples(&metrics) != want && crate::time::now() < deadline {
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert_eq!(tcp_samples(&metrics), want);
 }
 
 #[tokio::test]
 async fn an_upgrade_the_application_declines_is_answered_normally() {
     let app = app();
-    let mut client = mesh(app);
+    let (mut client, metrics) = mesh(app);
     client
         .write_all(head("websocket-not-spoken").as_bytes())
         .await
@@ -186,6 +230,7 @@ async fn an_upgrade_the_application_declines_is_answered_normally() {
     let ident = format!("{WL}:{}\n", app.port());
     let answer = read_until(&mut client, &mut got, &ident).await;
     assert!(answer.starts_with("HTTP/1.1 200 "), "got {answer:?}");
+    assert!(tcp_samples(&metrics).is_empty(), "nothing switched");
 }
 
 #[test]
