@@ -21,6 +21,8 @@
 //!    the DNS table, and freeing the copy; the median time of several runs, each against cloning
 //!    the snapshot (the least any reload must touch), and the peak extra memory of the reload
 //!    (jemalloc's `thread.peak` of the fresh thread that runs it, as `spawn_blocking` would).
+//!    What the daemon then keeps: the compiled model, and the snapshot it publishes beside it
+//!    (`aether debug config-dump`, offline replay).
 //!
 //! No timing is asserted; the bench prints tables. Run: `cargo bench --bench kube_scale`.
 //! `AETHER_KUBE_SCALE_PODS` (default `10000,100000`) and `AETHER_KUBE_SCALE_RUNS` (default 5)
@@ -326,6 +328,7 @@ fn reload(rt: &Runtime, c: &Cluster, runs: usize) -> Result<()> {
 
     let mut reloads = Vec::new();
     let mut model_bytes = 0;
+    let mut published_bytes = 0;
     let mut facts = String::new();
     for _ in 0..runs {
         let before = allocated();
@@ -369,19 +372,23 @@ fn reload(rt: &Runtime, c: &Cluster, runs: usize) -> Result<()> {
                         problems.len(),
                         invalid.objects.len()
                     );
-                    drop((snap, dns));
+                    drop(dns);
                     (
                         Reload {
                             steps,
                             baseline,
                             peak,
                         },
-                        (model, facts),
+                        (model, facts, snap),
                     )
                 })
                 .join()
                 .expect("the reload thread")
         });
+        // The daemon publishes the snapshot with the model (`ModelHandle::publish_with_source`,
+        // for `aether debug config-dump` and offline replay): what it keeps is both.
+        published_bytes = allocated().saturating_sub(before);
+        drop(model.2);
         model_bytes = allocated().saturating_sub(before);
         facts = model.1;
         drop(model.0);
@@ -394,9 +401,12 @@ fn reload(rt: &Runtime, c: &Cluster, runs: usize) -> Result<()> {
         "\n### One reload of the whole cluster (median of {runs} runs)\n\n\
          {facts}. The stores of every kind hold {:.1} MiB after the initial lists ({sync_secs:.1} s \
          for all of them, the scripted server's page building included); the compiled model keeps \
-         {:.1} MiB.\n",
+         {:.1} MiB, and the snapshot published beside it (for `aether debug`) {:.1} MiB more \
+         ({:.2} × the model).\n",
         mib(held),
-        mib(model_bytes)
+        mib(model_bytes),
+        mib(published_bytes.saturating_sub(model_bytes)),
+        published_bytes.saturating_sub(model_bytes) as f64 / model_bytes.max(1) as f64
     );
     println!("| step | ms | ratio to cloning the snapshot |");
     println!("|---|---|---|");

@@ -139,6 +139,9 @@ struct NodeArgs {
     /// Kubernetes source: list with the API server's streaming lists instead of pages.
     #[arg(long, env = "AETHER_KUBE_STREAMING_LISTS")]
     kube_streaming_lists: Option<bool>,
+    /// Keep the registry snapshot beside the published model, for `aether debug`.
+    #[arg(long, env = "AETHER_DEBUG_KEEP_SNAPSHOT")]
+    debug_keep_snapshot: Option<bool>,
     /// Connections open at once through the daemon.
     #[arg(long, env = "AETHER_MAX_CONNECTIONS")]
     max_connections: Option<usize>,
@@ -877,6 +880,7 @@ fn node_config(args: &NodeArgs) -> anyhow::Result<aether::node::NodeConfig> {
         cni_add_wait_ms,
         cni_add_waiters_max,
         kube_streaming_lists,
+        debug_keep_snapshot,
         max_connections,
         max_connections_per_pod,
         metrics_max_connections,

@@ -116,6 +116,12 @@ pub struct NodeConfig {
     /// in one stream. Default false: paged lists of 500, which every server answers. Key
     /// `kube_streaming_lists`, `AETHER_KUBE_STREAMING_LISTS`.
     pub kube_streaming_lists: bool,
+    /// Keep the registry snapshot each published model was compiled from beside it, for
+    /// `aether debug services|routes|config-dump` and `aether explain --config-dump` (about 1.5×
+    /// the model's memory: 213 MiB at 100,000 pods, docs/performance.md). Default true; off,
+    /// those endpoints answer `503` and say why. Key `debug_keep_snapshot`,
+    /// `AETHER_DEBUG_KEEP_SNAPSHOT`.
+    pub debug_keep_snapshot: bool,
     /// Log format.
     pub log_format: LogFormat,
     /// Log filter (tracing-subscriber `EnvFilter` syntax).
@@ -209,6 +215,7 @@ impl Default for NodeConfig {
             cni_add_wait_ms: 5000,
             cni_add_waiters_max: 128,
             kube_streaming_lists: false,
+            debug_keep_snapshot: true,
             log_format: LogFormat::Text,
             log_level: "info".into(),
             access_log: "on".into(),

@@ -235,7 +235,7 @@ fn no_source(admin: &Admin) -> Response<Body> {
     error(
         admin,
         StatusCode::SERVICE_UNAVAILABLE,
-        "the daemon keeps no snapshot beside its model",
+        "the daemon keeps no registry snapshot beside its model (the setting debug_keep_snapshot is off): services, routes and config-dump need it",
     )
 }
 
@@ -597,6 +597,30 @@ mod tests {
             assert_eq!(v["node"], "node-a");
         }
         assert_eq!(admin.debug.logs.current(), "info");
+    }
+
+    #[tokio::test]
+    async fn without_the_snapshot_the_views_that_need_it_say_so_and_the_others_answer() {
+        let (snapshot, model) = fixture();
+        drop(snapshot);
+        let admin = admin_with(
+            true,
+            ModelHandle::with_source(model, None),
+            DebugInputs::detached(),
+        );
+        for path in ["/debug/services", "/debug/routes", "/config_dump"] {
+            let (status, v) = ask(&admin, "GET", path, "").await;
+            assert_eq!(status, StatusCode::SERVICE_UNAVAILABLE, "{path}: {v}");
+            assert!(
+                v["error"]
+                    .as_str()
+                    .unwrap()
+                    .contains("debug_keep_snapshot is off"),
+                "{path}: {v}"
+            );
+        }
+        let (status, v) = ask(&admin, "GET", "/debug/pods", "").await;
+        assert_eq!(status, StatusCode::OK, "{v}");
     }
 
     #[tokio::test]

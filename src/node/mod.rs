@@ -344,7 +344,10 @@ pub async fn run_with_logs(
         Source::Kube(_) => info!(node = %config.node_name,
             "watching the Kubernetes API server; no pod is served before every kind has listed"),
     }
-    let handle = Arc::new(ModelHandle::with_source(first.model, Some(first.snapshot)));
+    let handle = Arc::new(ModelHandle::with_source(
+        first.model,
+        config.debug_keep_snapshot.then_some(first.snapshot),
+    ));
     let fingerprint = Arc::new(std::sync::atomic::AtomicU64::new(first.fingerprint));
     let dns_table = Arc::new(ArcSwap::from_pointee(first.dns));
 
@@ -641,7 +644,7 @@ pub async fn run_with_logs(
                             let _ = reg.send(Arc::new(w.registrar));
                             let _ = st.send(Arc::new(w.status));
                         }
-                        let generation = handle.publish_with_source(l.model, Some(l.snapshot));
+                        let generation = handle.publish_with_source(l.model, config.debug_keep_snapshot.then_some(l.snapshot));
                         // Off the request path: the metric series of the services it holds.
                         shared.inputs.metrics.rebuild(&handle.load());
                         dns_table.store(Arc::new(l.dns));
