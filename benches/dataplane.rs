@@ -1,13 +1,18 @@
-//! Data-plane benchmark (issue #3): the fixture mesh of `config/examples/mp` on one machine,
-//! measured through the full path against direct pod-to-pod, in one run.
+//! Data-plane benchmark (issues #3, #11): the fixture mesh of `config/examples/mp` on one
+//! machine, measured through the full path against direct pod-to-pod, in one run.
 //!
-//! - **mesh**: from `mp-client` (managed, captured, node-a) to a pod IP on node-b: the client's
-//!   daemon captures the dial, crosses the mTLS hop, and node-b's daemon delivers to the pod.
+//! - **mesh**: from `mp-client` (managed, captured, node-a) to a pod IP: the client's daemon
+//!   captures the dial, crosses the mTLS hop, and the destination's daemon delivers to the pod.
+//!   Cross-node: a pod on node-b (two daemons). Same-node: a pod on node-a (node-a's daemon is
+//!   both ends of the hop).
 //! - **direct**: from `ext-http-0` (unmanaged, no capture, node-a) to the same pod IP and port;
 //!   inbound traffic to a pod is not intercepted, so the only difference is the mesh.
 //!
-//! Per target: HTTP/1.1 latency on one keep-alive connection (p50/p99), HTTP/1.1 requests per
-//! second over a fixed time on a few keep-alive connections, and bulk TCP through the raw echo.
+//! Per target: HTTP/1.1 on one keep-alive connection, sequential requests (p50/p99 and the
+//! request rate that gives; the mesh's added p50/p99 over direct), HTTP/1.1 requests per second
+//! over a fixed time on [`RPS_CONNECTIONS`] keep-alive connections, and bulk TCP through the raw
+//! echo. The client is one thread of this process: its CPU share during the direct
+//! many-connection figure is printed, so a client at its own limit is seen.
 //! Each figure is measured in [`ROUNDS`] rounds, mesh and direct back to back with the order
 //! alternating. Two tables are printed: the first round, and the median round (the TIME_WAIT
 //! sockets in the server pod are printed per round: a daemon that opened a connection to the
@@ -41,10 +46,12 @@ const ROUNDS: usize = 3;
 /// Sequential requests on one connection, per round (after [`WARMUP`]).
 const LATENCY_REQUESTS: usize = 2000;
 const WARMUP: usize = 100;
-/// Concurrent keep-alive connections of the throughput figure.
-const RPS_CONNECTIONS: usize = 4;
+/// Concurrent keep-alive connections of the throughput figure (issue #11: 32).
+const RPS_CONNECTIONS: usize = 32;
 const RPS_DURATION: Duration = Duration::from_secs(4);
 const BULK_BYTES: usize = 64 << 20;
+/// A client thread busier than this share of a core is said to be near its limit.
+const CLIENT_LIMIT: f64 = 0.8;
 const CHUNK: usize = 64 << 10;
 
 /// One way from a client pod to a server pod.
@@ -67,8 +74,12 @@ struct HttpTarget {
 struct Figures {
     p50_us: f64,
     p99_us: f64,
+    /// Sequential requests per second on one connection.
+    rps1: f64,
     rps: f64,
     bulk_mib_s: f64,
+    /// This process's CPU time over the many-connection figure's wall time (1.0: one core).
+    client_cpu: f64,
 }
 
 fn main() -> Result<()> {
@@ -149,22 +160,28 @@ async fn measure(running: &Running) -> Result<()> {
     let ip = |pod: &str| env.pod_ip("mp", pod).map_err(anyhow::Error::msg);
     let targets = [
         HttpTarget {
-            label: "mp-multi-1:8080 (x-svc + ext_authz filters)",
-            pod: "mp-multi-1",
-            addr: SocketAddr::new(ip("mp-multi-1")?, 8080),
-            host: format!("{}:8080", env.mesh("mp-multi")),
-            mesh_header: Some("x-svc"),
-        },
-        HttpTarget {
-            label: "mp-httponly-1:8080 (no filters)",
+            label: "mp-httponly-1:8080 (no filters, cross-node)",
             pod: "mp-httponly-1",
             addr: SocketAddr::new(ip("mp-httponly-1")?, 8080),
             host: format!("{}:8080", env.mesh("mp-httponly")),
             mesh_header: None,
         },
+        HttpTarget {
+            label: "mp-httponly-0:8080 (no filters, same-node)",
+            pod: "mp-httponly-0",
+            addr: SocketAddr::new(ip("mp-httponly-0")?, 8080),
+            host: format!("{}:8080", env.mesh("mp-httponly")),
+            mesh_header: None,
+        },
+        HttpTarget {
+            label: "mp-multi-1:8080 (x-svc + ext_authz filters, cross-node)",
+            pod: "mp-multi-1",
+            addr: SocketAddr::new(ip("mp-multi-1")?, 8080),
+            host: format!("{}:8080", env.mesh("mp-multi")),
+            mesh_header: Some("x-svc"),
+        },
     ];
-    let bulk_pod = "mp-mixed-1";
-    let bulk_addr = SocketAddr::new(ip(bulk_pod)?, 9000);
+    let bulk_pods = ["mp-mixed-1", "mp-mixed-0"];
 
     let mut rows: Vec<(String, [Vec<Figures>; 2])> = Vec::new();
     for t in &targets {
@@ -176,33 +193,58 @@ async fn measure(running: &Running) -> Result<()> {
                     .with_context(|| format!("{} via {}", t.label, paths[i].name))?;
                 let tw = time_wait(lab, t.pod, &env.home);
                 println!(
-                    "  {:<45} {:<6} round {round}: p50 {:>7.1} µs  p99 {:>7.1} µs  {:>8.0} req/s  \
-                     (TIME_WAIT in {}: {tw})",
-                    t.label, paths[i].name, f.p50_us, f.p99_us, f.rps, t.pod
+                    "  {:<56} {:<6} round {round}: p50 {:>7.1} µs  p99 {:>7.1} µs  \
+                     {:>7.0} req/s (1 conn)  {:>8.0} req/s ({RPS_CONNECTIONS} conns, client CPU \
+                     {:.2})  (TIME_WAIT in {}: {tw})",
+                    t.label, paths[i].name, f.p50_us, f.p99_us, f.rps1, f.rps, f.client_cpu, t.pod
                 );
                 per_path[i].push(f);
             }
         }
         rows.push((t.label.to_owned(), per_path));
     }
-    let mut bulk: [Vec<Figures>; 2] = Default::default();
-    for round in 0..ROUNDS {
-        for i in order(round) {
-            let mib_s = bulk_round(&paths[i].connector, bulk_addr, bulk_pod)
-                .await
-                .with_context(|| format!("bulk via {}", paths[i].name))?;
-            println!(
-                "  bulk {bulk_pod}:9000 {:<6} round {round}: {mib_s:>8.1} MiB/s",
-                paths[i].name
-            );
-            bulk[i].push(Figures {
-                bulk_mib_s: mib_s,
-                ..Figures::default()
-            });
+    let mut bulk_rows: Vec<(String, [Vec<Figures>; 2])> = Vec::new();
+    for bulk_pod in bulk_pods {
+        let bulk_addr = SocketAddr::new(ip(bulk_pod)?, 9000);
+        let mut bulk: [Vec<Figures>; 2] = Default::default();
+        for round in 0..ROUNDS {
+            for i in order(round) {
+                let mib_s = bulk_round(&paths[i].connector, bulk_addr, bulk_pod)
+                    .await
+                    .with_context(|| format!("bulk via {}", paths[i].name))?;
+                println!(
+                    "  bulk {bulk_pod}:9000 {:<6} round {round}: {mib_s:>8.1} MiB/s",
+                    paths[i].name
+                );
+                bulk[i].push(Figures {
+                    bulk_mib_s: mib_s,
+                    ..Figures::default()
+                });
+            }
         }
+        let place = if bulk_pod.ends_with("-0") {
+            "same-node"
+        } else {
+            "cross-node"
+        };
+        bulk_rows.push((format!("{bulk_pod}:9000 (raw echo, {place})"), bulk));
     }
-    report(&rows, &bulk, bulk_pod);
+    report(&rows, &bulk_rows);
     Ok(())
+}
+
+/// This process's CPU time so far (user and system, every thread).
+fn cpu_time() -> Duration {
+    let usage = nix::sys::resource::getrusage(nix::sys::resource::UsageWho::RUSAGE_SELF);
+    usage.map_or(Duration::ZERO, |u| {
+        let t = |tv: nix::sys::time::TimeVal| {
+            Duration::new(
+                u64::try_from(tv.tv_sec()).unwrap_or(0),
+                u32::try_from(tv.tv_usec()).unwrap_or(0) * 1000,
+            )
+        };
+        t(u.user_time()) + t(u.system_time())
+    })
 }
 
 /// TCP sockets in TIME_WAIT inside a pod's namespace (`/proc/thread-self/net/tcp`, state 06):
@@ -282,17 +324,20 @@ async fn http_round(path: &Path2, t: &HttpTarget) -> Result<Figures> {
         get(&mut send, &t.host).await?;
     }
     let mut lat = Vec::with_capacity(LATENCY_REQUESTS);
+    let sequential = now();
     for _ in 0..LATENCY_REQUESTS {
         let t0 = now();
         get(&mut send, &t.host).await?;
         lat.push(t0.elapsed());
     }
+    let rps1 = LATENCY_REQUESTS as f64 / sequential.elapsed().as_secs_f64();
     drop(send);
     lat.sort_unstable();
     let pct = |q: f64| lat[((lat.len() - 1) as f64 * q).round() as usize].as_secs_f64() * 1e6;
 
     // Throughput: a few keep-alive connections for a fixed time.
     let mut tasks = tokio::task::JoinSet::new();
+    let cpu_before = cpu_time();
     let start = now();
     for _ in 0..RPS_CONNECTIONS {
         let mut send = http_conn(&path.connector, t.addr).await?;
@@ -311,11 +356,14 @@ async fn http_round(path: &Path2, t: &HttpTarget) -> Result<Figures> {
         total += r??;
     }
     let secs = start.elapsed().as_secs_f64();
+    let cpu = (cpu_time() - cpu_before).as_secs_f64();
     Ok(Figures {
         p50_us: pct(0.50),
         p99_us: pct(0.99),
+        rps1,
         rps: total as f64 / secs,
         bulk_mib_s: 0.0,
+        client_cpu: cpu / secs,
     })
 }
 
@@ -362,7 +410,7 @@ fn median(v: &[Figures], f: &dyn Fn(&Figures) -> f64) -> f64 {
     xs[xs.len() / 2]
 }
 
-fn report(rows: &[(String, [Vec<Figures>; 2])], bulk: &[Vec<Figures>; 2], bulk_pod: &str) {
+fn report(rows: &[(String, [Vec<Figures>; 2])], bulk: &[(String, [Vec<Figures>; 2])]) {
     let cores = std::thread::available_parallelism().map_or(0, |n| n.get());
     let kernel = std::fs::read_to_string("/proc/sys/kernel/osrelease").unwrap_or_default();
     let cpu = std::fs::read_to_string("/proc/cpuinfo")
@@ -374,24 +422,26 @@ fn report(rows: &[(String, [Vec<Figures>; 2])], bulk: &[Vec<Figures>; 2], bulk_p
                 .map(|(_, m)| m.trim().to_owned())
         })
         .unwrap_or_default();
+    let load = std::fs::read_to_string("/proc/loadavg").unwrap_or_default();
     println!();
-    println!("machine: {cores} cores, {cpu}, kernel {}", kernel.trim());
     println!(
-        "{ROUNDS} rounds; latency: {LATENCY_REQUESTS} sequential requests on one \
-         connection; req/s: {RPS_CONNECTIONS} keep-alive connections for {} s; bulk: {} MiB",
+        "machine: {cores} cores, {cpu}, kernel {}; load average at the end: {}",
+        kernel.trim(),
+        load.split_whitespace()
+            .take(3)
+            .collect::<Vec<_>>()
+            .join(" ")
+    );
+    println!(
+        "{ROUNDS} rounds; 1 conn: {LATENCY_REQUESTS} sequential requests on one keep-alive \
+         connection; {RPS_CONNECTIONS} conns: keep-alive connections for {} s; bulk: {} MiB",
         RPS_DURATION.as_secs(),
         BULK_BYTES >> 20
     );
     let first = |v: &[Figures], f: &dyn Fn(&Figures) -> f64| v.first().map_or(0.0, f);
     let med = |v: &[Figures], f: &dyn Fn(&Figures) -> f64| median(v, f);
-    table("first round", rows, bulk, bulk_pod, &first);
-    table(
-        &format!("median of {ROUNDS} rounds"),
-        rows,
-        bulk,
-        bulk_pod,
-        &med,
-    );
+    table("first round", rows, bulk, &first);
+    table(&format!("median of {ROUNDS} rounds"), rows, bulk, &med);
 }
 
 type Pick<'a> = dyn Fn(&[Figures], &dyn Fn(&Figures) -> f64) -> f64 + 'a;
@@ -399,36 +449,55 @@ type Pick<'a> = dyn Fn(&[Figures], &dyn Fn(&Figures) -> f64) -> f64 + 'a;
 fn table(
     title: &str,
     rows: &[(String, [Vec<Figures>; 2])],
-    bulk: &[Vec<Figures>; 2],
-    bulk_pod: &str,
+    bulk: &[(String, [Vec<Figures>; 2])],
     pick: &Pick<'_>,
 ) {
     println!();
     println!("{title}:");
     println!();
-    println!("| figure | target | mesh | direct | mesh/direct |");
-    println!("|---|---|---|---|---|");
-    let line = |fig: &str, target: &str, m: f64, d: f64, unit: &str| {
-        println!(
-            "| {fig} | {target} | {m:.1} {unit} | {d:.1} {unit} | {:.2}× |",
-            m / d
-        );
-    };
-    for (label, [mesh, direct]) in rows {
-        let p50 = |v: &[Figures]| pick(v, &|f| f.p50_us);
-        let p99 = |v: &[Figures]| pick(v, &|f| f.p99_us);
-        let rps = |v: &[Figures]| pick(v, &|f| f.rps);
-        line("latency p50", label, p50(mesh), p50(direct), "µs");
-        line("latency p99", label, p99(mesh), p99(direct), "µs");
-        line("req/s", label, rps(mesh), rps(direct), "");
-    }
-    let [mesh, direct] = bulk;
-    let mib = |v: &[Figures]| pick(v, &|f| f.bulk_mib_s);
-    line(
-        "bulk TCP",
-        &format!("{bulk_pod}:9000 (raw echo)"),
-        mib(mesh),
-        mib(direct),
-        "MiB/s",
+    println!(
+        "| target | req/s, {RPS_CONNECTIONS} conns: mesh / direct | ratio | req/s, 1 conn: mesh / \
+         direct | ratio | p50, 1 conn: mesh / direct | added | p99: mesh / direct | added | \
+         client CPU, direct {RPS_CONNECTIONS} conns |"
     );
+    println!("|---|---|---|---|---|---|---|---|---|---|");
+    for (label, [mesh, direct]) in rows {
+        let f = |v: &[Figures], g: &dyn Fn(&Figures) -> f64| pick(v, g);
+        let (rm, rd) = (f(mesh, &|x| x.rps), f(direct, &|x| x.rps));
+        let (sm, sd) = (f(mesh, &|x| x.rps1), f(direct, &|x| x.rps1));
+        let (pm, pd) = (f(mesh, &|x| x.p50_us), f(direct, &|x| x.p50_us));
+        let (qm, qd) = (f(mesh, &|x| x.p99_us), f(direct, &|x| x.p99_us));
+        println!(
+            "| {label} | {rm:.0} / {rd:.0} | {:.2} | {sm:.0} / {sd:.0} | {:.2} | {pm:.1} / {pd:.1} µs \
+             | +{:.1} µs | {qm:.1} / {qd:.1} µs | +{:.1} µs | {:.2} |",
+            rm / rd,
+            sm / sd,
+            pm - pd,
+            qm - qd,
+            f(direct, &|x| x.client_cpu)
+        );
+    }
+    let busiest = rows
+        .iter()
+        .map(|(_, [_, direct])| pick(direct, &|x| x.client_cpu))
+        .fold(0.0, f64::max);
+    if busiest > CLIENT_LIMIT {
+        println!(
+            "\nThe client used {busiest:.2} of a core on a direct {RPS_CONNECTIONS}-connection \
+             figure: it is near its own limit there, so those direct figures (and the ratios to \
+             them) are lower bounds for the direct path."
+        );
+    }
+    println!();
+    println!("| raw TCP stream | mesh | direct | ratio |");
+    println!("|---|---|---|---|");
+    for (label, [mesh, direct]) in bulk {
+        let mib = |v: &[Figures]| pick(v, &|f| f.bulk_mib_s);
+        println!(
+            "| {label} | {:.1} MiB/s | {:.1} MiB/s | {:.2} |",
+            mib(mesh),
+            mib(direct),
+            mib(mesh) / mib(direct)
+        );
+    }
 }
