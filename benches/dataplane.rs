@@ -11,7 +11,8 @@
 //! Per target: HTTP/1.1 on one keep-alive connection, sequential requests (p50/p99 and the
 //! request rate that gives; the mesh's added p50/p99 over direct), HTTP/1.1 requests per second
 //! over a fixed time on [`RPS_CONNECTIONS`] keep-alive connections, and bulk TCP through the raw
-//! echo. The client is one thread of this process: its CPU share during the direct
+//! echo. The client is one thread of this process, driving HTTP/1.1 by hand after a first
+//! request through hyper that checks who answered ([`RawConn`]); its CPU share during the direct
 //! many-connection figure is printed, so a client at its own limit is seen.
 //! Each figure is measured in [`ROUNDS`] rounds, mesh and direct back to back with the order
 //! alternating. Two tables are printed: the first round, and the median round (the TIME_WAIT
@@ -286,6 +287,64 @@ async fn http_conn(connector: &Connector, addr: SocketAddr) -> Result<SendReques
     Ok(send)
 }
 
+/// A keep-alive HTTP/1.1 connection driven by hand: the request's bytes are written as they
+/// are, the response head is parsed in place (`httparse`) and its `Content-Length` body read,
+/// so the client spends far less per request than a full client and stays below the direct
+/// path's rate (its CPU share is printed beside the figures).
+struct RawConn {
+    stream: TcpStream,
+    request: Bytes,
+    buf: Vec<u8>,
+    /// Bytes of `buf` read and not yet taken.
+    filled: usize,
+}
+
+impl RawConn {
+    async fn open(connector: &Connector, addr: SocketAddr, host: &str) -> Result<Self> {
+        Ok(Self {
+            stream: connect(connector, addr).await?,
+            request: Bytes::from(format!("GET / HTTP/1.1\r\nHost: {host}\r\n\r\n")),
+            buf: vec![0; 16 << 10],
+            filled: 0,
+        })
+    }
+
+    /// One GET; its answer must be `200` with a `Content-Length` body.
+    async fn get(&mut self) -> Result<()> {
+        self.stream.write_all(&self.request).await?;
+        loop {
+            let mut headers = [httparse::EMPTY_HEADER; 32];
+            let mut resp = httparse::Response::new(&mut headers);
+            if let httparse::Status::Complete(head) = resp.parse(&self.buf[..self.filled])? {
+                ensure!(resp.code == Some(200), "status {:?}", resp.code);
+                let length: usize = resp
+                    .headers
+                    .iter()
+                    .find(|h| h.name.eq_ignore_ascii_case("content-length"))
+                    .and_then(|h| std::str::from_utf8(h.value).ok()?.trim().parse().ok())
+                    .context("no content-length")?;
+                let whole = head + length;
+                ensure!(whole <= self.buf.len(), "answer of {whole} bytes");
+                while self.filled < whole {
+                    self.read_more().await?;
+                }
+                self.buf.copy_within(whole..self.filled, 0);
+                self.filled -= whole;
+                return Ok(());
+            }
+            self.read_more().await?;
+        }
+    }
+
+    async fn read_more(&mut self) -> Result<()> {
+        ensure!(self.filled < self.buf.len(), "head larger than the buffer");
+        let n = self.stream.read(&mut self.buf[self.filled..]).await?;
+        ensure!(n > 0, "closed mid-answer");
+        self.filled += n;
+        Ok(())
+    }
+}
+
 /// One GET on a keep-alive connection; returns the response head's headers and the body.
 async fn get(send: &mut SendRequest<Empty<Bytes>>, host: &str) -> Result<(http::HeaderMap, Bytes)> {
     send.ready().await?;
@@ -320,18 +379,20 @@ async fn http_round(path: &Path2, t: &HttpTarget) -> Result<Figures> {
             !mesh
         );
     }
+    drop(send);
+    let mut conn = RawConn::open(&path.connector, t.addr, &t.host).await?;
     for _ in 0..WARMUP {
-        get(&mut send, &t.host).await?;
+        conn.get().await?;
     }
     let mut lat = Vec::with_capacity(LATENCY_REQUESTS);
     let sequential = now();
     for _ in 0..LATENCY_REQUESTS {
         let t0 = now();
-        get(&mut send, &t.host).await?;
+        conn.get().await?;
         lat.push(t0.elapsed());
     }
     let rps1 = LATENCY_REQUESTS as f64 / sequential.elapsed().as_secs_f64();
-    drop(send);
+    drop(conn);
     lat.sort_unstable();
     let pct = |q: f64| lat[((lat.len() - 1) as f64 * q).round() as usize].as_secs_f64() * 1e6;
 
@@ -340,12 +401,11 @@ async fn http_round(path: &Path2, t: &HttpTarget) -> Result<Figures> {
     let cpu_before = cpu_time();
     let start = now();
     for _ in 0..RPS_CONNECTIONS {
-        let mut send = http_conn(&path.connector, t.addr).await?;
-        let host = t.host.clone();
+        let mut conn = RawConn::open(&path.connector, t.addr, &t.host).await?;
         tasks.spawn(async move {
             let mut n = 0u64;
             while start.elapsed() < RPS_DURATION {
-                get(&mut send, &host).await?;
+                conn.get().await?;
                 n += 1;
             }
             anyhow::Ok(n)
