@@ -329,15 +329,21 @@ async fn check_one(
     })
 }
 
+/// The seed of the random sample: `AETHER_EXPLAIN_SEED` to replay a run, else a fresh one (each
+/// leg prints the seed it used).
+fn seed() -> u64 {
+    std::env::var("AETHER_EXPLAIN_SEED")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or_else(|| fastrand::u64(..))
+}
+
 async fn explain_matches(env: &Env) -> Check {
     use futures_util::StreamExt;
     let Some(reg) = &env.registry else {
         return Err(env.not_here(Need::DaemonSockets));
     };
-    let seed = std::env::var("AETHER_EXPLAIN_SEED")
-        .ok()
-        .and_then(|s| s.parse().ok())
-        .unwrap_or_else(|| fastrand::u64(..));
+    let seed = seed();
     let count: usize = std::env::var("AETHER_EXPLAIN_REQUESTS")
         .ok()
         .and_then(|s| s.parse().ok())
@@ -431,10 +437,7 @@ async fn dump_replays(env: &Env) -> Check {
     let Some(reg) = &env.registry else {
         return Err(env.not_here(Need::DaemonSockets));
     };
-    let seed = std::env::var("AETHER_EXPLAIN_SEED")
-        .ok()
-        .and_then(|s| s.parse().ok())
-        .unwrap_or_else(|| fastrand::u64(..));
+    let seed = seed();
     let fail = |e: String| format!("seed {seed}: {e}");
     let targets = targets(env);
     if targets.is_empty() {

@@ -430,11 +430,7 @@ mod tests {
     use crate::state::ModelHandle;
 
     fn fixture() -> (Snapshot, Model) {
-        let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR"));
-        let mut snapshot = crate::registry::file::load_dir(&root.join("config/examples/mp"))
-            .unwrap()
-            .snapshot;
-        crate::model::registrar::complete_snapshot(&mut snapshot, "10.96.0.0/16".parse().unwrap());
+        let snapshot = crate::test_util::mp_fixture();
         let ctx = NodeContext {
             now_ms: 1_796_000_000_000,
             ..NodeContext::default()

@@ -350,6 +350,16 @@ impl<B: HttpBody<Data = Bytes> + Unpin> HttpBody for Logged<B> {
     }
 }
 
+/// A request body, counted into `bytes` when its request is logged, else passed on as it is
+/// (no second box on the path that logs nothing).
+pub fn count_request(body: super::Body, bytes: Option<&Arc<AtomicU64>>) -> super::Body {
+    use http_body_util::BodyExt as _;
+    match bytes {
+        Some(n) => Counted::new(body, n.clone()).boxed(),
+        None => body,
+    }
+}
+
 /// A body that counts its data bytes into a shared counter (a logged request's).
 pub struct Counted<B> {
     inner: B,

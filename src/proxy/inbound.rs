@@ -274,10 +274,7 @@ async fn inbound_request(
                 super::upgrade::is_upgrade(&req).then(|| hyper::upgrade::on(&mut req));
             let req = req.map(|body| {
                 let body = track(body.map_err(BoxError::from).boxed(), in_flight);
-                match &request_bytes {
-                    Some(n) => super::access::Counted::new(body, n.clone()).boxed(),
-                    None => body,
-                }
+                super::access::count_request(body, request_bytes.as_ref())
             });
             let resp = super::http::to_app(
                 inputs,
@@ -621,11 +618,10 @@ async fn l4_http<S>(
                 let version = req.version();
                 let client_upgrade = switches.then(|| hyper::upgrade::on(&mut req));
                 let req = req.map(|body| {
-                    let body = body.map_err(BoxError::from).boxed();
-                    match &request_bytes {
-                        Some(n) => super::access::Counted::new(body, n.clone()).boxed(),
-                        None => body,
-                    }
+                    super::access::count_request(
+                        body.map_err(BoxError::from).boxed(),
+                        request_bytes.as_ref(),
+                    )
                 });
                 let resp = super::http::to_app(
                     &inputs,

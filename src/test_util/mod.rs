@@ -234,3 +234,18 @@ pub fn conn_verdict_of(d: &ConnDecision) -> ConnVerdict {
         ConnDecision::Sniff(p) => sniff_verdict(p),
     }
 }
+
+/// The acceptance fixture (`config/examples/mp`) as the daemon holds it: read by the file
+/// registry, the registrar's generated Services added (service CIDR `10.96.0.0/16`).
+///
+/// # Panics
+/// When the fixture does not load (a test helper).
+#[allow(clippy::unwrap_used)]
+pub fn mp_fixture() -> crate::model::Snapshot {
+    let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR"));
+    let mut snapshot = crate::registry::file::load_dir(&root.join("config/examples/mp"))
+        .unwrap()
+        .snapshot;
+    crate::model::registrar::complete_snapshot(&mut snapshot, "10.96.0.0/16".parse().unwrap());
+    snapshot
+}

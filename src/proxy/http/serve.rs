@@ -470,10 +470,7 @@ pub async fn handle(
                 inner,
                 failed: failed.clone(),
             };
-            match &request_bytes {
-                Some(n) => access::Counted::new(body, n.clone()).boxed(),
-                None => body.boxed(),
-            }
+            access::count_request(body.boxed(), request_bytes.as_ref())
         });
         let (resp, outcome) = answer_request(inputs, pod, entry, req, logged).await;
         // The client's own body broke the delivery: its fault, not the upstream's
