@@ -142,6 +142,9 @@ struct NodeArgs {
     /// Keep the registry snapshot beside the published model, for `aether debug`.
     #[arg(long, env = "AETHER_DEBUG_KEEP_SNAPSHOT")]
     debug_keep_snapshot: Option<bool>,
+    /// Threads that run the daemon (tokio workers); 1 runs a single-threaded runtime.
+    #[arg(long, env = "AETHER_WORKER_THREADS")]
+    worker_threads: Option<usize>,
     /// Connections open at once through the daemon.
     #[arg(long, env = "AETHER_MAX_CONNECTIONS")]
     max_connections: Option<usize>,
@@ -881,6 +884,7 @@ fn node_config(args: &NodeArgs) -> anyhow::Result<aether::node::NodeConfig> {
         cni_add_waiters_max,
         kube_streaming_lists,
         debug_keep_snapshot,
+        worker_threads,
         max_connections,
         max_connections_per_pod,
         metrics_max_connections,
@@ -928,12 +932,25 @@ fn run_node(args: &NodeArgs) -> anyhow::Result<ExitCode> {
     let config = node_config(args)?;
     let logs = init_logs(config.log_format, &config.log_level);
     release_freed_memory_in_background();
-    let runtime = tokio::runtime::Builder::new_multi_thread()
-        .enable_all()
-        .build()
-        .context("start the runtime")?;
+    let runtime = node_runtime(config.worker_threads).context("start the runtime")?;
     runtime.block_on(aether::node::run_with_logs(config, logs))?;
     Ok(ExitCode::SUCCESS)
+}
+
+/// The daemon's runtime: one thread runs everything with `workers == 1` (no work stealing, so
+/// no worker is woken to look for work another already holds: docs/performance.md), else a
+/// work-stealing pool of `workers`.
+fn node_runtime(workers: usize) -> std::io::Result<tokio::runtime::Runtime> {
+    if workers == 1 {
+        tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+    } else {
+        tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(workers)
+            .enable_all()
+            .build()
+    }
 }
 
 #[allow(clippy::print_stdout)] // The demo's output is its purpose.
