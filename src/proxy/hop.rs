@@ -23,6 +23,7 @@ use tokio_rustls::TlsConnector;
 use tracing::debug;
 
 use super::metrics::{DataPlane, Handshake, Side};
+use super::read_ahead::ReadAhead;
 use super::socket::{SocketError, Source};
 use super::{ALPN_HTTP, Body, HOP_PORT, Inputs, PodCtx};
 use crate::resolve::decision::{Endpoint, ServiceKey};
@@ -101,7 +102,8 @@ pub fn parse_server_name<'a>(sni: &'a str, mesh_domain: &str) -> Option<(u16, &'
     Some((port, svc, ns))
 }
 
-type TlsStream = tokio_rustls::client::TlsStream<TcpStream>;
+/// A hop's TLS, over a socket read in large reads ([`ReadAhead`]).
+pub type TlsStream = tokio_rustls::client::TlsStream<ReadAhead<TcpStream>>;
 
 /// Open an mTLS hop from `pod` to `port` of `endpoint`.
 pub async fn connect(
@@ -148,7 +150,7 @@ async fn open(
         .client(&pod.namespace, &pod.service_account, alpn);
     tokio::time::timeout(
         inputs.settings.handshake_timeout,
-        TlsConnector::from(config).connect(name, tcp),
+        TlsConnector::from(config).connect(name, ReadAhead::new(tcp)),
     )
     .await
     .map_err(|_| HopError::HandshakeTimeout { dst })?

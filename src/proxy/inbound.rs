@@ -29,6 +29,7 @@ use super::access::{Line, TcpConn};
 use super::hop::{HOP_SERVICES, HOP_VERSION, parse_server_name};
 use super::http::limits::{self, InFlight, Proto, Watch, Watched, track};
 use super::metrics::{Direction, Handshake, Side};
+use super::read_ahead::ReadAhead;
 use super::{
     ALPN_H1, ALPN_HTTP, ALPN_L4, ALPN_TCP, Body, BoxError, Inputs, Peer, PodCtx, count, sniff,
 };
@@ -136,7 +137,8 @@ async fn accept(
     // One deadline for the whole handshake: a peer that sends nothing, or drips its
     // ClientHello, is closed when it passes (model.md §12.5 item 4: the hop accepts only TLS).
     let deadline = tokio::time::Instant::now() + inputs.settings.handshake_timeout;
-    let acceptor = LazyConfigAcceptor::new(rustls::server::Acceptor::default(), tcp);
+    let acceptor =
+        LazyConfigAcceptor::new(rustls::server::Acceptor::default(), ReadAhead::new(tcp));
     let start = handshake_step(inputs, deadline, acceptor).await?;
     let hello = start.client_hello();
     let sni = hello.server_name().map(str::to_owned);
@@ -470,7 +472,7 @@ struct Delivery {
     series: Arc<super::metrics::Series>,
 }
 
-type ServerTls = tokio_rustls::server::TlsStream<TcpStream>;
+type ServerTls = tokio_rustls::server::TlsStream<ReadAhead<TcpStream>>;
 
 /// An L4 hop (model.md §12.5 items 1 and 2): the bytes of a connection the source would have
 /// passed through. A raw-TCP port gets them after the connection-level authorization; an HTTP

@@ -19,6 +19,7 @@ pub mod metrics;
 pub mod outbound;
 pub mod passthrough;
 pub mod peek;
+pub mod read_ahead;
 pub mod respond;
 pub mod rewind;
 pub mod sniff;
