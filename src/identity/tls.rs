@@ -1,4 +1,4 @@
-//! rustls configurations of the mesh hop (model.md §14): TLS 1.3 only, the ring provider,
+//! rustls configurations of the mesh hop (model.md §14): TLS 1.3 only, the aws-lc provider,
 //! mutual authentication against the mesh CA, and certificates that follow rotation.
 //!
 //! Both sides resolve their own certificate through [`Identities`] on every handshake, so a
