@@ -242,13 +242,13 @@ fn main() -> Result<()> {
         let running = aether::demo::up(&opts).await.context("bring the mesh up")?;
         let measured = measure(&running, &opts, &settings).await;
         running.down().await.context("take the mesh down")?;
-        let rows = measured?;
+        let (rows, skipped) = measured?;
         let run = table::Run {
             binary: opts.binary.clone(),
             load_before,
             load_after: table::load_average(),
         };
-        let text = table::render(&rows, &settings, &run);
+        let text = table::render(&rows, &skipped, &settings, &run);
         println!("\n{text}");
         if settings.write {
             let docs = Path::new(env!("CARGO_MANIFEST_DIR")).join("docs/performance.md");
@@ -292,7 +292,12 @@ const GRPC_PORT: u16 = 50051;
 const TCP_PORT: u16 = 9000;
 
 /// Builds the rows, measures idle memory on the fresh mesh, then the rounds.
-async fn measure(running: &Running, opts: &DemoOptions, s: &Settings) -> Result<Vec<Row>> {
+/// The rows measured, and what was skipped and why.
+async fn measure(
+    running: &Running,
+    opts: &DemoOptions,
+    s: &Settings,
+) -> Result<(Vec<Row>, Vec<String>)> {
     let env = &running.env;
     let guard = running.lab.lock().await;
     let lab = guard.as_ref().context("the lab is up")?;
@@ -359,6 +364,7 @@ async fn measure(running: &Running, opts: &DemoOptions, s: &Settings) -> Result<
 
     // The references, in front of the node-b replicas.
     let mut proxies = Vec::new();
+    let mut skipped = Vec::new();
     if s.refs {
         let netns = format!("{}ext-http-0", opts.netns_prefix);
         let up = refs::Upstreams {
@@ -394,11 +400,15 @@ async fn measure(running: &Running, opts: &DemoOptions, s: &Settings) -> Result<
             };
             match proxy {
                 Ok(p) => proxies.push(p),
-                Err(why) => println!("SKIPPED: {name}: {why}"),
+                Err(why) => {
+                    println!("SKIPPED: {name}: {why}");
+                    skipped.push(format!("SKIPPED: {name}: {why}"));
+                }
             }
         }
     } else {
         println!("SKIPPED: nginx and haproxy: AETHER_BENCH_REFS=0");
+        skipped.push("SKIPPED: nginx and haproxy: AETHER_BENCH_REFS=0".into());
     }
     for p in &proxies {
         let mut targets = on(1, None)?;
@@ -518,7 +528,7 @@ async fn measure(running: &Running, opts: &DemoOptions, s: &Settings) -> Result<
         }
     }
     drop(proxies);
-    Ok(rows)
+    Ok((rows, skipped))
 }
 
 /// Holds `s.memory_connections` connections to `t` and reads the `pids`' resident sets: after

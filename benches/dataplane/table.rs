@@ -133,7 +133,7 @@ fn med(row: &Row, kind: Kind, f: impl Fn(&Sample) -> f64) -> Option<f64> {
 }
 
 /// The report, as markdown.
-pub(crate) fn render(rows: &[Row], s: &Settings, run: &Run) -> String {
+pub(crate) fn render(rows: &[Row], skipped: &[String], s: &Settings, run: &Run) -> String {
     let mut out = String::new();
     let own = run.binary == Path::new(env!("CARGO_BIN_EXE_aether"));
     let binary = if own {
@@ -174,7 +174,7 @@ pub(crate) fn render(rows: &[Row], s: &Settings, run: &Run) -> String {
         out,
         "| path | raw TCP stream | req/s, {c} conns | req/s, 1 conn | added p50, 1 conn | added \
          p99, 1 conn | h2c req/s, {st} streams | gRPC req/s, {st} streams | new conn/s | KiB per \
-         idle connection |",
+         idle connection (returned after close) |",
         c = s.connections,
         st = s.streams
     );
@@ -289,10 +289,11 @@ pub(crate) fn render(rows: &[Row], s: &Settings, run: &Run) -> String {
             near.join(", ")
         );
     }
-    for row in rows {
-        for n in &row.notes {
-            let _ = writeln!(out, "\n{n}.");
-        }
+    for n in rows.iter().flat_map(|r| &r.notes) {
+        let _ = writeln!(out, "\n{n}.");
+    }
+    for n in skipped {
+        let _ = writeln!(out, "\n`{n}`");
     }
     out
 }
