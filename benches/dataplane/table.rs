@@ -231,7 +231,11 @@ pub(crate) fn render(rows: &[Row], skipped: &[String], s: &Settings, run: &Run) 
         "\nThe proxy's cost (median): CPU time (`utime + stime` of `/proc/<pid>/stat`) and context \
          switches (every thread's `voluntary_ctxt_switches + nonvoluntary_ctxt_switches`) of both \
          aether daemons, or of nginx's or haproxy's processes, per request (per connection, per \
-         MiB for raw TCP), as µs / switches.\n"
+         MiB for raw TCP), as µs / switches. CPU time is counted in clock ticks of {:.0} µs, so \
+         a figure is good to about two ticks over its units (the 1-conn figure: {:.0} µs per \
+         request).\n",
+        procfs::tick_us(),
+        2.0 * procfs::tick_us() / s.sequential as f64
     );
     let _ = writeln!(
         out,
@@ -275,11 +279,25 @@ pub(crate) fn render(rows: &[Row], skipped: &[String], s: &Settings, run: &Run) 
          {}.",
         shares.join(", ")
     );
-    if near.is_empty() {
+    let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+    let busiest_load = [&run.load_before, &run.load_after]
+        .iter()
+        .filter_map(|l| l.split_whitespace().next()?.parse::<f64>().ok())
+        .fold(0.0, f64::max);
+    let busy = busiest_load > cores as f64 + 1.0;
+    if near.is_empty() && !busy {
         let _ = writeln!(
             out,
             "It stayed below {CLIENT_LIMIT:.2} of a core on every kind of load: it is not what \
              limits the direct figures."
+        );
+    } else if near.is_empty() {
+        let _ = writeln!(
+            out,
+            "It stayed below {CLIENT_LIMIT:.2} of a core on every kind of load, but the machine \
+             was busy (load average {busiest_load:.1} on {cores} cores, the benchmark itself \
+             accounting for about 2): a share below the limit may be CPU the client waited \
+             for, and every figure is noisier than on an idle machine."
         );
     } else {
         let _ = writeln!(
