@@ -151,15 +151,23 @@ pub(crate) fn render(rows: &[Row], skipped: &[String], s: &Settings, run: &Run) 
         run.load_before,
         run.load_after
     );
+    let idle = if s.memory_connections == 0 {
+        "idle memory: not measured (`AETHER_BENCH_MEMORY_CONNECTIONS=0`)".to_owned()
+    } else {
+        format!(
+            "idle memory: {} connections held, RSS growth of the proxy's processes (both daemons \
+             for aether) per connection, and the share returned {} s after the close",
+            s.memory_connections,
+            s.settle.as_secs()
+        )
+    };
     let _ = writeln!(
         out,
         "\nMedian of {} rounds (every figure on every row back to back, the order reversed every \
          other round); in parentheses the ratio to direct to the same pod. Raw TCP: {} MiB \
          written and read back; {} conns: keep-alive HTTP/1.1 for {} s; 1 conn: {} sequential \
          requests; h2c and gRPC: {} concurrent streams on one HTTP/2 connection; new conn: \
-         connect, one GET, close, {} at a time; idle memory: {} connections held, RSS growth of \
-         the proxy's processes (both daemons for aether) per connection, and the share returned \
-         {} s after the close.\n",
+         connect, one GET, close, {} at a time; {idle}.\n",
         s.rounds,
         s.bulk_bytes >> 20,
         s.connections,
@@ -167,8 +175,6 @@ pub(crate) fn render(rows: &[Row], skipped: &[String], s: &Settings, run: &Run) 
         s.sequential,
         s.streams,
         s.new_conn_parallel,
-        s.memory_connections,
-        s.settle.as_secs(),
     );
     let _ = writeln!(
         out,
