@@ -199,6 +199,9 @@ pub(crate) struct Row {
     targets: [Option<Target>; 6],
     /// The direct row its ratios are to (`None`: it is one).
     pub(crate) base: Option<usize>,
+    /// Whether its idle memory is measured (a proxy's row, but mp-multi's: the same daemons as
+    /// the cross-node row).
+    measure_idle: bool,
     pub(crate) samples: [Vec<Sample>; 6],
     pub(crate) idle: Option<Idle>,
     /// Why a figure is missing, printed under the table.
@@ -313,7 +316,7 @@ async fn measure(
     let direct = Connector::in_netns(ext, env.home.clone());
     let ip = |pod: &str| env.pod_ip("mp", pod).map_err(anyhow::Error::msg);
     // The targets of each kind on replica `r` (0: node-a, 1: node-b) of the workloads.
-    let on = |r: usize, header: Option<(&'static str, bool)>| -> Result<[Option<Target>; 6]> {
+    let on = |r: usize| -> Result<[Option<Target>; 6]> {
         let target = |wl: &str, port: u16| -> Result<Target> {
             let pod = format!("{wl}-{r}");
             Ok(Target {
@@ -322,7 +325,7 @@ async fn measure(
                 pod,
                 workload: wl.to_owned(),
                 pod_port: port,
-                header,
+                header: None,
             })
         };
         let http = target("mp-httponly", HTTP_PORT)?;
@@ -335,29 +338,31 @@ async fn measure(
             Some(http),
         ])
     };
-    let row = |name: &str, connector: &Connector, pids: Vec<u32>, targets, base| Row {
-        name: name.to_owned(),
-        connector: connector.clone(),
-        meter: Meter { pids },
-        targets,
-        base,
-        samples: Default::default(),
-        idle: None,
-        notes: Vec::new(),
-    };
+    let row =
+        |name: &str, connector: &Connector, pids: Vec<u32>, targets, base: Option<usize>| Row {
+            name: name.to_owned(),
+            connector: connector.clone(),
+            meter: Meter { pids },
+            targets,
+            measure_idle: base.is_some(),
+            base,
+            samples: Default::default(),
+            idle: None,
+            notes: Vec::new(),
+        };
     let mut rows = vec![
         row(
             "direct, to the node-a pod",
             &direct,
             Vec::new(),
-            on(0, None)?,
+            on(0)?,
             None,
         ),
         row(
             "direct, to the node-b pod",
             &direct,
             Vec::new(),
-            on(1, None)?,
+            on(1)?,
             None,
         ),
     ];
@@ -411,7 +416,7 @@ async fn measure(
         skipped.push("SKIPPED: nginx and haproxy: AETHER_BENCH_REFS=0".into());
     }
     for p in &proxies {
-        let mut targets = on(1, None)?;
+        let mut targets = on(1)?;
         let local = |port: u16| SocketAddr::new(IpAddr::V4(Ipv4Addr::LOCALHOST), port);
         let listen = [
             p.ports.tcp,
@@ -448,40 +453,41 @@ async fn measure(
         "aether, same node",
         &mesh,
         daemons.clone(),
-        on(0, None)?,
+        on(0)?,
         Some(0),
     ));
     rows.push(row(
         "aether, cross node",
         &mesh,
         daemons.clone(),
-        on(1, None)?,
+        on(1)?,
         Some(1),
     ));
     // mp-multi: HTTP/1.1 only, its `x-svc` header proving the mesh answered.
-    let mut multi = [None, None, None, None, None, None];
-    if let Some(mut t) = on(1, None)?[Kind::Conns.index()].clone() {
+    let mut multi_targets = [None, None, None, None, None, None];
+    if let Some(mut t) = on(1)?[Kind::Conns.index()].clone() {
         t.pod = "mp-multi-1".into();
         t.workload = "mp-multi".into();
         t.addr = SocketAddr::new(ip("mp-multi-1")?, HTTP_PORT);
         t.authority = format!("{}:{HTTP_PORT}", env.mesh("mp-multi"));
         t.header = Some(("x-svc", true));
-        multi[Kind::Conns.index()] = Some(t.clone());
-        multi[Kind::Sequential.index()] = Some(t);
+        multi_targets[Kind::Conns.index()] = Some(t.clone());
+        multi_targets[Kind::Sequential.index()] = Some(t);
     }
-    rows.push(row(
+    let mut multi = row(
         "aether, cross node, mp-multi (x-svc + ext_authz filters)",
         &mesh,
         daemons,
-        multi,
+        multi_targets,
         Some(1),
-    ));
+    );
+    multi.measure_idle = false;
+    rows.push(multi);
 
     if s.memory_connections > 0 {
         // Cross node first: its reading on node-a is not helped by a flood freed before it.
         let order: Vec<usize> = (0..rows.len())
-            .filter(|&i| rows[i].base.is_some() && rows[i].targets[Kind::Conns.index()].is_some())
-            .filter(|&i| !rows[i].name.contains("mp-multi"))
+            .filter(|&i| rows[i].measure_idle)
             .rev()
             .collect();
         for i in order {
