@@ -1,86 +1,211 @@
 //! Data-plane benchmark (issues #3, #11): the fixture mesh of `config/examples/mp` on one
-//! machine, measured through the full path against direct pod-to-pod, in one run.
+//! machine, measured through the full path, through nginx and haproxy as single plaintext hops,
+//! and direct pod-to-pod, in one run, printed as one table.
 //!
-//! - **mesh**: from `mp-client` (managed, captured, node-a) to a pod IP: the client's daemon
-//!   captures the dial, crosses the mTLS hop, and the destination's daemon delivers to the pod.
-//!   Cross-node: a pod on node-b (two daemons). Same-node: a pod on node-a (node-a's daemon is
-//!   both ends of the hop).
-//! - **direct**: from `ext-http-0` (unmanaged, no capture, node-a) to the same pod IP and port;
-//!   inbound traffic to a pod is not intercepted, so the only difference is the mesh.
+//! Paths (the rows), all to the echo pods of the fixture:
 //!
-//! Per target: HTTP/1.1 on one keep-alive connection, sequential requests (p50/p99 and the
-//! request rate that gives; the mesh's added p50/p99 over direct), HTTP/1.1 requests per second
-//! over a fixed time on [`RPS_CONNECTIONS`] keep-alive connections, and bulk TCP through the raw
-//! echo. The client is one thread of this process, driving HTTP/1.1 by hand after a first
-//! request through hyper that checks who answered ([`RawConn`]); its CPU share during the direct
-//! many-connection figure is printed, so a client at its own limit is seen.
-//! Each figure is measured in [`ROUNDS`] rounds, mesh and direct back to back with the order
-//! alternating. Two tables are printed: the first round, and the median round (the TIME_WAIT
-//! sockets in the server pod are printed per round: a daemon that opened a connection to the
-//! application per request left them behind). Nothing is asserted about speed.
+//! - **direct**: from `ext-http-0` (unmanaged, no capture, node-a) to a server pod's IP and
+//!   port; inbound traffic to a pod is not intercepted, so the only difference to the mesh rows
+//!   is the mesh. Two rows: to the node-a replica and to the node-b replica of each workload.
+//! - **nginx** and **haproxy** ([`refs`]): started in `ext-http-0`'s namespace, listening on
+//!   its loopback, forwarding to the node-b replicas with kept upstream connections; their
+//!   ratios are to direct to the node-b replicas.
+//! - **aether, same node**: from `mp-client` (managed, captured, node-a) to the node-a
+//!   replicas: node-a's daemon is both ends of the hop. Ratios to direct to node-a.
+//! - **aether, cross node**: from `mp-client` to the node-b replicas: node-a's daemon captures
+//!   the dial, crosses the mTLS hop, node-b's daemon delivers. Ratios to direct to node-b.
+//! - **aether, cross node, filters**: to `mp-multi-1`, whose MeshFilters add `x-svc` and an
+//!   `ext_authz` check per request (HTTP/1.1 figures only).
+//!
+//! Figures (the columns), each checked to be answered by the pod dialled ([`load`]):
+//!
+//! - raw TCP: [`Settings::bulk_bytes`] written to the raw echo (`mp-mixed:9000`) and read back.
+//! - req/s on [`Settings::connections`] keep-alive HTTP/1.1 connections for
+//!   [`Settings::rate_time`]; req/s of sequential requests on one connection and their p50 and
+//!   p99 (added over direct).
+//! - h2c: GETs on [`Settings::streams`] concurrent streams of one HTTP/2 prior-knowledge
+//!   connection to the HTTP echo; gRPC: unary calls of the echo's method (`mp-grpc:50051`) the
+//!   same way.
+//! - new connections per second: connect, one GET, close (with a reset, so no `TIME_WAIT`
+//!   runs the client out of ports), [`Settings::new_conn_parallel`] at a time.
+//! - idle memory: [`Settings::memory_connections`] HTTP/1.1 connections opened (each answered
+//!   once) and held; the growth of the proxies' `VmRSS` per connection, then what came back
+//!   after they closed. Measured once per row, on the fresh mesh before any load (the memory
+//!   benchmark's method, `benches/memory.rs`).
+//!
+//! The rate figures are measured in [`Settings::rounds`] rounds; in each round every figure is
+//! taken on every row back to back, the rows' order reversed every other round; the median
+//! round is printed. Beside each: the **cost** of the proxy, the CPU time (`utime + stime`) of
+//! both aether daemons (or of nginx's or haproxy's processes) per request, connection or MiB,
+//! and their threads' context switches per unit. The client is one thread of this process; its
+//! CPU share during each direct figure is printed, and a figure whose client used more than
+//! [`CLIENT_LIMIT`] of a core is flagged as near the load generator's limit. Nothing is
+//! asserted about speed.
 //!
 //! Run as root: `cargo bench --bench dataplane`. Without root it prints `SKIPPED: needs root`.
-//! `AETHER_BENCH_BINARY=<path>` runs the mesh on another build of `aether` (an older commit's,
-//! for a before-and-after) with this same harness.
+//! Knobs (environment):
+//!
+//! - `AETHER_BENCH_BINARY=<path>`: run the mesh on another build of `aether` (an older
+//!   commit's, for a before-and-after) with this same harness.
+//! - `AETHER_BENCH_ROUNDS` (3), `AETHER_BENCH_SECS` (3: each rate figure's time),
+//!   `AETHER_BENCH_MEMORY_CONNECTIONS` (2000; 0 skips the memory figure),
+//!   `AETHER_BENCH_SETTLE_SECS` (12: the wait after the connections open, and again after they
+//!   close, before each memory reading; jemalloc's background thread returns freed pages over
+//!   its 10 s decay).
+//! - `AETHER_BENCH_REFS=0`: no nginx or haproxy rows (otherwise installed with `apt-get` when
+//!   missing, or a `SKIPPED: <why>` line printed).
+//! - `AETHER_BENCH_WRITE=1`: write the table into docs/performance.md, between
+//!   `<!-- dataplane-table:begin -->` and `<!-- dataplane-table:end -->`.
 #![allow(clippy::print_stdout, missing_docs)] // A benchmark harness reports on stdout.
 
-use std::net::SocketAddr;
+use std::net::{IpAddr, Ipv4Addr, SocketAddr};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
 
-use anyhow::{Context, Result, ensure};
-use bytes::Bytes;
-use http::{Request, StatusCode, header::HOST};
-use http_body_util::{BodyExt, Empty};
-use hyper::client::conn::http1::SendRequest;
-use hyper_util::rt::TokioIo;
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
-use tokio::net::TcpStream;
+use anyhow::{Context, Result};
 
 use aether::demo::{DemoOptions, Running};
-use aether::netns::Netns;
-use aether::time::now;
 use aether::workload::probe::Connector;
 
-const ROUNDS: usize = 3;
-/// Sequential requests on one connection, per round (after [`WARMUP`]).
-const LATENCY_REQUESTS: usize = 2000;
-const WARMUP: usize = 100;
-/// Concurrent keep-alive connections of the throughput figure (issue #11: 32).
-const RPS_CONNECTIONS: usize = 32;
-const RPS_DURATION: Duration = Duration::from_secs(4);
-const BULK_BYTES: usize = 64 << 20;
+#[path = "dataplane/load.rs"]
+mod load;
+#[path = "shared/procfs.rs"]
+mod procfs;
+#[path = "dataplane/refs.rs"]
+mod refs;
+#[path = "dataplane/table.rs"]
+mod table;
+
+use load::{Meter, Sample, Target};
+
 /// A client thread busier than this share of a core is said to be near its limit.
-const CLIENT_LIMIT: f64 = 0.8;
-const CHUNK: usize = 64 << 10;
+pub(crate) const CLIENT_LIMIT: f64 = 0.8;
 
-/// One way from a client pod to a server pod.
-struct Path2 {
-    name: &'static str,
+/// How much load, how long, and what else the run does (the knobs of the module doc).
+#[derive(Debug)]
+pub(crate) struct Settings {
+    pub(crate) rounds: usize,
+    /// Sequential requests on one connection before the measured ones.
+    pub(crate) warmup: usize,
+    /// Sequential requests on one connection, per round.
+    pub(crate) sequential: usize,
+    /// Concurrent keep-alive connections (issue #11: 32).
+    pub(crate) connections: usize,
+    /// Concurrent streams on one HTTP/2 connection.
+    pub(crate) streams: usize,
+    pub(crate) rate_time: Duration,
+    pub(crate) new_conn_parallel: usize,
+    pub(crate) bulk_bytes: usize,
+    pub(crate) memory_connections: usize,
+    pub(crate) settle: Duration,
+    pub(crate) refs: bool,
+    pub(crate) write: bool,
+}
+
+impl Settings {
+    fn from_env() -> Result<Self> {
+        Ok(Self {
+            rounds: env_number("AETHER_BENCH_ROUNDS", 3)?.max(1) as usize,
+            warmup: 100,
+            sequential: 2000,
+            connections: 32,
+            streams: 32,
+            rate_time: Duration::from_secs(env_number("AETHER_BENCH_SECS", 3)?.max(1)),
+            new_conn_parallel: 8,
+            bulk_bytes: 64 << 20,
+            memory_connections: env_number("AETHER_BENCH_MEMORY_CONNECTIONS", 2000)? as usize,
+            settle: Duration::from_secs(env_number("AETHER_BENCH_SETTLE_SECS", 12)?),
+            refs: std::env::var("AETHER_BENCH_REFS").map_or(true, |v| v != "0"),
+            write: std::env::var("AETHER_BENCH_WRITE").is_ok_and(|v| v == "1"),
+        })
+    }
+}
+
+fn env_number(name: &str, default: u64) -> Result<u64> {
+    match std::env::var(name) {
+        Ok(v) => v.parse().with_context(|| format!("{name}={v:?}")),
+        Err(_) => Ok(default),
+    }
+}
+
+/// The figures, in the table's order.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Kind {
+    Tcp,
+    Conns,
+    Sequential,
+    H2c,
+    Grpc,
+    NewConn,
+}
+
+impl Kind {
+    pub(crate) const ALL: [Self; 6] = [
+        Self::Tcp,
+        Self::Conns,
+        Self::Sequential,
+        Self::H2c,
+        Self::Grpc,
+        Self::NewConn,
+    ];
+
+    pub(crate) fn index(self) -> usize {
+        self as usize
+    }
+
+    /// What the figure's cost is divided by.
+    pub(crate) fn unit(self) -> &'static str {
+        match self {
+            Self::Tcp => "MiB",
+            Self::NewConn => "conn",
+            _ => "req",
+        }
+    }
+
+    async fn run(
+        self,
+        connector: &Connector,
+        t: &Target,
+        s: &Settings,
+        m: &Meter,
+    ) -> Result<Sample> {
+        match self {
+            Self::Tcp => load::bulk(connector, t, s, m).await,
+            Self::Conns => load::concurrent(connector, t, s, m).await,
+            Self::Sequential => load::sequential(connector, t, s, m).await,
+            Self::H2c => load::h2c(connector, t, s, m).await,
+            Self::Grpc => load::grpc(connector, t, s, m).await,
+            Self::NewConn => load::new_connections(connector, t, s, m).await,
+        }
+    }
+}
+
+/// Idle memory of one row: KiB per held connection, and the share of it back after the close.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct Idle {
+    pub(crate) kib_per_conn: f64,
+    /// (held - after close) / (held - baseline).
+    pub(crate) returned: f64,
+}
+
+/// One path of the table.
+#[derive(Debug)]
+pub(crate) struct Row {
+    pub(crate) name: String,
     connector: Connector,
-}
-
-/// An HTTP target: the server pod, its IP and port, and the `Host` a mesh client sends.
-struct HttpTarget {
-    label: &'static str,
-    pod: &'static str,
-    addr: SocketAddr,
-    host: String,
-    /// A response header only the mesh adds (a MeshFilter), to prove which path answered.
-    mesh_header: Option<&'static str>,
-}
-
-#[derive(Clone, Copy, Default)]
-struct Figures {
-    p50_us: f64,
-    p99_us: f64,
-    /// Sequential requests per second on one connection.
-    rps1: f64,
-    rps: f64,
-    bulk_mib_s: f64,
-    /// This process's CPU time over the many-connection figure's wall time (1.0: one core).
-    client_cpu: f64,
+    meter: Meter,
+    /// The target of each [`Kind`] (`None`: not measured on this row).
+    targets: [Option<Target>; 6],
+    /// The direct row its ratios are to (`None`: it is one).
+    pub(crate) base: Option<usize>,
+    /// Whether its idle memory is measured (a proxy's row, but mp-multi's: the same daemons as
+    /// the cross-node row).
+    measure_idle: bool,
+    pub(crate) samples: [Vec<Sample>; 6],
+    pub(crate) idle: Option<Idle>,
+    /// Why a figure is missing, printed under the table.
+    pub(crate) notes: Vec<String>,
 }
 
 fn main() -> Result<()> {
@@ -88,6 +213,13 @@ fn main() -> Result<()> {
         println!("SKIPPED: needs root");
         return Ok(());
     }
+    let settings = Settings::from_env()?;
+    // The client holds the memory figure's connections at once; the daemons inherit the limit.
+    let (_, hard) = nix::sys::resource::getrlimit(nix::sys::resource::Resource::RLIMIT_NOFILE)
+        .context("getrlimit")?;
+    nix::sys::resource::setrlimit(nix::sys::resource::Resource::RLIMIT_NOFILE, hard, hard)
+        .context("setrlimit")?;
+    let load_before = table::load_average();
     // One client thread: the daemons and the echo servers share the machine's cores with it.
     let rt = tokio::runtime::Builder::new_current_thread()
         .enable_all()
@@ -104,12 +236,29 @@ fn main() -> Result<()> {
             "aeb",
         );
         opts.daemon_args = trust_the_direct_client(&opts)?;
-        println!("bringing the fixture mesh up in {}", opts.run_dir.display());
+        println!(
+            "binary {}; bringing the fixture mesh up in {}",
+            opts.binary.display(),
+            opts.run_dir.display()
+        );
         // `Running` takes the topology down when dropped: on error and on panic too.
         let running = aether::demo::up(&opts).await.context("bring the mesh up")?;
-        let measured = measure(&running).await;
+        let measured = measure(&running, &opts, &settings).await;
         running.down().await.context("take the mesh down")?;
-        measured
+        let (rows, skipped) = measured?;
+        let run = table::Run {
+            binary: opts.binary.clone(),
+            load_before,
+            load_after: table::load_average(),
+        };
+        let text = table::render(&rows, &skipped, &settings, &run);
+        println!("\n{text}");
+        if settings.write {
+            let docs = Path::new(env!("CARGO_MANIFEST_DIR")).join("docs/performance.md");
+            table::write_docs(&docs, &text)?;
+            println!("written to {}", docs.display());
+        }
+        Ok(())
     })
 }
 
@@ -140,424 +289,283 @@ fn trust_the_direct_client(opts: &DemoOptions) -> Result<Vec<String>> {
     ])
 }
 
-async fn measure(running: &Running) -> Result<()> {
+/// The echo ports of the fixture: HTTP (and h2c), gRPC, the raw echo.
+const HTTP_PORT: u16 = 8080;
+const GRPC_PORT: u16 = 50051;
+const TCP_PORT: u16 = 9000;
+
+/// Builds the rows, measures idle memory on the fresh mesh, then the rounds.
+/// The rows measured, and what was skipped and why.
+async fn measure(
+    running: &Running,
+    opts: &DemoOptions,
+    s: &Settings,
+) -> Result<(Vec<Row>, Vec<String>)> {
     let env = &running.env;
     let guard = running.lab.lock().await;
     let lab = guard.as_ref().context("the lab is up")?;
+    let daemons = vec![
+        lab.daemon_pid("node-a").context("no daemon on node-a")?,
+        lab.daemon_pid("node-b").context("no daemon on node-b")?,
+    ];
     let client = env.clients.get("mp-client").context("no mp-client")?;
     let ext = lab
         .pod_netns("mp-ext", "ext-http-0")
         .context("no ext-http-0")?;
-    let paths = [
-        Path2 {
-            name: "mesh",
-            connector: Connector::in_netns(Arc::clone(client), env.home.clone()),
-        },
-        Path2 {
-            name: "direct",
-            connector: Connector::in_netns(ext, env.home.clone()),
-        },
-    ];
+    let mesh = Connector::in_netns(Arc::clone(client), env.home.clone());
+    let direct = Connector::in_netns(ext, env.home.clone());
     let ip = |pod: &str| env.pod_ip("mp", pod).map_err(anyhow::Error::msg);
-    let targets = [
-        HttpTarget {
-            label: "mp-httponly-1:8080 (no filters, cross-node)",
-            pod: "mp-httponly-1",
-            addr: SocketAddr::new(ip("mp-httponly-1")?, 8080),
-            host: format!("{}:8080", env.mesh("mp-httponly")),
-            mesh_header: None,
-        },
-        HttpTarget {
-            label: "mp-httponly-0:8080 (no filters, same-node)",
-            pod: "mp-httponly-0",
-            addr: SocketAddr::new(ip("mp-httponly-0")?, 8080),
-            host: format!("{}:8080", env.mesh("mp-httponly")),
-            mesh_header: None,
-        },
-        HttpTarget {
-            label: "mp-multi-1:8080 (x-svc + ext_authz filters, cross-node)",
-            pod: "mp-multi-1",
-            addr: SocketAddr::new(ip("mp-multi-1")?, 8080),
-            host: format!("{}:8080", env.mesh("mp-multi")),
-            mesh_header: Some("x-svc"),
-        },
-    ];
-    let bulk_pods = ["mp-mixed-1", "mp-mixed-0"];
-
-    let mut rows: Vec<(String, [Vec<Figures>; 2])> = Vec::new();
-    for t in &targets {
-        let mut per_path: [Vec<Figures>; 2] = Default::default();
-        for round in 0..ROUNDS {
-            for i in order(round) {
-                let f = http_round(&paths[i], t)
-                    .await
-                    .with_context(|| format!("{} via {}", t.label, paths[i].name))?;
-                let tw = time_wait(lab, t.pod, &env.home);
-                println!(
-                    "  {:<56} {:<6} round {round}: p50 {:>7.1} µs  p99 {:>7.1} µs  \
-                     {:>7.0} req/s (1 conn)  {:>8.0} req/s ({RPS_CONNECTIONS} conns, client CPU \
-                     {:.2})  (TIME_WAIT in {}: {tw})",
-                    t.label, paths[i].name, f.p50_us, f.p99_us, f.rps1, f.rps, f.client_cpu, t.pod
-                );
-                per_path[i].push(f);
-            }
-        }
-        rows.push((t.label.to_owned(), per_path));
-    }
-    let mut bulk_rows: Vec<(String, [Vec<Figures>; 2])> = Vec::new();
-    for bulk_pod in bulk_pods {
-        let bulk_addr = SocketAddr::new(ip(bulk_pod)?, 9000);
-        let mut bulk: [Vec<Figures>; 2] = Default::default();
-        for round in 0..ROUNDS {
-            for i in order(round) {
-                let mib_s = bulk_round(&paths[i].connector, bulk_addr, bulk_pod)
-                    .await
-                    .with_context(|| format!("bulk via {}", paths[i].name))?;
-                println!(
-                    "  bulk {bulk_pod}:9000 {:<6} round {round}: {mib_s:>8.1} MiB/s",
-                    paths[i].name
-                );
-                bulk[i].push(Figures {
-                    bulk_mib_s: mib_s,
-                    ..Figures::default()
-                });
-            }
-        }
-        let place = if bulk_pod.ends_with("-0") {
-            "same-node"
-        } else {
-            "cross-node"
+    // The targets of each kind on replica `r` (0: node-a, 1: node-b) of the workloads.
+    let on = |r: usize| -> Result<[Option<Target>; 6]> {
+        let target = |wl: &str, port: u16| -> Result<Target> {
+            let pod = format!("{wl}-{r}");
+            Ok(Target {
+                addr: SocketAddr::new(ip(&pod)?, port),
+                authority: format!("{}:{port}", env.mesh(wl)),
+                pod,
+                workload: wl.to_owned(),
+                pod_port: port,
+                header: None,
+            })
         };
-        bulk_rows.push((format!("{bulk_pod}:9000 (raw echo, {place})"), bulk));
-    }
-    report(&rows, &bulk_rows);
-    Ok(())
-}
-
-/// This process's CPU time so far (user and system, every thread).
-fn cpu_time() -> Duration {
-    let usage = nix::sys::resource::getrusage(nix::sys::resource::UsageWho::RUSAGE_SELF);
-    usage.map_or(Duration::ZERO, |u| {
-        let t = |tv: nix::sys::time::TimeVal| {
-            Duration::new(
-                u64::try_from(tv.tv_sec()).unwrap_or(0),
-                u32::try_from(tv.tv_usec()).unwrap_or(0) * 1000,
-            )
-        };
-        t(u.user_time()) + t(u.system_time())
-    })
-}
-
-/// TCP sockets in TIME_WAIT inside a pod's namespace (`/proc/thread-self/net/tcp`, state 06):
-/// the mesh opens one connection to the application per request, from the pod's side.
-fn time_wait(lab: &aether::lab::run::Lab, pod: &str, home: &Netns) -> String {
-    let Some(ns) = lab.pod_netns("mp", pod) else {
-        return "?".into();
+        let http = target("mp-httponly", HTTP_PORT)?;
+        Ok([
+            Some(target("mp-mixed", TCP_PORT)?),
+            Some(http.clone()),
+            Some(http.clone()),
+            Some(http.clone()),
+            Some(target("mp-grpc", GRPC_PORT)?),
+            Some(http),
+        ])
     };
-    let read = || std::fs::read_to_string("/proc/thread-self/net/tcp");
-    match ns.run(home, read) {
-        Ok(Ok(t)) => t
-            .lines()
-            .filter(|l| l.split_whitespace().nth(3) == Some("06"))
-            .count()
-            .to_string(),
-        _ => "?".into(),
-    }
-}
+    let row =
+        |name: &str, connector: &Connector, pids: Vec<u32>, targets, base: Option<usize>| Row {
+            name: name.to_owned(),
+            connector: connector.clone(),
+            meter: Meter { pids },
+            targets,
+            measure_idle: base.is_some(),
+            base,
+            samples: Default::default(),
+            idle: None,
+            notes: Vec::new(),
+        };
+    let mut rows = vec![
+        row(
+            "direct, to the node-a pod",
+            &direct,
+            Vec::new(),
+            on(0)?,
+            None,
+        ),
+        row(
+            "direct, to the node-b pod",
+            &direct,
+            Vec::new(),
+            on(1)?,
+            None,
+        ),
+    ];
 
-/// Mesh first on even rounds, direct first on odd ones.
-fn order(round: usize) -> [usize; 2] {
-    if round.is_multiple_of(2) {
-        [0, 1]
-    } else {
-        [1, 0]
-    }
-}
-
-async fn connect(connector: &Connector, addr: SocketAddr) -> Result<TcpStream> {
-    let stream = connector.tcp_socket(addr)?.connect(addr).await?;
-    stream.set_nodelay(true)?;
-    Ok(stream)
-}
-
-async fn http_conn(connector: &Connector, addr: SocketAddr) -> Result<SendRequest<Empty<Bytes>>> {
-    let stream = connect(connector, addr).await?;
-    let (send, conn) = hyper::client::conn::http1::handshake(TokioIo::new(stream)).await?;
-    tokio::spawn(conn);
-    Ok(send)
-}
-
-/// A keep-alive HTTP/1.1 connection driven by hand: the request's bytes are written as they
-/// are, the response head is parsed in place (`httparse`) and its `Content-Length` body read,
-/// so the client spends far less per request than a full client and stays below the direct
-/// path's rate (its CPU share is printed beside the figures).
-struct RawConn {
-    stream: TcpStream,
-    request: Bytes,
-    buf: Vec<u8>,
-    /// Bytes of `buf` read and not yet taken.
-    filled: usize,
-}
-
-impl RawConn {
-    async fn open(connector: &Connector, addr: SocketAddr, host: &str) -> Result<Self> {
-        Ok(Self {
-            stream: connect(connector, addr).await?,
-            request: Bytes::from(format!("GET / HTTP/1.1\r\nHost: {host}\r\n\r\n")),
-            buf: vec![0; 16 << 10],
-            filled: 0,
-        })
-    }
-
-    /// One GET; its answer must be `200` with a `Content-Length` body.
-    async fn get(&mut self) -> Result<()> {
-        self.stream.write_all(&self.request).await?;
-        loop {
-            let mut headers = [httparse::EMPTY_HEADER; 32];
-            let mut resp = httparse::Response::new(&mut headers);
-            if let httparse::Status::Complete(head) = resp.parse(&self.buf[..self.filled])? {
-                ensure!(resp.code == Some(200), "status {:?}", resp.code);
-                let length: usize = resp
-                    .headers
-                    .iter()
-                    .find(|h| h.name.eq_ignore_ascii_case("content-length"))
-                    .and_then(|h| std::str::from_utf8(h.value).ok()?.trim().parse().ok())
-                    .context("no content-length")?;
-                let whole = head + length;
-                ensure!(whole <= self.buf.len(), "answer of {whole} bytes");
-                while self.filled < whole {
-                    self.read_more().await?;
+    // The references, in front of the node-b replicas.
+    let mut proxies = Vec::new();
+    let mut skipped = Vec::new();
+    if s.refs {
+        let netns = format!("{}ext-http-0", opts.netns_prefix);
+        let up = refs::Upstreams {
+            http: SocketAddr::new(ip("mp-httponly-1")?, HTTP_PORT),
+            grpc: SocketAddr::new(ip("mp-grpc-1")?, GRPC_PORT),
+            tcp: SocketAddr::new(ip("mp-mixed-1")?, TCP_PORT),
+        };
+        let started = [
+            (
+                "nginx",
+                refs::Ports {
+                    http: 18480,
+                    h2c: 18481,
+                    grpc: 18482,
+                    tcp: Some(18483),
+                },
+            ),
+            (
+                "haproxy",
+                refs::Ports {
+                    http: 18490,
+                    h2c: 18491,
+                    grpc: 18492,
+                    tcp: Some(18493),
+                },
+            ),
+        ];
+        for (name, ports) in started {
+            let proxy = if name == "nginx" {
+                refs::nginx(&opts.run_dir, &netns, ports, up)
+            } else {
+                refs::haproxy(&opts.run_dir, &netns, ports, up)
+            };
+            match proxy {
+                Ok(p) => proxies.push(p),
+                Err(why) => {
+                    println!("SKIPPED: {name}: {why}");
+                    skipped.push(format!("SKIPPED: {name}: {why}"));
                 }
-                self.buf.copy_within(whole..self.filled, 0);
-                self.filled -= whole;
-                return Ok(());
             }
-            self.read_more().await?;
+        }
+    } else {
+        println!("SKIPPED: nginx and haproxy: AETHER_BENCH_REFS=0");
+        skipped.push("SKIPPED: nginx and haproxy: AETHER_BENCH_REFS=0".into());
+    }
+    for p in &proxies {
+        let mut targets = on(1)?;
+        let local = |port: u16| SocketAddr::new(IpAddr::V4(Ipv4Addr::LOCALHOST), port);
+        let listen = [
+            p.ports.tcp,
+            Some(p.ports.http),
+            Some(p.ports.http),
+            Some(p.ports.h2c),
+            Some(p.ports.grpc),
+            Some(p.ports.http),
+        ];
+        for (t, port) in targets.iter_mut().zip(listen) {
+            match port {
+                Some(port) => {
+                    if let Some(t) = t {
+                        t.addr = local(port);
+                    }
+                }
+                None => *t = None,
+            }
+        }
+        let mut r = row(
+            &format!("{}, one plaintext hop (to the node-b pod)", p.name),
+            &direct,
+            p.pids(),
+            targets,
+            Some(1),
+        );
+        if p.ports.tcp.is_none() {
+            r.notes
+                .push(format!("{}: no raw TCP relay installed", p.name));
+        }
+        rows.push(r);
+    }
+    rows.push(row(
+        "aether, same node",
+        &mesh,
+        daemons.clone(),
+        on(0)?,
+        Some(0),
+    ));
+    rows.push(row(
+        "aether, cross node",
+        &mesh,
+        daemons.clone(),
+        on(1)?,
+        Some(1),
+    ));
+    // mp-multi: HTTP/1.1 only, its `x-svc` header proving the mesh answered.
+    let mut multi_targets = [None, None, None, None, None, None];
+    if let Some(mut t) = on(1)?[Kind::Conns.index()].clone() {
+        t.pod = "mp-multi-1".into();
+        t.workload = "mp-multi".into();
+        t.addr = SocketAddr::new(ip("mp-multi-1")?, HTTP_PORT);
+        t.authority = format!("{}:{HTTP_PORT}", env.mesh("mp-multi"));
+        t.header = Some(("x-svc", true));
+        multi_targets[Kind::Conns.index()] = Some(t.clone());
+        multi_targets[Kind::Sequential.index()] = Some(t);
+    }
+    let mut multi = row(
+        "aether, cross node, mp-multi (x-svc + ext_authz filters)",
+        &mesh,
+        daemons,
+        multi_targets,
+        Some(1),
+    );
+    multi.measure_idle = false;
+    rows.push(multi);
+
+    if s.memory_connections > 0 {
+        // Cross node first: its reading on node-a is not helped by a flood freed before it.
+        let order: Vec<usize> = (0..rows.len())
+            .filter(|&i| rows[i].measure_idle)
+            .rev()
+            .collect();
+        for i in order {
+            let r = &rows[i];
+            let t = r.targets[Kind::Conns.index()]
+                .clone()
+                .context("no HTTP target")?;
+            let idle = idle_memory(&r.connector, &t, &r.meter.pids, s)
+                .await
+                .with_context(|| format!("idle memory of {}", r.name))?;
+            println!(
+                "  idle {:<58} {:>6.1} KiB per connection, {:>4.0} % returned after close",
+                r.name,
+                idle.kib_per_conn,
+                idle.returned * 100.0
+            );
+            rows[i].idle = Some(idle);
         }
     }
 
-    async fn read_more(&mut self) -> Result<()> {
-        ensure!(self.filled < self.buf.len(), "head larger than the buffer");
-        let n = self.stream.read(&mut self.buf[self.filled..]).await?;
-        ensure!(n > 0, "closed mid-answer");
-        self.filled += n;
-        Ok(())
-    }
-}
-
-/// One GET on a keep-alive connection; returns the response head's headers and the body.
-async fn get(send: &mut SendRequest<Empty<Bytes>>, host: &str) -> Result<(http::HeaderMap, Bytes)> {
-    send.ready().await?;
-    let req = Request::get("/").header(HOST, host).body(Empty::new())?;
-    let resp = send.send_request(req).await?;
-    ensure!(resp.status() == StatusCode::OK, "status {}", resp.status());
-    let headers = resp.headers().clone();
-    Ok((headers, resp.into_body().collect().await?.to_bytes()))
-}
-
-async fn http_round(path: &Path2, t: &HttpTarget) -> Result<Figures> {
-    // Latency: one connection, sequential requests.
-    let mut send = http_conn(&path.connector, t.addr).await?;
-    let (headers, body) = get(&mut send, &t.host).await?;
-    let want = format!(
-        "{}:{}\n",
-        t.pod.rsplit_once('-').map_or(t.pod, |p| p.0),
-        t.addr.port()
-    );
-    ensure!(body == want.as_bytes(), "body {body:?}, want {want:?}");
-    ensure!(
-        headers.get("x-echo-pod").is_some_and(|v| v == t.pod),
-        "answered by {:?}, want {}",
-        headers.get("x-echo-pod"),
-        t.pod
-    );
-    if let Some(h) = t.mesh_header {
-        let mesh = path.name == "mesh";
-        ensure!(
-            headers.contains_key(h) == mesh,
-            "header {h} present: {}, want {mesh}",
-            !mesh
-        );
-    }
-    drop(send);
-    let mut conn = RawConn::open(&path.connector, t.addr, &t.host).await?;
-    for _ in 0..WARMUP {
-        conn.get().await?;
-    }
-    let mut lat = Vec::with_capacity(LATENCY_REQUESTS);
-    let sequential = now();
-    for _ in 0..LATENCY_REQUESTS {
-        let t0 = now();
-        conn.get().await?;
-        lat.push(t0.elapsed());
-    }
-    let rps1 = LATENCY_REQUESTS as f64 / sequential.elapsed().as_secs_f64();
-    drop(conn);
-    lat.sort_unstable();
-    let pct = |q: f64| lat[((lat.len() - 1) as f64 * q).round() as usize].as_secs_f64() * 1e6;
-
-    // Throughput: a few keep-alive connections for a fixed time.
-    let mut tasks = tokio::task::JoinSet::new();
-    let cpu_before = cpu_time();
-    let start = now();
-    for _ in 0..RPS_CONNECTIONS {
-        let mut conn = RawConn::open(&path.connector, t.addr, &t.host).await?;
-        tasks.spawn(async move {
-            let mut n = 0u64;
-            while start.elapsed() < RPS_DURATION {
-                conn.get().await?;
-                n += 1;
+    for round in 0..s.rounds {
+        for kind in Kind::ALL {
+            let mut order: Vec<usize> = (0..rows.len()).collect();
+            if round % 2 == 1 {
+                order.reverse();
             }
-            anyhow::Ok(n)
-        });
+            for i in order {
+                let r = &rows[i];
+                let Some(t) = &r.targets[kind.index()] else {
+                    continue;
+                };
+                let sample = kind
+                    .run(&r.connector, t, s, &r.meter)
+                    .await
+                    .with_context(|| format!("{kind:?} via {} to {}", r.name, t.addr))?;
+                println!(
+                    "  round {round} {:<10} {:<58} {}",
+                    format!("{kind:?}"),
+                    r.name,
+                    table::line(kind, &sample)
+                );
+                rows[i].samples[kind.index()].push(sample);
+            }
+        }
     }
-    let mut total = 0;
-    while let Some(r) = tasks.join_next().await {
-        total += r??;
-    }
-    let secs = start.elapsed().as_secs_f64();
-    let cpu = (cpu_time() - cpu_before).as_secs_f64();
-    Ok(Figures {
-        p50_us: pct(0.50),
-        p99_us: pct(0.99),
-        rps1,
-        rps: total as f64 / secs,
-        bulk_mib_s: 0.0,
-        client_cpu: cpu / secs,
+    drop(proxies);
+    Ok((rows, skipped))
+}
+
+/// Holds `s.memory_connections` connections to `t` and reads the `pids`' resident sets: after
+/// a warm-up, while held, and after the close (each after `s.settle`).
+async fn idle_memory(
+    connector: &Connector,
+    t: &Target,
+    pids: &[u32],
+    s: &Settings,
+) -> Result<Idle> {
+    let rss = || -> Result<u64> {
+        pids.iter()
+            .try_fold(0, |sum, &pid| Ok(sum + procfs::memory(pid)?.rss_kib))
+    };
+    drop(load::hold(connector, t, 100).await?);
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let baseline = rss()?;
+    let n = s.memory_connections;
+    let held = load::hold(connector, t, n).await?;
+    tokio::time::sleep(s.settle).await;
+    let during = rss()?;
+    drop(held);
+    tokio::time::sleep(s.settle).await;
+    let after = rss()?;
+    let grown = during as f64 - baseline as f64;
+    Ok(Idle {
+        kib_per_conn: grown / n as f64,
+        returned: if grown > 0.0 {
+            (during as f64 - after as f64) / grown
+        } else {
+            1.0
+        },
     })
-}
-
-/// Send [`BULK_BYTES`] through the raw echo and read them back; MiB/s of the round trip's payload.
-async fn bulk_round(connector: &Connector, addr: SocketAddr, pod: &str) -> Result<f64> {
-    let greeting = format!("mp-mixed:{}\npod {pod}\n", addr.port());
-    let want = greeting.len() + BULK_BYTES;
-    let (mut rd, mut wr) = connect(connector, addr).await?.into_split();
-    let start = now();
-    let writer = tokio::spawn(async move {
-        let chunk = vec![0x5a_u8; CHUNK];
-        for _ in 0..BULK_BYTES / CHUNK {
-            wr.write_all(&chunk).await?;
-        }
-        anyhow::Ok(wr)
-    });
-    let mut buf = vec![0u8; CHUNK];
-    let mut head = Vec::new();
-    let mut got = 0;
-    while got < want {
-        let n = rd.read(&mut buf).await?;
-        ensure!(n > 0, "closed after {got} of {want} bytes");
-        if head.len() < greeting.len() {
-            let take = n.min(greeting.len() - head.len());
-            head.extend_from_slice(&buf[..take]);
-        }
-        got += n;
-    }
-    let secs = start.elapsed().as_secs_f64();
-    let wr = writer.await??;
-    drop(wr);
-    ensure!(
-        head == greeting.as_bytes(),
-        "greeting {:?}",
-        String::from_utf8_lossy(&head)
-    );
-    ensure!(got == want, "read {got} bytes, want {want}");
-    Ok(BULK_BYTES as f64 / (1 << 20) as f64 / secs)
-}
-
-fn median(v: &[Figures], f: &dyn Fn(&Figures) -> f64) -> f64 {
-    let mut xs: Vec<f64> = v.iter().map(f).collect();
-    xs.sort_by(f64::total_cmp);
-    xs[xs.len() / 2]
-}
-
-fn report(rows: &[(String, [Vec<Figures>; 2])], bulk: &[(String, [Vec<Figures>; 2])]) {
-    let cores = std::thread::available_parallelism().map_or(0, |n| n.get());
-    let kernel = std::fs::read_to_string("/proc/sys/kernel/osrelease").unwrap_or_default();
-    let cpu = std::fs::read_to_string("/proc/cpuinfo")
-        .ok()
-        .and_then(|s| {
-            s.lines()
-                .find(|l| l.starts_with("model name"))
-                .and_then(|l| l.split_once(':'))
-                .map(|(_, m)| m.trim().to_owned())
-        })
-        .unwrap_or_default();
-    let load = std::fs::read_to_string("/proc/loadavg").unwrap_or_default();
-    println!();
-    println!(
-        "machine: {cores} cores, {cpu}, kernel {}; load average at the end: {}",
-        kernel.trim(),
-        load.split_whitespace()
-            .take(3)
-            .collect::<Vec<_>>()
-            .join(" ")
-    );
-    println!(
-        "{ROUNDS} rounds; 1 conn: {LATENCY_REQUESTS} sequential requests on one keep-alive \
-         connection; {RPS_CONNECTIONS} conns: keep-alive connections for {} s; bulk: {} MiB",
-        RPS_DURATION.as_secs(),
-        BULK_BYTES >> 20
-    );
-    let first = |v: &[Figures], f: &dyn Fn(&Figures) -> f64| v.first().map_or(0.0, f);
-    let med = |v: &[Figures], f: &dyn Fn(&Figures) -> f64| median(v, f);
-    table("first round", rows, bulk, &first);
-    table(&format!("median of {ROUNDS} rounds"), rows, bulk, &med);
-}
-
-type Pick<'a> = dyn Fn(&[Figures], &dyn Fn(&Figures) -> f64) -> f64 + 'a;
-
-fn table(
-    title: &str,
-    rows: &[(String, [Vec<Figures>; 2])],
-    bulk: &[(String, [Vec<Figures>; 2])],
-    pick: &Pick<'_>,
-) {
-    println!();
-    println!("{title}:");
-    println!();
-    println!(
-        "| target | req/s, {RPS_CONNECTIONS} conns: mesh / direct | ratio | req/s, 1 conn: mesh / \
-         direct | ratio | p50, 1 conn: mesh / direct | added | p99: mesh / direct | added | \
-         client CPU, direct {RPS_CONNECTIONS} conns |"
-    );
-    println!("|---|---|---|---|---|---|---|---|---|---|");
-    for (label, [mesh, direct]) in rows {
-        let f = |v: &[Figures], g: &dyn Fn(&Figures) -> f64| pick(v, g);
-        let (rm, rd) = (f(mesh, &|x| x.rps), f(direct, &|x| x.rps));
-        let (sm, sd) = (f(mesh, &|x| x.rps1), f(direct, &|x| x.rps1));
-        let (pm, pd) = (f(mesh, &|x| x.p50_us), f(direct, &|x| x.p50_us));
-        let (qm, qd) = (f(mesh, &|x| x.p99_us), f(direct, &|x| x.p99_us));
-        println!(
-            "| {label} | {rm:.0} / {rd:.0} | {:.2} | {sm:.0} / {sd:.0} | {:.2} | {pm:.1} / {pd:.1} µs \
-             | +{:.1} µs | {qm:.1} / {qd:.1} µs | +{:.1} µs | {:.2} |",
-            rm / rd,
-            sm / sd,
-            pm - pd,
-            qm - qd,
-            f(direct, &|x| x.client_cpu)
-        );
-    }
-    let busiest = rows
-        .iter()
-        .map(|(_, [_, direct])| pick(direct, &|x| x.client_cpu))
-        .fold(0.0, f64::max);
-    if busiest > CLIENT_LIMIT {
-        println!(
-            "\nThe client used {busiest:.2} of a core on a direct {RPS_CONNECTIONS}-connection \
-             figure: it is near its own limit there, so those direct figures (and the ratios to \
-             them) are lower bounds for the direct path."
-        );
-    }
-    println!();
-    println!("| raw TCP stream | mesh | direct | ratio |");
-    println!("|---|---|---|---|");
-    for (label, [mesh, direct]) in bulk {
-        let mib = |v: &[Figures]| pick(v, &|f| f.bulk_mib_s);
-        println!(
-            "| {label} | {:.1} MiB/s | {:.1} MiB/s | {:.2} |",
-            mib(mesh),
-            mib(direct),
-            mib(mesh) / mib(direct)
-        );
-    }
 }

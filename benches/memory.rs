@@ -42,20 +42,17 @@ use tokio::task::JoinHandle;
 use aether::demo::{DemoOptions, Running};
 use aether::workload::probe::Connector;
 
+#[path = "shared/procfs.rs"]
+mod procfs;
+use procfs::{Memory, memory};
+
 const CONNECTIONS: usize = 2000;
 /// Connections opened at once while a path is filled.
 const BATCH: usize = 100;
 const SETTLE_SECS: u64 = 25;
 
-/// One of the two daemons' `/proc` figures.
-#[derive(Clone, Copy, Debug)]
-struct Reading {
-    rss_kib: u64,
-    fds: usize,
-}
-
 /// Both daemons, node-a then node-b.
-type Both = [Reading; 2];
+type Both = [Memory; 2];
 
 fn main() -> Result<()> {
     if !nix::unistd::geteuid().is_root() {
@@ -184,20 +181,8 @@ async fn open_many(connector: &Connector, target: &Target, n: usize) -> Result<V
     Ok(held)
 }
 
-fn read(pid: u32) -> Result<Reading> {
-    let status = std::fs::read_to_string(format!("/proc/{pid}/status"))
-        .with_context(|| format!("read /proc/{pid}/status"))?;
-    let rss_kib = status
-        .lines()
-        .find_map(|l| l.strip_prefix("VmRSS:"))
-        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
-        .context("no VmRSS")?;
-    let fds = std::fs::read_dir(format!("/proc/{pid}/fd"))?.count();
-    Ok(Reading { rss_kib, fds })
-}
-
 fn read_both(pids: [u32; 2]) -> Result<Both> {
-    Ok([read(pids[0])?, read(pids[1])?])
+    Ok([memory(pids[0])?, memory(pids[1])?])
 }
 
 fn show(b: &Both) -> String {
