@@ -15,8 +15,9 @@ use anyhow::{Context, Result, bail};
 use nix::sys::signal::{Signal, kill};
 use nix::unistd::Pid;
 
-/// The runtime workers each reference proxy gets.
-pub(crate) const WORKERS: usize = 2;
+/// The workers each reference proxy gets: one, as an aether daemon runs on one thread by
+/// default (`worker_threads`).
+pub(crate) const WORKERS: usize = 1;
 /// nginx's stream module (raw TCP), a separate package on Debian (`libnginx-mod-stream`).
 const NGINX_STREAM: &str = "/usr/lib/nginx/modules/ngx_stream_module.so";
 
