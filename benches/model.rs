@@ -4,18 +4,34 @@
 //! - compile against cloning the snapshot (the least any compiler of that input must touch);
 //! - resolve against one `HashMap<String, _>` lookup of the same authority string.
 //!
+//! - a registry event (one pod's readiness flips) to a request served on the new model: the
+//!   snapshot changed, `compile`, the DNS table, the swap of the published model (`ArcSwap`, as
+//!   the node holds it) and one request resolved on what a reader then loads, against a full
+//!   compile alone. The node's own steps around it (the Kubernetes source's copy out of its
+//!   stores and `objects::snapshot`, `watch_debounce_ms`) are not in it: `benches/kube_scale.rs`
+//!   measures the source's part.
+//!
 //! Run: `cargo bench --bench model`. The heap figures print once, before the timings.
+//!
+//! On a shared machine wall time swings with the neighbours' load; `AETHER_MODEL_CPU_RUNS=<n>`
+//! instead prints, for each size, the median over `n` runs of the compiling thread's own CPU time
+//! (`/proc/thread-self/schedstat`) and wall time for the compile, the clone baseline and the event
+//! path, and skips the criterion groups.
 #![allow(clippy::print_stdout, missing_docs)] // A benchmark harness reports on stdout.
 
 use std::collections::HashMap;
 use std::hint::black_box;
 use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::Duration;
 
+use arc_swap::ArcSwap;
 use criterion::{BenchmarkId, Criterion, criterion_group, criterion_main};
 
+use aether::dns::DnsTable;
 use aether::model::names::{AuthorityInput, HttpVersion};
 use aether::model::{NodeContext, compile, synth};
-use aether::resolve::decision::{Caller, CaptureMode, HttpEntry, RequestFacts};
+use aether::resolve::decision::{Caller, CaptureMode, HttpEntry, RequestDecision, RequestFacts};
 use aether::resolve::{classify_connection, resolve_request};
 
 #[path = "../tests/support/counting_alloc.rs"]
@@ -49,7 +65,68 @@ fn heap_per_service() {
     }
 }
 
+/// `AETHER_MODEL_CPU_RUNS`, when set: the CPU-time table instead of the criterion groups.
+fn cpu_runs() -> Option<usize> {
+    std::env::var("AETHER_MODEL_CPU_RUNS").ok()?.parse().ok()
+}
+
+/// This thread's CPU time so far: the first field of `/proc/thread-self/schedstat`, nanoseconds
+/// on a CPU (exact, where `getrusage` counts in scheduler ticks).
+fn thread_cpu() -> Duration {
+    let stat = std::fs::read_to_string("/proc/thread-self/schedstat")
+        .expect("/proc/thread-self/schedstat (Linux)");
+    let ns = stat
+        .split_whitespace()
+        .next()
+        .and_then(|f| f.parse().ok())
+        .expect("schedstat starts with the CPU time in ns");
+    Duration::from_nanos(ns)
+}
+
+/// Median (CPU, wall) milliseconds per call of `f`, over `runs` runs of `reps` calls each (the
+/// kernel brings a running thread's CPU time up to date at each scheduler tick, so one run
+/// should last many ticks).
+fn measure<T>(runs: usize, reps: u32, mut f: impl FnMut() -> T) -> (f64, f64) {
+    let (mut cpu, mut wall) = (Vec::new(), Vec::new());
+    for _ in 0..runs {
+        let (c0, w0) = (thread_cpu(), aether::time::now());
+        for _ in 0..reps {
+            black_box(f());
+        }
+        cpu.push((thread_cpu() - c0).as_secs_f64() * 1e3 / f64::from(reps));
+        wall.push(w0.elapsed().as_secs_f64() * 1e3 / f64::from(reps));
+    }
+    let median = |mut v: Vec<f64>| {
+        v.sort_by(f64::total_cmp);
+        v[v.len() / 2]
+    };
+    (median(cpu), median(wall))
+}
+
+fn cpu_table(runs: usize) {
+    let ctx = NodeContext::default();
+    println!("median of {runs} runs, ms of this thread's CPU [wall]");
+    println!("| services | compile | baseline (clone) | ratio | event to served request |");
+    println!("|---|---|---|---|---|");
+    for n in SIZES {
+        let snapshot = synth::scaled(n);
+        let reps = (20_000 / n).max(1);
+        let (cc, cw) = measure(runs, reps, || compile(&snapshot, &ctx));
+        let (bc, bw) = measure(runs, reps * 4, || snapshot.clone());
+        let mut event = Event::new(n);
+        let (ec, ew) = measure(runs, reps, || event.run());
+        println!(
+            "| {n} | {cc:.2} [{cw:.2}] | {bc:.2} [{bw:.2}] | {:.1}× | {ec:.2} [{ew:.2}] |",
+            cc / bc
+        );
+    }
+}
+
 fn bench_compile(c: &mut Criterion) {
+    if let Some(runs) = cpu_runs() {
+        cpu_table(runs);
+        return;
+    }
     heap_per_service();
     let ctx = NodeContext::default();
     let mut g = c.benchmark_group("compile");
@@ -70,7 +147,28 @@ fn bench_compile(c: &mut Criterion) {
     g.finish();
 }
 
+/// An HTTP/1.1 `GET /` whose `Host` is each of `hosts`.
+fn get<'a>(entry: HttpEntry, hosts: &'a [&'a str]) -> RequestFacts<'a> {
+    RequestFacts {
+        entry,
+        authority: AuthorityInput {
+            version: HttpVersion::Http11,
+            absolute: None,
+            h2_authority: None,
+            hosts,
+        },
+        method: "GET",
+        path_and_query: Some("/"),
+        headers: &[],
+        hold_expired: false,
+        entropy: 7,
+    }
+}
+
 fn bench_resolve(c: &mut Criterion) {
+    if cpu_runs().is_some() {
+        return;
+    }
     let ctx = NodeContext::default();
     let n = 20_000;
     let snapshot = synth::scaled(n);
@@ -86,20 +184,7 @@ fn bench_resolve(c: &mut Criterion) {
     let vip0 = model.mesh_vips("ns-0", "svc-0")[0];
     let deliver_host = ["svc-1.ns-1.aether.internal:8080"];
     let mismatch_host = ["svc-1.ns-1.aether.internal:9090"];
-    let facts = |entry, hosts: &'static [&'static str]| RequestFacts {
-        entry,
-        authority: AuthorityInput {
-            version: HttpVersion::Http11,
-            absolute: None,
-            h2_authority: None,
-            hosts,
-        },
-        method: "GET",
-        path_and_query: Some("/"),
-        headers: &[],
-        hold_expired: false,
-        entropy: 7,
-    };
+    let facts = |entry, hosts: &'static [&'static str]| get(entry, hosts);
     let captured = HttpEntry::Captured {
         dialled: SocketAddr::new(vip1, 8080),
     };
@@ -133,5 +218,77 @@ fn bench_resolve(c: &mut Criterion) {
     g.finish();
 }
 
-criterion_group!(benches, bench_compile, bench_resolve);
+/// One registry event to a request served on the new model: pod `svc-1-0` (the first pod of
+/// `svc-1` in `ns-1`) flips between Ready and not Ready, so `svc-1`'s endpoints change and every
+/// run publishes a model that differs from the one before.
+struct Event {
+    ctx: NodeContext,
+    snapshot: aether::model::Snapshot,
+    row: usize,
+    published: ArcSwap<aether::model::Model>,
+    caller: Caller,
+}
+
+impl Event {
+    fn new(n: u32) -> Self {
+        let ctx = NodeContext::default();
+        let snapshot = synth::scaled(n);
+        let row = snapshot
+            .rows
+            .iter()
+            .position(|r| r.pod.as_deref() == Some("svc-1-0"))
+            .expect("the scaled registry has svc-1-0");
+        let published = ArcSwap::from_pointee(compile(&snapshot, &ctx));
+        let caller = Caller {
+            namespace: Some("ns-0".into()),
+            pod: None,
+            service_account: None,
+            capture: CaptureMode::RedirectAll,
+        };
+        Self {
+            ctx,
+            snapshot,
+            row,
+            published,
+            caller,
+        }
+    }
+
+    /// The event, the new model published, and one request to `svc-1` resolved on it: two
+    /// endpoints when the pod is Ready, one when it is not.
+    fn run(&mut self) -> DnsTable {
+        let r = &mut self.snapshot.rows[self.row];
+        r.ready = !r.ready;
+        let ready = r.ready;
+        let dns = DnsTable::build(&self.snapshot, &self.ctx.domains, true);
+        self.published
+            .store(Arc::new(compile(&self.snapshot, &self.ctx)));
+        let model = self.published.load();
+        let facts = get(HttpEntry::Loopback, &["svc-1.ns-1.aether.internal:8080"]);
+        match resolve_request(&model, &self.caller, black_box(&facts)) {
+            RequestDecision::Deliver(d) => {
+                assert_eq!(d.backend.endpoints.len(), if ready { 2 } else { 1 });
+            }
+            other => panic!("svc-1:8080 is not delivered: {other:?}"),
+        }
+        dns
+    }
+}
+
+fn bench_event(c: &mut Criterion) {
+    if cpu_runs().is_some() {
+        return;
+    }
+    let mut g = c.benchmark_group("event");
+    g.sample_size(10);
+    for n in [2_000, 20_000] {
+        let mut event = Event::new(n);
+        g.bench_function(BenchmarkId::new("pod-ready-to-served-request", n), |b| {
+            b.iter(|| event.run());
+        });
+    }
+    g.finish();
+}
+
+criterion_group!(benches, bench_compile, bench_resolve, bench_event);
 criterion_main!(benches);
