@@ -15,8 +15,9 @@
 //!
 //! On a shared machine wall time swings with the neighbours' load; `AETHER_MODEL_CPU_RUNS=<n>`
 //! instead prints, for each size, the median over `n` runs of the compiling thread's own CPU time
-//! (`/proc/thread-self/schedstat`) and wall time for the compile, the clone baseline and the event
-//! path, and skips the criterion groups.
+//! (`/proc/thread-self/schedstat`) and wall time for the compile, the clone baseline, the event
+//! path and the file registry's completion (`registrar::complete_snapshot` on a copy of the
+//! snapshot without its generated Services, the copy included), and skips the criterion groups.
 #![allow(clippy::print_stdout, missing_docs)] // A benchmark harness reports on stdout.
 
 use std::collections::HashMap;
@@ -30,6 +31,7 @@ use criterion::{BenchmarkId, Criterion, criterion_group, criterion_main};
 
 use aether::dns::DnsTable;
 use aether::model::names::{AuthorityInput, HttpVersion};
+use aether::model::registrar::complete_snapshot;
 use aether::model::{NodeContext, compile, synth};
 use aether::resolve::decision::{Caller, CaptureMode, HttpEntry, RequestDecision, RequestFacts};
 use aether::resolve::{classify_connection, resolve_request};
@@ -106,8 +108,10 @@ fn measure<T>(runs: usize, reps: u32, mut f: impl FnMut() -> T) -> (f64, f64) {
 fn cpu_table(runs: usize) {
     let ctx = NodeContext::default();
     println!("median of {runs} runs, ms of this thread's CPU [wall]");
-    println!("| services | compile | baseline (clone) | ratio | event to served request |");
-    println!("|---|---|---|---|---|");
+    println!(
+        "| services | compile | baseline (clone) | ratio | event to served request | file registry: complete_snapshot |"
+    );
+    println!("|---|---|---|---|---|---|");
     for n in SIZES {
         let snapshot = synth::scaled(n);
         let reps = (20_000 / n).max(1);
@@ -115,8 +119,16 @@ fn cpu_table(runs: usize) {
         let (bc, bw) = measure(runs, reps * 4, || snapshot.clone());
         let mut event = Event::new(n);
         let (ec, ew) = measure(runs, reps, || event.run());
+        let mut bare = snapshot.clone();
+        bare.services.retain(|s| !s.generated);
+        let cidr = "10.96.0.0/12".parse().expect("a literal CIDR parses");
+        let (rc, rw) = measure(runs, reps, || {
+            let mut s = bare.clone();
+            complete_snapshot(&mut s, cidr);
+            s
+        });
         println!(
-            "| {n} | {cc:.2} [{cw:.2}] | {bc:.2} [{bw:.2}] | {:.1}× | {ec:.2} [{ew:.2}] |",
+            "| {n} | {cc:.2} [{cw:.2}] | {bc:.2} [{bw:.2}] | {:.1}× | {ec:.2} [{ew:.2}] | {rc:.2} [{rw:.2}] |",
             cc / bc
         );
     }

@@ -4,7 +4,7 @@
 //!
 //! Layer 0 (pure).
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::net::IpAddr;
 
 use ipnet::IpNet;
@@ -194,18 +194,36 @@ pub fn complete_snapshot_except(
     cidr: IpNet,
     ignored: &BTreeSet<String>,
 ) -> RegistrarReport {
-    let (generated, report) = generated_services_except(snapshot, ignored);
-    for g in generated {
-        let existing = snapshot
-            .services
-            .iter_mut()
-            .find(|s| s.namespace == g.namespace && s.name == g.name);
-        match existing {
-            Some(s) if s.generated => s.ports = g.ports,
-            Some(_) => {}
-            None => snapshot.services.push(g),
+    let (mut generated, report) = generated_services_except(snapshot, ignored);
+    // Each generated Service matched against the first Service of its (namespace, name) in one
+    // pass over the snapshot: a scan of the snapshot per generated Service was quadratic
+    // (n²/2 comparisons of names: 200 million at 20,000 services).
+    let mut matched: Vec<Option<usize>> = vec![None; generated.len()];
+    {
+        let mut wanted: HashMap<(&str, &str), usize> = generated
+            .iter()
+            .enumerate()
+            .map(|(i, g)| ((g.namespace.as_str(), g.name.as_str()), i))
+            .collect();
+        for (si, s) in snapshot.services.iter().enumerate() {
+            if let Some(gi) = wanted.remove(&(s.namespace.as_str(), s.name.as_str())) {
+                matched[gi] = Some(si);
+            }
         }
     }
+    for (gi, g) in generated.iter_mut().enumerate() {
+        if let Some(si) = matched[gi]
+            && snapshot.services[si].generated
+        {
+            snapshot.services[si].ports = std::mem::take(&mut g.ports);
+        }
+    }
+    snapshot.services.extend(
+        generated
+            .into_iter()
+            .zip(matched)
+            .filter_map(|(g, m)| m.is_none().then_some(g)),
+    );
     allocate_cluster_ips(&mut snapshot.services, cidr);
     report
 }
