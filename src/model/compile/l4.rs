@@ -11,28 +11,34 @@ use std::sync::Arc;
 
 use crate::model::PodIpEntry;
 use crate::model::port::{PortProtocol, Transport};
-use crate::model::snapshot::Snapshot;
+use crate::model::snapshot::{EndpointSlice, Snapshot};
 use crate::model::target::L4Endpoint;
 
 /// Every (ClusterIP, TCP front port) of a user Service with a mesh pod among its endpoints,
-/// with all of its Ready endpoints on that port.
+/// with all of its Ready endpoints on that port. Cost: O(services + slices' endpoints), the
+/// slices indexed by Service once.
 pub(super) fn passthrough_targets(
     snapshot: &Snapshot,
     pod_ips: &HashMap<IpAddr, Arc<PodIpEntry>>,
 ) -> HashMap<SocketAddr, Arc<[L4Endpoint]>> {
+    let mut slices_of: HashMap<(&str, &str), Vec<&EndpointSlice>> = HashMap::new();
+    for s in &snapshot.endpoint_slices {
+        slices_of
+            .entry((s.namespace.as_str(), s.service.as_str()))
+            .or_default()
+            .push(s);
+    }
     let mut out = HashMap::new();
     for u in &snapshot.services {
         if u.generated || u.headless || u.cluster_ips.is_empty() {
             continue;
         }
-        let slices: Vec<_> = snapshot
-            .endpoint_slices
-            .iter()
-            .filter(|s| s.namespace == u.namespace && s.service == u.name)
-            .collect();
+        let slices = slices_of
+            .get(&(u.namespace.as_str(), u.name.as_str()))
+            .map_or(&[][..], Vec::as_slice);
         for p in u.ports.iter().filter(|p| p.transport == Transport::Tcp) {
             let mut endpoints = Vec::new();
-            for s in &slices {
+            for s in slices {
                 // The slice port that carries this ServicePort's name gives the pod port of the
                 // slice's endpoints (spec/model.md §9.2, per slice as kube-proxy reads it).
                 let Some(pod_port) = s
