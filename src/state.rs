@@ -72,14 +72,20 @@ impl ModelHandle {
     /// Swap in a new model and the snapshot it was compiled from, whole. One publisher writes
     /// (STYLE.md §6.3), so the generation read here is the one this publish follows.
     pub fn publish_with_source(&self, model: Model, source: Option<Snapshot>) -> u64 {
+        self.replace(model, source).0
+    }
+
+    /// [`Self::publish_with_source`], handing back what it replaced: the caller chooses where
+    /// it is freed (the node frees it off the runtime's thread, `node::retire`).
+    pub fn replace(&self, model: Model, source: Option<Snapshot>) -> (u64, Arc<Published>) {
         let next = *self.generation.borrow() + 1;
-        self.current.store(Arc::new(Published {
+        let old = self.current.swap(Arc::new(Published {
             generation: next,
             model: Arc::new(model),
             source: source.map(Arc::new),
         }));
         self.generation.send_replace(next);
-        next
+        (next, old)
     }
 
     /// Wait until a model newer than `seen` is published, at most `bound`. Returns whether one

@@ -9,6 +9,7 @@ pub mod debug;
 pub mod dns;
 pub mod handoff;
 pub mod pods;
+mod retire;
 pub mod stats;
 pub mod telemetry;
 pub mod tls;
@@ -644,10 +645,18 @@ pub async fn run_with_logs(
                             let _ = reg.send(Arc::new(w.registrar));
                             let _ = st.send(Arc::new(w.status));
                         }
-                        let generation = handle.publish_with_source(l.model, config.debug_keep_snapshot.then_some(l.snapshot));
+                        // What this replaces is freed off the runtime's thread (node::retire).
+                        let (kept, unkept) = if config.debug_keep_snapshot {
+                            (Some(l.snapshot), None)
+                        } else {
+                            (None, Some(l.snapshot))
+                        };
+                        retire::drop_off_runtime(unkept);
+                        let (generation, replaced) = handle.replace(l.model, kept);
+                        retire::model(replaced);
                         // Off the request path: the metric series of the services it holds.
                         shared.inputs.metrics.rebuild(&handle.load());
-                        dns_table.store(Arc::new(l.dns));
+                        retire::drop_off_runtime(dns_table.swap(Arc::new(l.dns)));
                         info!(generation, "model published");
                         registry_ok = true;
                         let ok = reconcile(&config, &shared, &pods, &cni_pods).await.is_empty();
