@@ -20,6 +20,13 @@
 //! after the connections are opened, and again after they are closed, before each reading
 //! (default 25 s: jemalloc's background thread returns freed pages over its 10 s decay).
 //!
+//! **Scale** (issue #11's goal of at most 40 MB of daemon RSS with 2,000 services and 100 local
+//! pods): `AETHER_MEMORY_SCALE=<services>,<pods>` measures that instead of the paths. The
+//! fixture is brought up twice, side by side: as it is, and with a generated namespace `scale`
+//! added: `<pods>` pods on node-a (each its own workload, an `aether echo` on 8080, so its own
+//! generated Service) and user Services up to `<services>`, each selecting one of those pods.
+//! Both daemons' resident sets are read after the settle time, with no connection held.
+//!
 //! Run as root: `cargo bench --bench memory`. Without root it prints `SKIPPED: needs root`.
 #![allow(clippy::print_stdout, missing_docs)] // A benchmark harness reports on stdout.
 
@@ -85,6 +92,9 @@ fn main() -> Result<()> {
             opts.binary.display(),
             opts.run_dir.display()
         );
+        if let Ok(scale) = std::env::var("AETHER_MEMORY_SCALE") {
+            return scale::run(&opts, &scale, settle).await;
+        }
         let mut rows = Vec::new();
         for i in 0..PATHS.len() {
             let running = aether::demo::up(&opts).await.context("bring the mesh up")?;
@@ -284,4 +294,201 @@ fn report(rows: &[Row], n: usize, settle: Duration) {
         "({n} connections per path; RSS read {}s after they closed)",
         settle.as_secs()
     );
+}
+
+/// The daemons' memory with a registry the size of issue #11's goal, beside the fixture alone.
+mod scale {
+    use std::fmt::Write as _;
+    use std::path::Path;
+    use std::time::Duration;
+
+    use anyhow::{Context, Result, bail, ensure};
+
+    use super::{Both, read_both, show};
+    use aether::demo::DemoOptions;
+
+    /// The first pod's last octet in 10.244.1.0/24 (node-a's pods; the fixture's are below).
+    const FIRST_HOST: usize = 120;
+    /// The user Services' ClusterIPs start at 10.96.200.0 (the file registry allocates the
+    /// generated ones from the bottom of 10.96.0.0/16).
+    const FIRST_CLUSTER_IP: usize = 200 << 8;
+
+    pub(super) async fn run(opts: &DemoOptions, spec: &str, settle: Duration) -> Result<()> {
+        let (services, pods) = parse(spec)?;
+        let src = opts
+            .run_dir
+            .with_file_name("aether-bench-memory-scale-registry");
+        write_registry(&opts.registry, &src, services, pods)?;
+        let scaled = DemoOptions {
+            registry: src.clone(),
+            ..opts.clone()
+        };
+        let fixture = measure(opts, "the fixture alone", settle).await?;
+        let big = measure(&scaled, "the fixture and the scale namespace", settle).await?;
+        println!();
+        println!("| registry | RSS node-a (the {pods} pods' node) | node-b |");
+        println!("|---|---|---|");
+        println!(
+            "| the fixture alone | {} KiB | {} KiB |",
+            fixture[0].rss_kib, fixture[1].rss_kib
+        );
+        println!(
+            "| + {services} services, {pods} pods on node-a | {} KiB | {} KiB |",
+            big[0].rss_kib, big[1].rss_kib
+        );
+        println!(
+            "| difference | {:+} KiB | {:+} KiB |",
+            big[0].rss_kib as i64 - fixture[0].rss_kib as i64,
+            big[1].rss_kib as i64 - fixture[1].rss_kib as i64
+        );
+        println!(
+            "(read {}s after every pod answered; registry in {})",
+            settle.as_secs(),
+            src.display()
+        );
+        Ok(())
+    }
+
+    fn parse(spec: &str) -> Result<(usize, usize)> {
+        let (s, p) = spec
+            .split_once(',')
+            .with_context(|| format!("AETHER_MEMORY_SCALE={spec:?}: expected <services>,<pods>"))?;
+        let services: usize = s.trim().parse().context("AETHER_MEMORY_SCALE services")?;
+        let pods: usize = p.trim().parse().context("AETHER_MEMORY_SCALE pods")?;
+        ensure!(
+            (1..=255 - FIRST_HOST).contains(&pods),
+            "AETHER_MEMORY_SCALE: 1 to {} pods (node-a's /24 holds the rest)",
+            255 - FIRST_HOST
+        );
+        ensure!(
+            services >= pods && services - pods <= (56 << 8),
+            "AETHER_MEMORY_SCALE: at least one service per pod, at most {} more",
+            56 << 8
+        );
+        Ok((services, pods))
+    }
+
+    async fn measure(opts: &DemoOptions, what: &str, settle: Duration) -> Result<Both> {
+        let running = aether::demo::up(opts)
+            .await
+            .with_context(|| format!("bring up {what}"))?;
+        let read = async {
+            let pids = {
+                let guard = running.lab.lock().await;
+                let lab = guard.as_ref().context("the lab is up")?;
+                [
+                    lab.daemon_pid("node-a").context("no daemon on node-a")?,
+                    lab.daemon_pid("node-b").context("no daemon on node-b")?,
+                ]
+            };
+            tokio::time::sleep(settle).await;
+            read_both(pids)
+        }
+        .await;
+        running.down().await.context("take the mesh down")?;
+        let both = read?;
+        println!("{what}: {}", show(&both));
+        Ok(both)
+    }
+
+    /// `fixture`'s manifests and `90-scale.yaml` in `dir`.
+    fn write_registry(fixture: &Path, dir: &Path, services: usize, pods: usize) -> Result<()> {
+        let _ = std::fs::remove_dir_all(dir);
+        std::fs::create_dir_all(dir).with_context(|| format!("create {}", dir.display()))?;
+        for entry in std::fs::read_dir(fixture).with_context(|| format!("{}", fixture.display()))? {
+            let entry = entry?;
+            if entry.file_type()?.is_dir() {
+                bail!(
+                    "{}: the fixture has no subdirectories",
+                    entry.path().display()
+                );
+            }
+            std::fs::copy(entry.path(), dir.join(entry.file_name()))?;
+        }
+        let path = dir.join("90-scale.yaml");
+        std::fs::write(&path, manifests(services, pods))
+            .with_context(|| format!("write {}", path.display()))
+    }
+
+    fn manifests(services: usize, pods: usize) -> String {
+        let mut y = String::from(
+            "apiVersion: v1\nkind: Namespace\nmetadata:\n  name: scale\n---\n\
+             apiVersion: v1\nkind: ServiceAccount\nmetadata:\n  name: scale\n  namespace: scale\n",
+        );
+        for i in 0..pods {
+            let ip = format!("10.244.1.{}", FIRST_HOST + i);
+            let _ = write!(
+                y,
+                "---
+apiVersion: v1
+kind: Pod
+metadata:
+  name: scale-{i}
+  namespace: scale
+  labels:
+    app: scale-{i}
+  annotations:
+    endpoint.aether.io/port: \"8080\"
+    endpoint.aether.io/protocol: \"http\"
+    aether.io/netns: \"scale-{i}\"
+spec:
+  serviceAccountName: scale
+  nodeName: node-a
+  containers:
+  - name: app
+    image: aether:dev
+    command: [\"aether\", \"echo\", \"--workload\", \"scale-{i}\", \"--http\", \"8080\"]
+    env:
+    - name: POD_NAME
+      valueFrom:
+        fieldRef:
+          fieldPath: metadata.name
+    - name: POD_NAMESPACE
+      valueFrom:
+        fieldRef:
+          fieldPath: metadata.namespace
+    ports:
+    - name: http-8080
+      containerPort: 8080
+      protocol: TCP
+status:
+  phase: Running
+  podIP: {ip}
+  podIPs:
+  - ip: {ip}
+  conditions:
+  - type: Ready
+    status: \"True\"
+"
+            );
+        }
+        for j in 0..services - pods {
+            let n = FIRST_CLUSTER_IP + j;
+            let ip = format!("10.96.{}.{}", n >> 8, n & 0xff);
+            let _ = write!(
+                y,
+                "---
+apiVersion: v1
+kind: Service
+metadata:
+  name: scale-user-{j}
+  namespace: scale
+spec:
+  type: ClusterIP
+  clusterIP: {ip}
+  clusterIPs:
+  - {ip}
+  selector:
+    app: scale-{pod}
+  ports:
+  - name: http
+    protocol: TCP
+    port: 80
+    targetPort: 8080
+",
+                pod = j % pods
+            );
+        }
+        y
+    }
 }
