@@ -126,7 +126,8 @@ struct NodeArgs {
     /// Workload certificate lifetime, in hours.
     #[arg(long, env = "AETHER_CERT_LIFETIME_HOURS")]
     cert_lifetime_hours: Option<u64>,
-    /// Quiet time after a registry change before recompiling, in milliseconds.
+    /// Reload spacing, in milliseconds: a Kubernetes change is recompiled at once after a
+    /// quiet spell, then at most once per this; a directory change waits this long.
     #[arg(long, env = "AETHER_WATCH_DEBOUNCE_MS")]
     watch_debounce_ms: Option<u64>,
     /// How long a CNI ADD for a pod the registry does not hold yet waits for it, in

@@ -100,7 +100,9 @@ pub struct NodeConfig {
     pub cert_lifetime_hours: u64,
     /// How long shutdown waits for open connections, in seconds.
     pub drain_timeout_secs: u64,
-    /// Quiet time after a registry change before recompiling, in milliseconds.
+    /// Reload spacing, in milliseconds: the Kubernetes source recompiles a change at once after
+    /// a quiet spell and then at most once per this; a registry directory change waits this long
+    /// before the directory is read (`node::pace`).
     pub watch_debounce_ms: u64,
     /// How long a CNI ADD for a pod no published model knows yet waits for one that does, in
     /// milliseconds, *for each such ADD*; then it is answered "try again" (CNI error 11).

@@ -8,6 +8,7 @@ pub mod config;
 pub mod debug;
 pub mod dns;
 pub mod handoff;
+mod pace;
 pub mod pods;
 mod retire;
 pub mod stats;
@@ -479,6 +480,13 @@ pub async fn run_with_logs(
     // Whether the published model is the registry's: not before the Kubernetes source has
     // listed every kind (fail closed), nor while a kind is unreadable. Ready needs it.
     let mut registry_ok = matches!(*source, Source::File(_));
+    let mut pace = pace::Pace::new(
+        match *source {
+            Source::File(_) => pace::Edge::Trailing,
+            Source::Kube(_) => pace::Edge::Leading,
+        },
+        Duration::from_millis(config.watch_debounce_ms),
+    );
     let all_served = reconcile(&config, &shared, &pods, &cni_pods)
         .await
         .is_empty()
@@ -612,9 +620,11 @@ pub async fn run_with_logs(
                 break;
             }
             Some(()) = changed_rx.recv() => {
-                // Debounce inside the branch, so no other branch can drop the change.
-                tokio::time::sleep(Duration::from_millis(config.watch_debounce_ms)).await;
+                // Debounce inside the branch, so no other branch can drop the change
+                // (node::pace: at once after a quiet spell for the Kubernetes source).
+                tokio::time::sleep(pace.wait(tokio::time::Instant::now())).await;
                 while changed_rx.try_recv().is_ok() {}
+                pace.started(tokio::time::Instant::now());
                 // Reading and compiling is blocking work: off the data plane's threads.
                 let previous = handle.load();
                 let (cfg, kept) = (config.clone(), retained.clone());
