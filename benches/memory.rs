@@ -27,6 +27,13 @@
 //! generated Service) and user Services up to `<services>`, each selecting one of those pods.
 //! Both daemons' resident sets are read after the settle time, with no connection held.
 //!
+//! **Idle** (issue #11's goal of 50,000 idle connections through one daemon without failure):
+//! `AETHER_MEMORY_IDLE=<n>` opens `n` captured HTTP connections from `mp-client`, each used
+//! once, round-robin over three destinations (one client address has about 28,000 ports per
+//! destination), with node-a's `max_connections_per_pod` raised above `n`; while they are held,
+//! one more connection must still be served; then they close. Both daemons' RSS and
+//! descriptors are read before, while held, and after.
+//!
 //! Run as root: `cargo bench --bench memory`. Without root it prints `SKIPPED: needs root`.
 #![allow(clippy::print_stdout, missing_docs)] // A benchmark harness reports on stdout.
 
@@ -66,11 +73,31 @@ fn main() -> Result<()> {
         println!("SKIPPED: needs root");
         return Ok(());
     }
-    // The client holds every connection of a path at once, and the daemons inherit the limit.
+    // The client holds every connection of a path at once, and the daemons inherit the limit
+    // (root may raise the hard limit up to `fs.nr_open`; the idle run needs more than 50,000).
     let (_, hard) = nix::sys::resource::getrlimit(nix::sys::resource::Resource::RLIMIT_NOFILE)
         .context("getrlimit")?;
-    nix::sys::resource::setrlimit(nix::sys::resource::Resource::RLIMIT_NOFILE, hard, hard)
-        .context("setrlimit")?;
+    let nofile = std::fs::read_to_string("/proc/sys/fs/nr_open")
+        .ok()
+        .and_then(|s| s.trim().parse::<u64>().ok())
+        .map_or(hard, |nr_open| hard.max(nr_open.min(1 << 18)));
+    let limit = match nix::sys::resource::setrlimit(
+        nix::sys::resource::Resource::RLIMIT_NOFILE,
+        nofile,
+        nofile,
+    ) {
+        Ok(()) => nofile,
+        // Without CAP_SYS_RESOURCE (some containers) the hard limit is as far as it goes.
+        Err(nix::errno::Errno::EPERM) if nofile > hard => {
+            nix::sys::resource::setrlimit(nix::sys::resource::Resource::RLIMIT_NOFILE, hard, hard)
+                .context("setrlimit")?;
+            println!(
+                "RLIMIT_NOFILE stays at its hard limit {hard}: raising it needs CAP_SYS_RESOURCE"
+            );
+            hard
+        }
+        Err(e) => return Err(e).context("setrlimit"),
+    };
     let n = env_number("AETHER_MEMORY_CONNECTIONS", CONNECTIONS as u64)? as usize;
     let settle = Duration::from_secs(env_number("AETHER_MEMORY_SETTLE_SECS", SETTLE_SECS)?);
     let rt = tokio::runtime::Builder::new_current_thread()
@@ -94,6 +121,16 @@ fn main() -> Result<()> {
         );
         if let Ok(scale) = std::env::var("AETHER_MEMORY_SCALE") {
             return scale::run(&opts, &scale, settle).await;
+        }
+        if std::env::var_os("AETHER_MEMORY_IDLE").is_some() {
+            let n = env_number("AETHER_MEMORY_IDLE", 0)? as usize;
+            // node-a's daemon holds one descriptor per client connection, and this process one.
+            ensure!(
+                (n as u64) + 1000 <= limit,
+                "AETHER_MEMORY_IDLE={n}: the descriptor limit here is {limit}, so at most {}",
+                limit.saturating_sub(1000)
+            );
+            return idle(opts, n, settle).await;
         }
         let mut rows = Vec::new();
         for i in 0..PATHS.len() {
@@ -294,6 +331,94 @@ fn report(rows: &[Row], n: usize, settle: Duration) {
         "({n} connections per path; RSS read {}s after they closed)",
         settle.as_secs()
     );
+}
+
+/// `n` idle captured HTTP connections through node-a at once, and one more served meanwhile.
+async fn idle(mut opts: DemoOptions, n: usize, settle: Duration) -> Result<()> {
+    ensure!(n > 0, "AETHER_MEMORY_IDLE: at least one connection");
+    opts.daemon_args.extend([
+        "--max-connections-per-pod".to_owned(),
+        (n + BATCH).to_string(),
+        "--max-connections".to_owned(),
+        (n + 10 * BATCH).to_string(),
+    ]);
+    let running = aether::demo::up(&opts).await.context("bring the mesh up")?;
+    let measured = idle_on(&running, n, settle).await;
+    running.down().await.context("take the mesh down")?;
+    measured
+}
+
+async fn idle_on(running: &Running, n: usize, settle: Duration) -> Result<()> {
+    let env = &running.env;
+    let pids = {
+        let guard = running.lab.lock().await;
+        let lab = guard.as_ref().context("the lab is up")?;
+        [
+            lab.daemon_pid("node-a").context("no daemon on node-a")?,
+            lab.daemon_pid("node-b").context("no daemon on node-b")?,
+        ]
+    };
+    let client = env.clients.get("mp-client").context("no mp-client")?;
+    let connector = Connector::in_netns(Arc::clone(client), env.home.clone());
+    let ip = |pod: &str| env.pod_ip("mp", pod).map_err(anyhow::Error::msg);
+    let targets = [
+        Target::Http {
+            addr: SocketAddr::new(ip("mp-httponly-1")?, 8080),
+            host: format!("{}:8080", env.mesh("mp-httponly")),
+        },
+        Target::Http {
+            addr: SocketAddr::new(ip("mp-eighty-1")?, 8080),
+            host: format!("{}:8080", env.mesh("mp-eighty")),
+        },
+        Target::Http {
+            addr: SocketAddr::new(ip("mp-eighty-1")?, 9090),
+            host: format!("{}:9090", env.mesh("mp-eighty")),
+        },
+    ];
+    for t in &targets {
+        drop(open_many(&connector, t, BATCH).await?);
+    }
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let baseline = read_both(pids)?;
+    let started = aether::time::now();
+    let mut held = Vec::with_capacity(n);
+    while held.len() < n {
+        let i = held.len() / BATCH % targets.len();
+        let batch = BATCH.min(n - held.len());
+        let opened = open_many(&connector, &targets[i], batch)
+            .await
+            .with_context(|| format!("with {} open, open {batch} more", held.len()))?;
+        held.extend(opened);
+    }
+    let opened_in = started.elapsed();
+    tokio::time::sleep(settle).await;
+    let during = read_both(pids)?;
+    // One more, while every one of them is held: still served.
+    drop(
+        targets[0]
+            .open(&connector)
+            .await
+            .with_context(|| format!("one more connection with {n} held"))?,
+    );
+    drop(held);
+    tokio::time::sleep(settle).await;
+    let after = read_both(pids)?;
+    println!(
+        "{n} idle captured HTTP connections from mp-client, opened in {:.1} s; one more served while they were held",
+        opened_in.as_secs_f64()
+    );
+    println!("  baseline {}", show(&baseline));
+    println!("  held     {}", show(&during));
+    println!("  closed   {}  ({}s later)", show(&after), settle.as_secs());
+    let per = |i: usize| (during[i].rss_kib as f64 - baseline[i].rss_kib as f64) / n as f64;
+    println!(
+        "KiB per idle connection: node-a {:.1}, node-b {:.1}; RSS after close / baseline: node-a {:.2}, node-b {:.2}",
+        per(0),
+        per(1),
+        after[0].rss_kib as f64 / baseline[0].rss_kib as f64,
+        after[1].rss_kib as f64 / baseline[1].rss_kib as f64
+    );
+    Ok(())
 }
 
 /// The daemons' memory with a registry the size of issue #11's goal, beside the fixture alone.
