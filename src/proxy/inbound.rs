@@ -62,7 +62,13 @@ pub async fn serve_inbound(inputs: Arc<Inputs>, pod: Arc<PodCtx>, listener: TcpL
         let pod = pod.clone();
         tokio::spawn(async move {
             if let Some(local) = local {
-                let connection = inbound_connection(inputs, pod.clone(), tcp, peer_addr, local);
+                let connection = Box::pin(inbound_connection(
+                    inputs,
+                    pod.clone(),
+                    tcp,
+                    peer_addr,
+                    local,
+                ));
                 pod.until_retired(connection).await;
             }
             drop(active);

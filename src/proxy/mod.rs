@@ -544,7 +544,14 @@ impl PodCtx {
     /// Run one of the pod's connections until it ends or the pod is retired: a pod that is no
     /// longer served (its CNI DEL, or gone from the registry) takes its connections with it,
     /// where a pod whose settings change keeps them.
-    pub async fn until_retired(&self, connection: impl Future<Output = ()>) {
+    ///
+    /// The connection comes boxed: an `async fn` keeps its argument's slot beside the copy it
+    /// awaits, so a connection's future passed by value sat twice in its task (about 1 KiB more
+    /// for every idle captured connection; docs/performance.md, "Many idle connections").
+    pub async fn until_retired(
+        &self,
+        connection: std::pin::Pin<Box<dyn Future<Output = ()> + Send>>,
+    ) {
         let mut retired = self.retired.subscribe();
         tokio::select! {
             () = connection => {}

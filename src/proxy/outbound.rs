@@ -31,7 +31,7 @@ pub async fn serve_capture(inputs: Arc<Inputs>, pod: Arc<PodCtx>, listener: TcpL
         let pod = pod.clone();
         tokio::spawn(async move {
             pod.clone()
-                .until_retired(captured(inputs, pod, stream))
+                .until_retired(Box::pin(captured(inputs, pod, stream)))
                 .await;
             drop(active);
         });

@@ -202,7 +202,7 @@ pub async fn serve_udp(inputs: Arc<Inputs>, pod: Arc<PodCtx>, sock: UdpSocket) {
             metrics: inputs.metrics.clone(),
         };
         let pod = pod.clone();
-        tokio::spawn(async move { pod.clone().until_retired(run.relay()).await });
+        tokio::spawn(async move { pod.clone().until_retired(Box::pin(run.relay())).await });
     }
 }
 
