@@ -272,18 +272,28 @@ struct Row {
     after: Both,
 }
 
+/// The daemons of node-a and node-b.
+async fn daemon_pids(running: &Running) -> Result<[u32; 2]> {
+    let guard = running.lab.lock().await;
+    let lab = guard.as_ref().context("the lab is up")?;
+    Ok([
+        lab.daemon_pid("node-a").context("no daemon on node-a")?,
+        lab.daemon_pid("node-b").context("no daemon on node-b")?,
+    ])
+}
+
+/// Connections from `mp-client`'s namespace.
+fn client_connector(running: &Running) -> Result<Connector> {
+    let env = &running.env;
+    let client = env.clients.get("mp-client").context("no mp-client")?;
+    Ok(Connector::in_netns(Arc::clone(client), env.home.clone()))
+}
+
 /// On a fresh mesh (so no earlier flood's freed memory hides this one's cost): a warm-up of
 /// [`BATCH`] connections opened and closed, then `n` held, then closed.
 async fn measure(running: &Running, i: usize, n: usize, settle: Duration) -> Result<Row> {
-    let env = &running.env;
-    let guard = running.lab.lock().await;
-    let lab = guard.as_ref().context("the lab is up")?;
-    let pids = [
-        lab.daemon_pid("node-a").context("no daemon on node-a")?,
-        lab.daemon_pid("node-b").context("no daemon on node-b")?,
-    ];
-    let client = env.clients.get("mp-client").context("no mp-client")?;
-    let connector = Connector::in_netns(Arc::clone(client), env.home.clone());
+    let pids = daemon_pids(running).await?;
+    let connector = client_connector(running)?;
     let target = path(running, i)?;
 
     drop(open_many(&connector, &target, BATCH).await?);
@@ -350,16 +360,8 @@ async fn idle(mut opts: DemoOptions, n: usize, settle: Duration) -> Result<()> {
 
 async fn idle_on(running: &Running, n: usize, settle: Duration) -> Result<()> {
     let env = &running.env;
-    let pids = {
-        let guard = running.lab.lock().await;
-        let lab = guard.as_ref().context("the lab is up")?;
-        [
-            lab.daemon_pid("node-a").context("no daemon on node-a")?,
-            lab.daemon_pid("node-b").context("no daemon on node-b")?,
-        ]
-    };
-    let client = env.clients.get("mp-client").context("no mp-client")?;
-    let connector = Connector::in_netns(Arc::clone(client), env.home.clone());
+    let pids = daemon_pids(running).await?;
+    let connector = client_connector(running)?;
     let ip = |pod: &str| env.pod_ip("mp", pod).map_err(anyhow::Error::msg);
     let targets = [
         Target::Http {
@@ -498,14 +500,7 @@ mod scale {
             .await
             .with_context(|| format!("bring up {what}"))?;
         let read = async {
-            let pids = {
-                let guard = running.lab.lock().await;
-                let lab = guard.as_ref().context("the lab is up")?;
-                [
-                    lab.daemon_pid("node-a").context("no daemon on node-a")?,
-                    lab.daemon_pid("node-b").context("no daemon on node-b")?,
-                ]
-            };
+            let pids = super::daemon_pids(&running).await?;
             tokio::time::sleep(settle).await;
             read_both(pids)
         }

@@ -1,7 +1,8 @@
 //! Freeing what a reload replaced, off the data plane's thread.
 //!
 //! Dropping a compiled model frees every table it holds: about a quarter of the time it took to
-//! compile it (docs/performance.md, "Compile speed"), tens of milliseconds at 2,000 services.
+//! compile it (docs/performance.md, "Compile speed"), so some milliseconds at 2,000 services and
+//! around a hundred at 20,000.
 //! The daemon runs on one thread by default (`worker_threads`), so a drop on the runtime's
 //! thread stalls every proxied connection of the node for that long. The model a reload replaces
 //! is dropped by whoever lets go of it last: the publisher, or a connection that loaded it
