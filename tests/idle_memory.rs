@@ -26,7 +26,8 @@ use world::{MESH, OUTSIDE, World};
 mod counting_alloc;
 
 #[global_allocator]
-static ALLOCATOR: counting_alloc::Counting = counting_alloc::Counting;
+static ALLOCATOR: counting_alloc::Counting<std::alloc::System> =
+    counting_alloc::Counting(std::alloc::System);
 
 /// Connections per phase.
 const N: usize = 200;

@@ -1,42 +1,56 @@
 //! A global allocator that counts the heap bytes live now, for the benchmarks and tests that
 //! measure what a structure or a connection keeps (`benches/model.rs`, `tests/idle_memory.rs`).
-//! Include it with `#[path]` and install it with `#[global_allocator]`.
+//! Include it with `#[path]` and install it with `#[global_allocator]`, around the allocator the
+//! measured code runs on: `Counting(System)`, or `Counting(tikv_jemallocator::Jemalloc)` for the
+//! daemon's own (benches/model.rs times the compile on it).
 
-use std::alloc::{GlobalAlloc, Layout, System};
-use std::sync::atomic::{AtomicIsize, Ordering};
+use std::alloc::{GlobalAlloc, Layout};
+use std::sync::atomic::{AtomicBool, AtomicIsize, Ordering};
 
-/// The system allocator, counting.
-pub(crate) struct Counting;
+/// The allocator `A`, counting the bytes its callers asked for.
+pub(crate) struct Counting<A>(pub(crate) A);
 
 static LIVE: AtomicIsize = AtomicIsize::new(0);
+static ON: AtomicBool = AtomicBool::new(true);
 
-/// Heap bytes live now, over the whole process.
+/// Heap bytes live now, over the whole process (while counting has stayed on).
+#[allow(dead_code)] // Not every includer reads it.
 pub(crate) fn live() -> isize {
     LIVE.load(Ordering::Relaxed)
 }
 
-// SAFETY: every call is forwarded unchanged to the system allocator; the counter is only
+/// Stops counting for good, so what is timed next does not pay for the shared counter's atomic
+/// add on every allocation; [`live`] is meaningless from then on.
+#[allow(dead_code)] // Not every includer times anything.
+pub(crate) fn stop() {
+    ON.store(false, Ordering::Relaxed);
+}
+
+fn count(bytes: isize) {
+    if ON.load(Ordering::Relaxed) {
+        LIVE.fetch_add(bytes, Ordering::Relaxed);
+    }
+}
+
+// SAFETY: every call is forwarded unchanged to the inner allocator; the counter is only
 // arithmetic on the sizes the caller passes.
 #[allow(unsafe_code)]
-unsafe impl GlobalAlloc for Counting {
+unsafe impl<A: GlobalAlloc> GlobalAlloc for Counting<A> {
     unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
-        LIVE.fetch_add(layout.size() as isize, Ordering::Relaxed);
+        count(layout.size() as isize);
         // SAFETY: forwarded with the caller's layout.
-        unsafe { System.alloc(layout) }
+        unsafe { self.0.alloc(layout) }
     }
 
     unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
-        LIVE.fetch_sub(layout.size() as isize, Ordering::Relaxed);
+        count(-(layout.size() as isize));
         // SAFETY: forwarded with the caller's pointer and layout.
-        unsafe { System.dealloc(ptr, layout) }
+        unsafe { self.0.dealloc(ptr, layout) }
     }
 
     unsafe fn realloc(&self, ptr: *mut u8, layout: Layout, new_size: usize) -> *mut u8 {
-        LIVE.fetch_add(
-            new_size as isize - layout.size() as isize,
-            Ordering::Relaxed,
-        );
+        count(new_size as isize - layout.size() as isize);
         // SAFETY: forwarded with the caller's pointer, layout and size.
-        unsafe { System.realloc(ptr, layout, new_size) }
+        unsafe { self.0.realloc(ptr, layout, new_size) }
     }
 }
