@@ -18,6 +18,7 @@
 //! (`/proc/thread-self/schedstat`) and wall time for the compile, the clone baseline, the event
 //! path and the file registry's completion (`registrar::complete_snapshot` on a copy of the
 //! snapshot without its generated Services, the copy included), and skips the criterion groups.
+//! `AETHER_MODEL_SIZES=<n>,<n>` measures those numbers of services instead of 200, 2,000, 20,000.
 #![allow(clippy::print_stdout, missing_docs)] // A benchmark harness reports on stdout.
 
 use std::collections::HashMap;
@@ -45,11 +46,24 @@ mod counting_alloc;
 static ALLOC: counting_alloc::Counting<tikv_jemallocator::Jemalloc> =
     counting_alloc::Counting(tikv_jemallocator::Jemalloc);
 
-const SIZES: [u32; 3] = [200, 2_000, 20_000];
+/// The sizes measured: `AETHER_MODEL_SIZES=<n>,<n>...` (services), else 200, 2,000 and 20,000.
+fn sizes() -> Vec<u32> {
+    match std::env::var("AETHER_MODEL_SIZES") {
+        Ok(v) => v
+            .split(',')
+            .map(|n| {
+                n.trim()
+                    .parse()
+                    .expect("AETHER_MODEL_SIZES: numbers of services")
+            })
+            .collect(),
+        Err(_) => vec![200, 2_000, 20_000],
+    }
+}
 
 fn heap_per_service() {
     let ctx = NodeContext::default();
-    for n in SIZES {
+    for n in sizes() {
         let snapshot = synth::scaled(n);
         let before = counting_alloc::live();
         let model = compile(&snapshot, &ctx);
@@ -117,7 +131,7 @@ fn cpu_table(runs: usize) {
         "| services | compile | baseline (clone) | ratio | event to served request | file registry: complete_snapshot |"
     );
     println!("|---|---|---|---|---|---|");
-    for n in SIZES {
+    for n in sizes() {
         let snapshot = synth::scaled(n);
         let reps = (20_000 / n).max(1);
         let (cc, cw) = measure(runs, reps, || compile(&snapshot, &ctx));
@@ -150,7 +164,7 @@ fn bench_compile(c: &mut Criterion) {
     let ctx = NodeContext::default();
     let mut g = c.benchmark_group("compile");
     g.sample_size(10);
-    for n in SIZES {
+    for n in sizes() {
         let snapshot = synth::scaled(n);
         g.bench_with_input(BenchmarkId::new("compile", n), &snapshot, |b, s| {
             b.iter_with_large_drop(|| compile(black_box(s), &ctx));

@@ -160,7 +160,9 @@ impl<'s> Compiler<'s> {
                 format!("annotation-unparseable: {}", p.detail),
             ));
         }
-        let mut seen: BTreeSet<(&str, &str, IpAddr)> = BTreeSet::new();
+        // The last row kept: rows of one (namespace, service, address) are adjacent in this
+        // order, so a row with its key is a duplicate.
+        let mut kept: Option<(&str, &str, IpAddr)> = None;
         let mut nodes: BTreeMap<&str, Arc<str>> = BTreeMap::new();
         for row in rows {
             if self.ctx.ignored_namespaces.contains(&row.namespace) {
@@ -175,10 +177,12 @@ impl<'s> Compiler<'s> {
                 ));
                 continue;
             }
-            if !seen.insert((&row.namespace, &row.service, row.address)) {
+            let k = (row.namespace.as_str(), row.service.as_str(), row.address);
+            if kept == Some(k) {
                 // A consumer de-duplicates rows per (namespace, service, address) (§3.4).
                 continue;
             }
+            kept = Some(k);
             let mut protocols = served_protocols(row);
             let reserved: Vec<u16> = protocols
                 .keys()
@@ -629,9 +633,12 @@ impl<'s> Compiler<'s> {
                 ));
             }
         }
-        let pods = snapshot
-            .pods
-            .iter()
+        // Sorted by reference first: moving a whole entry is a copy of some hundred bytes, and
+        // the map's own sort then finds one run (equal keys keep their input order, as before).
+        let mut by_name: Vec<&crate::model::snapshot::Pod> = snapshot.pods.iter().collect();
+        by_name.sort_by(|a, b| (&a.namespace, &a.name).cmp(&(&b.namespace, &b.name)));
+        let pods = by_name
+            .into_iter()
             .map(|p| {
                 let redirect_all = p.redirect_all.unwrap_or(ctx.capture_redirect_all_default);
                 (
@@ -670,15 +677,12 @@ impl<'s> Compiler<'s> {
         Model {
             context: ctx.clone(),
             names: {
-                let mut by_ns: HashMap<Box<str>, HashMap<Box<str>, Arc<NameEntry>>> =
-                    HashMap::new();
+                // Keyed by the borrowed namespace while filling: one key allocated per namespace.
+                let mut by_ns: HashMap<&str, HashMap<Box<str>, Arc<NameEntry>>> = HashMap::new();
                 for ((ns, n), e) in names {
-                    by_ns
-                        .entry(ns.into())
-                        .or_default()
-                        .insert(n.into(), Arc::new(e));
+                    by_ns.entry(ns).or_default().insert(n.into(), Arc::new(e));
                 }
-                by_ns
+                by_ns.into_iter().map(|(ns, t)| (ns.into(), t)).collect()
             },
             cluster_ips,
             l4,
