@@ -12,6 +12,7 @@
 //!
 //! Layer 0 (pure).
 
+use std::collections::btree_map::Entry;
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::net::IpAddr;
 use std::sync::Arc;
@@ -164,6 +165,9 @@ impl<'s> Compiler<'s> {
         // order, so a row with its key is a duplicate.
         let mut kept: Option<(&str, &str, IpAddr)> = None;
         let mut nodes: BTreeMap<&str, Arc<str>> = BTreeMap::new();
+        // The mesh service whose rows are being read: its rows are adjacent in this order too,
+        // so each service goes into the map once.
+        let mut current: Option<((&'s str, &'s str), MeshService<'s>)> = None;
         for row in rows {
             if self.ctx.ignored_namespaces.contains(&row.namespace) {
                 // An ignored namespace's pods are not registered (model.md §2).
@@ -197,24 +201,29 @@ impl<'s> Compiler<'s> {
                     format!("port {p} is reserved and is not served"),
                 ));
             }
-            match self.by_address.get(&row.address) {
-                Some((ns, svc, _)) => self.diagnostics.push(Diagnostic::new(
-                    DiagnosticKind::DuplicateAddress,
-                    row.address.to_string(),
-                    format!(
-                        "already a row of {ns}/{svc}; {}/{} ignored for pod-IP dials",
-                        row.namespace, row.service
-                    ),
-                )),
-                None => {
-                    self.by_address
-                        .insert(row.address, (&row.namespace, &row.service, row));
+            match self.by_address.entry(row.address) {
+                Entry::Occupied(e) => {
+                    let (ns, svc, _) = e.get();
+                    self.diagnostics.push(Diagnostic::new(
+                        DiagnosticKind::DuplicateAddress,
+                        row.address.to_string(),
+                        format!(
+                            "already a row of {ns}/{svc}; {}/{} ignored for pod-IP dials",
+                            row.namespace, row.service
+                        ),
+                    ));
+                }
+                Entry::Vacant(e) => {
+                    e.insert((&row.namespace, &row.service, row));
                 }
             }
-            let m = self
-                .services
-                .entry((&row.namespace, &row.service))
-                .or_default();
+            let sk = (row.namespace.as_str(), row.service.as_str());
+            if current.as_ref().is_some_and(|(k, _)| *k != sk)
+                && let Some((k, m)) = current.take()
+            {
+                self.services.insert(k, m);
+            }
+            let (_, m) = current.get_or_insert_with(|| (sk, MeshService::default()));
             let mesh_service = m
                 .key
                 .get_or_insert_with(|| key(&row.namespace, &row.service))
@@ -234,6 +243,9 @@ impl<'s> Compiler<'s> {
                 protocols,
                 endpoint,
             });
+        }
+        if let Some((k, m)) = current {
+            self.services.insert(k, m);
         }
         for ((ns, svc), m) in &mut self.services {
             let tallies = vote(m.rows.iter().map(|r| &r.protocols));
