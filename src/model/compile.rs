@@ -168,6 +168,8 @@ impl<'s> Compiler<'s> {
         // The mesh service whose rows are being read: its rows are adjacent in this order too,
         // so each service goes into the map once.
         let mut current: Option<((&'s str, &'s str), MeshService<'s>)> = None;
+        // Gathered in a list, then built into the map at its final size (no rehash as it grows).
+        let mut gathered: Vec<((&'s str, &'s str), MeshService<'s>)> = Vec::new();
         for row in rows {
             if self.ctx.ignored_namespaces.contains(&row.namespace) {
                 // An ignored namespace's pods are not registered (model.md §2).
@@ -219,9 +221,9 @@ impl<'s> Compiler<'s> {
             }
             let sk = (row.namespace.as_str(), row.service.as_str());
             if current.as_ref().is_some_and(|(k, _)| *k != sk)
-                && let Some((k, m)) = current.take()
+                && let Some(done) = current.take()
             {
-                self.services.insert(k, m);
+                gathered.push(done);
             }
             let (_, m) = current.get_or_insert_with(|| (sk, MeshService::default()));
             let mesh_service = m
@@ -244,9 +246,8 @@ impl<'s> Compiler<'s> {
                 endpoint,
             });
         }
-        if let Some((k, m)) = current {
-            self.services.insert(k, m);
-        }
+        gathered.extend(current);
+        self.services = gathered.into_iter().collect();
         for ((ns, svc), m) in &mut self.services {
             let tallies = vote(m.rows.iter().map(|r| &r.protocols));
             for (&port, tally) in &tallies {
@@ -326,7 +327,9 @@ impl<'s> Compiler<'s> {
             }
         }
 
-        let mut names: HashMap<(&str, &str), NameEntry> = HashMap::new();
+        // Sized for the larger of its two main sources; it grows once at most.
+        let mut names: HashMap<(&str, &str), NameEntry> =
+            HashMap::with_capacity(self.services.len().max(snapshot.services.len()));
         // Mesh services.
         for (&(ns, svc), m) in &self.services {
             let own = own_ports(m);
@@ -484,7 +487,14 @@ impl<'s> Compiler<'s> {
         let mut statuses = statuses;
 
         // Step 5: generated Services' ClusterIPs.
-        let mut cluster_ips = HashMap::new();
+        let mut cluster_ips = HashMap::with_capacity(
+            snapshot
+                .services
+                .iter()
+                .filter(|s| s.generated && !s.headless)
+                .map(|s| s.cluster_ips.len())
+                .sum(),
+        );
         let mut l4_status = Vec::new();
         let tls = self.l4_tables(
             &snapshot.tls_routes,
@@ -589,7 +599,7 @@ impl<'s> Compiler<'s> {
                 backs.entry(*ip).or_default().insert(key(ns, svc));
             }
         }
-        let mut pod_ips = HashMap::new();
+        let mut pod_ips = HashMap::with_capacity(self.by_address.len());
         for (&ip, &(ns, svc, row)) in &self.by_address {
             let Some(m) = self.services.get(&(ns, svc)) else {
                 continue;
