@@ -327,7 +327,8 @@ impl<'s> Compiler<'s> {
             }
         }
 
-        // Sized for the larger of its two main sources; it grows once at most.
+        // Sized for the larger of its two main sources (mesh services and Services, which mostly
+        // name the same services): it grows once at most, retained entries aside.
         let mut names: HashMap<(&str, &str), NameEntry> =
             HashMap::with_capacity(self.services.len().max(snapshot.services.len()));
         // Mesh services.

@@ -14,7 +14,6 @@ static LIVE: AtomicIsize = AtomicIsize::new(0);
 static ON: AtomicBool = AtomicBool::new(true);
 
 /// Heap bytes live now, over the whole process (while counting has stayed on).
-#[allow(dead_code)] // Not every includer reads it.
 pub(crate) fn live() -> isize {
     LIVE.load(Ordering::Relaxed)
 }
