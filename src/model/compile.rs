@@ -96,15 +96,14 @@ fn inbound_facts(
                 authorized_by.push(format!("{}/{}", k.namespace, k.name));
             }
         }
-        ports = e
-            .declared
-            .iter()
-            .filter(|(_, p)| matches!(p, PortProtocol::Http | PortProtocol::Tcp))
-            .map(|(&p, _)| p)
-            .collect();
-    }
-    if !strict && authorized_by.is_empty() {
-        ports.clear();
+        if strict || !authorized_by.is_empty() {
+            ports = e
+                .declared
+                .iter()
+                .filter(|(_, p)| matches!(p, PortProtocol::Http | PortProtocol::Tcp))
+                .map(|(&p, _)| p)
+                .collect();
+        }
     }
     InboundFacts {
         strict,
@@ -608,18 +607,20 @@ impl<'s> Compiler<'s> {
             let Some(served) = m.rows.iter().find(|r| std::ptr::eq(r.row, row)) else {
                 continue;
             };
-            let declared: BTreeMap<u16, PortProtocol> = served
-                .protocols
-                .iter()
-                .filter(|(p, proto)| m.classes.get(p) == Some(proto))
-                .map(|(&p, &proto)| (p, proto))
-                .collect();
+            // Filled by insertion: these maps hold a few ports, and `collect` into a B-tree
+            // buffers and sorts its input first (a tenth of the compile's instructions).
             let ep = served.endpoint.clone();
-            let tcp = declared
-                .iter()
-                .filter(|(_, proto)| **proto == PortProtocol::Tcp)
-                .map(|(&p, _)| (p, pod_tcp(&ep, p)))
-                .collect();
+            let mut declared = BTreeMap::new();
+            let mut tcp = BTreeMap::new();
+            for (&p, &proto) in &served.protocols {
+                if m.classes.get(&p) != Some(&proto) {
+                    continue;
+                }
+                declared.insert(p, proto);
+                if proto == PortProtocol::Tcp {
+                    tcp.insert(p, pod_tcp(&ep, p));
+                }
+            }
             let own = ep.mesh_service.clone();
             let guarded_by: Vec<ServiceKey> = std::iter::once(own.clone())
                 .chain(backs.get(&ip).into_iter().flatten().cloned())
@@ -912,12 +913,42 @@ fn user_ports(
 
 /// The `ports:` line of a refusal body (addressing.md §11.2).
 fn ports_line(ports: &BTreeMap<u16, FrontPort>) -> Arc<str> {
-    let parts: Vec<String> = ports
-        .iter()
-        .filter(|(p, _)| !is_reserved(u32::from(**p)))
-        .filter_map(|(p, f)| f.class.listed_as().map(|c| format!("{p}/{c}")))
-        .collect();
-    parts.join(" ").into()
+    // Written into one buffer: a `format!` per port and a join cost some 2,000 instructions a
+    // port (callgrind, docs/performance.md).
+    let mut line = String::with_capacity(ports.len() * 10);
+    for (&p, f) in ports {
+        if is_reserved(u32::from(p)) {
+            continue;
+        }
+        let Some(class) = f.class.listed_as() else {
+            continue;
+        };
+        if !line.is_empty() {
+            line.push(' ');
+        }
+        push_decimal(&mut line, p);
+        line.push('/');
+        line.push_str(class);
+    }
+    line.into()
+}
+
+/// Appends `n` in decimal.
+fn push_decimal(out: &mut String, n: u16) {
+    let mut digits = [0u8; 5];
+    let mut at = digits.len();
+    let mut n = n;
+    loop {
+        at -= 1;
+        digits[at] = b"0123456789"[usize::from(n % 10)];
+        n /= 10;
+        if n == 0 {
+            break;
+        }
+    }
+    for &d in &digits[at..] {
+        out.push(char::from(d));
+    }
 }
 
 /// Raw TCP to one pod's port, for a pod-IP dial (addressing.md §3 step 0).
@@ -961,5 +992,52 @@ fn default_tcp(
             }),
         )]
         .into(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_port_number_is_spelled_as_display_spells_it() {
+        for n in [0u16, 7, 10, 80, 443, 8080, 9999, 10000, 15001, 65535] {
+            let mut s = String::from("x");
+            push_decimal(&mut s, n);
+            assert_eq!(s, format!("x{n}"));
+        }
+    }
+
+    #[test]
+    fn the_ports_line_lists_known_and_unknown_ports_ascending_and_skips_the_rest() {
+        let mut ports = BTreeMap::new();
+        ports.insert(
+            9090,
+            front(
+                Some(9090),
+                PortClass::Known(PortProtocol::Tcp),
+                Arc::from([]),
+            ),
+        );
+        ports.insert(
+            80,
+            front(
+                Some(80),
+                PortClass::Known(PortProtocol::Http),
+                Arc::from([]),
+            ),
+        );
+        ports.insert(81, front(None, PortClass::None, Arc::from([])));
+        ports.insert(82, front(None, PortClass::Unknown, Arc::from([])));
+        ports.insert(
+            PROXY_PORT,
+            front(
+                Some(PROXY_PORT),
+                PortClass::Known(PortProtocol::Http),
+                Arc::from([]),
+            ),
+        );
+        assert_eq!(&*ports_line(&ports), "80/http 82/unknown 9090/tcp");
+        assert_eq!(&*ports_line(&BTreeMap::new()), "");
     }
 }
