@@ -68,6 +68,13 @@ struct MeshService<'s> {
     legacy: Option<u16>,
 }
 
+impl MeshService<'_> {
+    /// Its key, sharing the strings of the one its endpoints hold (set with its first row).
+    fn key(&self, ns: &str, name: &str) -> ServiceKey {
+        self.key.clone().unwrap_or_else(|| key(ns, name))
+    }
+}
+
 /// What plaintext from outside the mesh gets at a pod (model.md §12.5 item 3): refused on every
 /// TCP port it declares when it is `strict`, or when a Service that guards it has a
 /// service-level `rbac` or `ext_authz`.
@@ -352,13 +359,13 @@ impl<'s> Compiler<'s> {
                         });
                     names.insert(
                         (ns, svc),
-                        self.entry(ns, svc, NameKind::MeshOnly, ports, Some(own)),
+                        self.entry(m.key(ns, svc), NameKind::MeshOnly, ports, Some(own)),
                     );
                 }
                 _ => {
                     names.insert(
                         (ns, svc),
-                        self.entry(ns, svc, NameKind::Generated, own, None),
+                        self.entry(m.key(ns, svc), NameKind::Generated, own, None),
                     );
                 }
             }
@@ -404,7 +411,7 @@ impl<'s> Compiler<'s> {
             });
             names.insert(
                 (ns, name),
-                self.entry(ns, name, NameKind::Routed, ports, None),
+                self.entry(key(ns, name), NameKind::Routed, ports, None),
             );
         }
         // Unrelated user Services (and headless ones with no mesh service): a user Service of
@@ -412,7 +419,7 @@ impl<'s> Compiler<'s> {
         for s in snapshot.services.iter().filter(|s| !s.generated) {
             let k = (s.namespace.as_str(), s.name.as_str());
             names.entry(k).or_insert_with(|| {
-                self.entry(k.0, k.1, NameKind::Unrelated, BTreeMap::new(), None)
+                self.entry(key(k.0, k.1), NameKind::Unrelated, BTreeMap::new(), None)
             });
         }
         // Generated Services with no served row: cold, from their real ports (§9.3).
@@ -437,7 +444,10 @@ impl<'s> Compiler<'s> {
                     front(Some(p.port), PortClass::Known(class), Arc::from([])),
                 );
             }
-            names.insert(k, self.entry(k.0, k.1, NameKind::Generated, ports, None));
+            names.insert(
+                k,
+                self.entry(key(k.0, k.1), NameKind::Generated, ports, None),
+            );
         }
         // Retained HTTP entries (spec/model.md §10): kept empty with their names.
         for r in &snapshot.retained {
@@ -464,7 +474,7 @@ impl<'s> Compiler<'s> {
                 continue;
             }
             let e = names.entry(k).or_insert_with(|| {
-                self.entry(k.0, k.1, NameKind::Generated, BTreeMap::new(), None)
+                self.entry(key(k.0, k.1), NameKind::Generated, BTreeMap::new(), None)
             });
             e.ports.entry(r.port).or_insert_with(|| {
                 let mut f = front(
@@ -528,7 +538,7 @@ impl<'s> Compiler<'s> {
             if entry.kind != NameKind::Generated {
                 continue;
             }
-            let skey = key(k.0, k.1);
+            let skey = entry.key.clone();
             let mut tcp_ports = BTreeMap::new();
             let mut http = BTreeSet::new();
             for (&p, f) in &entry.ports {
@@ -691,7 +701,7 @@ impl<'s> Compiler<'s> {
         let classes = self
             .services
             .iter()
-            .map(|(&(ns, svc), m)| (key(ns, svc), m.classes.clone()))
+            .map(|(&(ns, svc), m)| (m.key(ns, svc), m.classes.clone()))
             .collect();
 
         let mut diagnostics = self.diagnostics;
@@ -719,20 +729,21 @@ impl<'s> Compiler<'s> {
         }
     }
 
+    /// The entry of `key`: a mesh service's own key is passed in, so that the model shares its
+    /// strings instead of holding another copy.
     fn entry(
         &self,
-        ns: &str,
-        name: &str,
+        key: ServiceKey,
         kind: NameKind,
         ports: BTreeMap<u16, FrontPort>,
         own_ports: Option<BTreeMap<u16, FrontPort>>,
     ) -> NameEntry {
         NameEntry {
-            key: key(ns, name),
             line: ServiceLine {
-                name: mesh_name(name, ns, &self.ctx.domains).into(),
+                name: mesh_name(&key.name, &key.namespace, &self.ctx.domains).into(),
                 ports: Arc::from(""),
             },
+            key,
             kind,
             known: !ports.is_empty(),
             ports,
