@@ -664,8 +664,15 @@ pub async fn run_with_logs(
                         retire::drop_off_runtime(unkept);
                         let (generation, replaced) = handle.replace(l.model, kept);
                         retire::model(replaced);
-                        // Off the request path: the metric series of the services it holds.
-                        shared.inputs.metrics.rebuild(&handle.load());
+                        // Off the request path and off the runtime's threads (a walk of every
+                        // service port): the metric series of the services it holds. Awaited,
+                        // so two rebuilds never race over the table.
+                        let (metrics, model) = (shared.inputs.metrics.clone(), handle.load());
+                        if let Err(e) =
+                            tokio::task::spawn_blocking(move || metrics.rebuild(&model)).await
+                        {
+                            error!(error = %e, "metric series rebuild failed; the previous series stay");
+                        }
                         retire::drop_off_runtime(dns_table.swap(Arc::new(l.dns)));
                         info!(generation, "model published");
                         registry_ok = true;
