@@ -218,12 +218,31 @@ fn ns(key: &ObjectKey) -> String {
     key.namespace.clone().unwrap_or_default()
 }
 
-fn port_u16(object: &ObjectKey, field: impl Into<String>, value: i64) -> Result<u16, ConvertError> {
+/// The name of the field a value came from, for the error that refuses it: spelled only then.
+/// A reload converts every object, and formatting `spec.ports[0].port` for each value that
+/// converts was an eighth of converting a pod (callgrind, docs/performance.md).
+trait FieldName {
+    fn spell(self) -> String;
+}
+
+impl FieldName for &'static str {
+    fn spell(self) -> String {
+        self.to_owned()
+    }
+}
+
+impl<F: FnOnce() -> String> FieldName for F {
+    fn spell(self) -> String {
+        self()
+    }
+}
+
+fn port_u16(object: &ObjectKey, field: impl FieldName, value: i64) -> Result<u16, ConvertError> {
     match u16::try_from(value) {
         Ok(p) if p != 0 => Ok(p),
         _ => Err(ConvertError::InvalidPort {
             object: object.boxed(),
-            field: field.into(),
+            field: field.spell(),
             value,
         }),
     }
@@ -231,12 +250,12 @@ fn port_u16(object: &ObjectKey, field: impl Into<String>, value: i64) -> Result<
 
 fn parse_ip(
     object: &ObjectKey,
-    field: impl Into<String>,
+    field: impl FieldName,
     value: &str,
 ) -> Result<IpAddr, ConvertError> {
     value.parse().map_err(|_| ConvertError::InvalidIp {
         object: object.boxed(),
-        field: field.into(),
+        field: field.spell(),
         value: value.to_owned(),
     })
 }
@@ -247,7 +266,7 @@ fn annotation_field(name: &str) -> String {
 
 fn parse_transport(
     object: &ObjectKey,
-    field: impl Into<String>,
+    field: impl FieldName,
     value: Option<&str>,
 ) -> Result<Transport, ConvertError> {
     match value {
@@ -256,7 +275,7 @@ fn parse_transport(
         Some("SCTP") => Ok(Transport::Sctp),
         Some(other) => Err(ConvertError::InvalidValue {
             object: object.boxed(),
-            field: field.into(),
+            field: field.spell(),
             value: other.to_owned(),
             expected: "one of TCP, UDP, SCTP",
         }),
@@ -394,7 +413,7 @@ pub fn convert_pod(
     {
         Some(list) => {
             for (i, ip) in list.iter().enumerate() {
-                ips.push(parse_ip(&key, format!("status.podIPs[{i}].ip"), &ip.ip)?);
+                ips.push(parse_ip(&key, || format!("status.podIPs[{i}].ip"), &ip.ip)?);
             }
         }
         None => {
@@ -439,7 +458,7 @@ pub fn convert_pod(
     {
         Some(list) => {
             for (i, h) in list.iter().enumerate() {
-                host_ips.push(parse_ip(&key, format!("status.hostIPs[{i}].ip"), &h.ip)?);
+                host_ips.push(parse_ip(&key, || format!("status.hostIPs[{i}].ip"), &h.ip)?);
             }
         }
         None => {
@@ -534,7 +553,7 @@ fn convert_service_port(
     i: usize,
     p: &K8sServicePort,
 ) -> Result<ServicePort, ConvertError> {
-    let field = |f: &str| format!("spec.ports[{i}].{f}");
+    let field = |f: &'static str| move || format!("spec.ports[{i}].{f}");
     let port = port_u16(key, field("port"), i64::from(p.port))?;
     let target = match &p.target_port {
         None => TargetPort::Same,
@@ -544,7 +563,7 @@ fn convert_service_port(
         Some(K8sIntOrString::String(s)) if s.is_empty() => {
             return Err(ConvertError::InvalidValue {
                 object: key.boxed(),
-                field: field("targetPort"),
+                field: field("targetPort")(),
                 value: s.clone(),
                 expected: "a port number or a port name",
             });
@@ -567,25 +586,34 @@ pub fn convert_service(service: &K8sService) -> Result<Service, ConvertError> {
     let spec = service.spec.as_ref();
     let mut headless = false;
     let mut cluster_ips = Vec::new();
-    let listed: Vec<(String, &str)> = match spec
+    // The field is `spec.clusterIPs[i]`, or `spec.clusterIP` (`None` for the index) when the
+    // list is absent.
+    let listed: Vec<(Option<usize>, &str)> = match spec
         .and_then(|s| s.cluster_ips.as_ref())
         .filter(|v| !v.is_empty())
     {
         Some(ips) => ips
             .iter()
             .enumerate()
-            .map(|(i, ip)| (format!("spec.clusterIPs[{i}]"), ip.as_str()))
+            .map(|(i, ip)| (Some(i), ip.as_str()))
             .collect(),
         None => spec
             .and_then(|s| s.cluster_ip.as_deref())
-            .map(|ip| vec![("spec.clusterIP".to_owned(), ip)])
+            .map(|ip| vec![(None, ip)])
             .unwrap_or_default(),
     };
-    for (field, ip) in listed {
+    for (i, ip) in listed {
         match ip {
             "None" => headless = true,
             "" => {}
-            ip => cluster_ips.push(parse_ip(&key, field, ip)?),
+            ip => cluster_ips.push(parse_ip(
+                &key,
+                || match i {
+                    Some(i) => format!("spec.clusterIPs[{i}]"),
+                    None => "spec.clusterIP".to_owned(),
+                },
+                ip,
+            )?),
         }
     }
     let generated = service
@@ -640,11 +668,11 @@ pub fn convert_endpoint_slice(slice: &K8sEndpointSlice) -> Result<EndpointSlice,
             name: p.name.clone().filter(|n| !n.is_empty()),
             port: p
                 .port
-                .map(|n| port_u16(&key, format!("ports[{i}].port"), i64::from(n)))
+                .map(|n| port_u16(&key, || format!("ports[{i}].port"), i64::from(n)))
                 .transpose()?,
             transport: parse_transport(
                 &key,
-                format!("ports[{i}].protocol"),
+                || format!("ports[{i}].protocol"),
                 p.protocol.as_deref(),
             )?,
         });
@@ -655,7 +683,7 @@ pub fn convert_endpoint_slice(slice: &K8sEndpointSlice) -> Result<EndpointSlice,
             .addresses
             .iter()
             .enumerate()
-            .map(|(j, a)| parse_ip(&key, format!("endpoints[{i}].addresses[{j}]"), a))
+            .map(|(j, a)| parse_ip(&key, || format!("endpoints[{i}].addresses[{j}]"), a))
             .collect::<Result<_, _>>()?;
         let pod = e
             .target_ref

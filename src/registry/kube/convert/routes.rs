@@ -67,7 +67,7 @@ macro_rules! ref_parts {
 }
 
 fn opt_port(key: &ObjectKey, field: &str, port: Option<i32>) -> Result<Option<u16>, ConvertError> {
-    port.map(|p| port_u16(key, format!("{field}.port"), i64::from(p)))
+    port.map(|p| port_u16(key, || format!("{field}.port"), i64::from(p)))
         .transpose()
 }
 
