@@ -174,18 +174,19 @@ impl DeclaredPorts {
         address: std::net::IpAddr,
         ready: bool,
     ) -> Row {
+        // Inserted one by one: `collect` into a B-tree buffers and sorts first, which for the
+        // few ports of a pod cost more than the inserts (every pod, every reload).
+        let mut port_protocols = BTreeMap::new();
+        for (&p, &proto) in &self.protocols {
+            port_protocols.insert(u32::from(p), ProtocolValue::Known(proto));
+        }
         Row {
             namespace: namespace.to_owned(),
             service: service.to_owned(),
             address,
             port: u32::from(self.port),
             ports: self.protocols.keys().map(|&p| u32::from(p)).collect(),
-            port_protocols: Some(
-                self.protocols
-                    .iter()
-                    .map(|(&p, &proto)| (u32::from(p), ProtocolValue::Known(proto)))
-                    .collect(),
-            ),
+            port_protocols: Some(port_protocols),
             ready,
             pod: None,
             node: None,
