@@ -858,22 +858,17 @@ fn front(pod_port: Option<u16>, class: PortClass, endpoints: Arc<[Endpoint]>) ->
 
 /// A mesh service's own ports: pod port = front port, its one-truth class.
 fn own_ports(m: &MeshService<'_>) -> BTreeMap<u16, FrontPort> {
-    m.classes
-        .iter()
-        .map(|(&p, &c)| {
-            (
-                p,
-                front(
-                    Some(p),
-                    PortClass::Known(c),
-                    m.endpoints
-                        .get(&p)
-                        .cloned()
-                        .unwrap_or_else(|| Arc::from([])),
-                ),
-            )
-        })
-        .collect()
+    // Inserted one by one, as the pod-IP entries' maps: a service has a few ports.
+    let mut out = BTreeMap::new();
+    for (&p, &c) in &m.classes {
+        let endpoints = m
+            .endpoints
+            .get(&p)
+            .cloned()
+            .unwrap_or_else(|| Arc::from([]));
+        out.insert(p, front(Some(p), PortClass::Known(c), endpoints));
+    }
+    out
 }
 
 /// A user Service's front ports through its port map (spec/model.md §9.2). `class_of` gives the
