@@ -618,7 +618,7 @@ impl<'s> Compiler<'s> {
                 continue;
             };
             // Filled by insertion: these maps hold a few ports, and `collect` into a B-tree
-            // buffers and sorts its input first (a tenth of the compile's instructions).
+            // buffers and sorts its input first, which costs more than the inserts.
             let ep = served.endpoint.clone();
             let mut declared = BTreeMap::new();
             let mut tcp = BTreeMap::new();

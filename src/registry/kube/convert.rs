@@ -220,7 +220,7 @@ fn ns(key: &ObjectKey) -> String {
 
 /// The name of the field a value came from, for the error that refuses it: spelled only then.
 /// A reload converts every object, and formatting `spec.ports[0].port` for each value that
-/// converts was an eighth of converting a pod (callgrind, docs/performance.md).
+/// converts was 13 % of a reload's conversion (callgrind, docs/performance.md).
 trait FieldName {
     fn spell(self) -> String;
 }
