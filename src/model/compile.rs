@@ -1016,33 +1016,14 @@ mod tests {
 
     #[test]
     fn the_ports_line_lists_known_and_unknown_ports_ascending_and_skips_the_rest() {
-        let mut ports = BTreeMap::new();
-        ports.insert(
-            9090,
-            front(
-                Some(9090),
-                PortClass::Known(PortProtocol::Tcp),
-                Arc::from([]),
-            ),
-        );
-        ports.insert(
-            80,
-            front(
-                Some(80),
-                PortClass::Known(PortProtocol::Http),
-                Arc::from([]),
-            ),
-        );
-        ports.insert(81, front(None, PortClass::None, Arc::from([])));
-        ports.insert(82, front(None, PortClass::Unknown, Arc::from([])));
-        ports.insert(
-            PROXY_PORT,
-            front(
-                Some(PROXY_PORT),
-                PortClass::Known(PortProtocol::Http),
-                Arc::from([]),
-            ),
-        );
+        let known = |p: u16, proto| front(Some(p), PortClass::Known(proto), Arc::from([]));
+        let ports = BTreeMap::from([
+            (9090, known(9090, PortProtocol::Tcp)),
+            (80, known(80, PortProtocol::Http)),
+            (81, front(None, PortClass::None, Arc::from([]))),
+            (82, front(None, PortClass::Unknown, Arc::from([]))),
+            (PROXY_PORT, known(PROXY_PORT, PortProtocol::Http)),
+        ]);
         assert_eq!(&*ports_line(&ports), "80/http 82/unknown 9090/tcp");
         assert_eq!(&*ports_line(&BTreeMap::new()), "");
     }

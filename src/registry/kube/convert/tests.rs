@@ -367,6 +367,85 @@ fn a_service_port_out_of_range_names_the_field() {
     );
 }
 
+/// The field an error names, whatever the variant.
+fn field_of(e: ConvertError) -> String {
+    match e {
+        ConvertError::InvalidIp { field, .. }
+        | ConvertError::InvalidPort { field, .. }
+        | ConvertError::InvalidValue { field, .. } => field,
+        other => panic!("not a value error: {other}"),
+    }
+}
+
+#[test]
+fn a_refused_value_names_its_field_with_its_index() {
+    let mut p = pod("web-0");
+    let status = p.status.as_mut().unwrap();
+    status.pod_ips.as_mut().unwrap()[1].ip = "fd00::zz".into();
+    assert_eq!(
+        field_of(
+            convert_pod(&p, MissingReadyCondition::NotReady)
+                .err()
+                .unwrap()
+        ),
+        "status.podIPs[1].ip"
+    );
+    let mut p = pod("web-0");
+    let status = p.status.as_mut().unwrap();
+    status.host_ips = None;
+    status.host_ip = Some("host".into());
+    assert_eq!(
+        field_of(
+            convert_pod(&p, MissingReadyCondition::NotReady)
+                .err()
+                .unwrap()
+        ),
+        "status.hostIP"
+    );
+
+    // The field `echo` is refused on once `change` has been made to its spec.
+    let refused_on = |change: &dyn Fn(&mut k8s_openapi::api::core::v1::ServiceSpec)| {
+        let mut s = service("echo");
+        change(s.spec.as_mut().unwrap());
+        field_of(convert_service(&s).unwrap_err())
+    };
+    assert_eq!(
+        refused_on(&|spec| spec.cluster_ips.as_mut().unwrap()[1] = "fd00::zz".into()),
+        "spec.clusterIPs[1]"
+    );
+    assert_eq!(
+        refused_on(&|spec| {
+            spec.cluster_ips = None;
+            spec.cluster_ip = Some("10.96".into());
+        }),
+        "spec.clusterIP"
+    );
+    assert_eq!(
+        refused_on(&|spec| spec.ports.as_mut().unwrap()[1].protocol = Some("QUIC".into())),
+        "spec.ports[1].protocol"
+    );
+    assert_eq!(
+        refused_on(&|spec| {
+            spec.ports.as_mut().unwrap()[0].target_port =
+                Some(K8sIntOrString::String(String::new()));
+        }),
+        "spec.ports[0].targetPort"
+    );
+
+    let mut slice: K8sEndpointSlice = serde_yaml::from_str(fixture!("endpointslice.yaml")).unwrap();
+    slice.ports.as_mut().unwrap()[0].port = Some(0);
+    assert_eq!(
+        field_of(convert_endpoint_slice(&slice).unwrap_err()),
+        "ports[0].port"
+    );
+    let mut slice: K8sEndpointSlice = serde_yaml::from_str(fixture!("endpointslice.yaml")).unwrap();
+    slice.ports.as_mut().unwrap()[0].protocol = Some("ICMP".into());
+    assert_eq!(
+        field_of(convert_endpoint_slice(&slice).unwrap_err()),
+        "ports[0].protocol"
+    );
+}
+
 #[test]
 fn endpoint_slice_converts_ports_addresses_and_pods() {
     let slice: K8sEndpointSlice = serde_yaml::from_str(fixture!("endpointslice.yaml")).unwrap();
