@@ -33,6 +33,7 @@ use criterion::{BenchmarkId, Criterion, criterion_group, criterion_main};
 use aether::dns::DnsTable;
 use aether::model::names::{AuthorityInput, HttpVersion};
 use aether::model::registrar::complete_snapshot;
+use aether::model::split::Compiled;
 use aether::model::{NodeContext, compile, synth};
 use aether::resolve::decision::{Caller, CaptureMode, HttpEntry, RequestDecision, RequestFacts};
 use aether::resolve::{classify_connection, resolve_request};
@@ -128,9 +129,9 @@ fn cpu_table(runs: usize) {
     let ctx = NodeContext::default();
     println!("median of {runs} runs, ms of this thread's CPU [wall]");
     println!(
-        "| services | compile | baseline (clone) | ratio | event to served request | file registry: complete_snapshot |"
+        "| services | compile | baseline (clone) | ratio | event to served request | event to served, by components | file registry: complete_snapshot |"
     );
-    println!("|---|---|---|---|---|---|");
+    println!("|---|---|---|---|---|---|---|");
     for n in sizes() {
         let snapshot = synth::scaled(n);
         let reps = (20_000 / n).max(1);
@@ -138,6 +139,8 @@ fn cpu_table(runs: usize) {
         let (bc, bw) = measure(runs, reps * 4, || snapshot.clone());
         let mut event = Event::new(n);
         let (ec, ew) = measure(runs, reps, || event.run());
+        let mut split = Event::incremental(n);
+        let (sc, sw) = measure(runs, reps, || split.run());
         let mut bare = snapshot.clone();
         bare.services.retain(|s| !s.generated);
         let cidr = "10.96.0.0/12".parse().expect("a literal CIDR parses");
@@ -147,7 +150,7 @@ fn cpu_table(runs: usize) {
             s
         });
         println!(
-            "| {n} | {cc:.2} [{cw:.2}] | {bc:.2} [{bw:.2}] | {:.1}× | {ec:.2} [{ew:.2}] | {rc:.2} [{rw:.2}] |",
+            "| {n} | {cc:.2} [{cw:.2}] | {bc:.2} [{bw:.2}] | {:.1}× | {ec:.2} [{ew:.2}] | {sc:.2} [{sw:.2}] | {rc:.2} [{rw:.2}] |",
             cc / bc
         );
     }
@@ -260,10 +263,22 @@ struct Event {
     row: usize,
     published: ArcSwap<aether::model::Model>,
     caller: Caller,
+    /// The kept parts, when the event compiles incrementally (`model::split::Compiled`).
+    kept: Option<Compiled>,
 }
 
 impl Event {
     fn new(n: u32) -> Self {
+        Self::with(n, false)
+    }
+
+    /// The event compiled by [`Compiled::update`] instead of `compile`: only the component of
+    /// the changed pod is compiled, the other parts are reused and merged.
+    fn incremental(n: u32) -> Self {
+        Self::with(n, true)
+    }
+
+    fn with(n: u32, incremental: bool) -> Self {
         let ctx = NodeContext::default();
         let snapshot = synth::scaled(n);
         let row = snapshot
@@ -271,7 +286,12 @@ impl Event {
             .iter()
             .position(|r| r.pod.as_deref() == Some("svc-1-0"))
             .expect("the scaled registry has svc-1-0");
-        let published = ArcSwap::from_pointee(compile(&snapshot, &ctx));
+        let mut kept = incremental.then(Compiled::default);
+        let first = match &mut kept {
+            Some(k) => k.update(&snapshot, &ctx).0,
+            None => compile(&snapshot, &ctx),
+        };
+        let published = ArcSwap::from_pointee(first);
         let caller = Caller {
             namespace: Some("ns-0".into()),
             pod: None,
@@ -284,6 +304,7 @@ impl Event {
             row,
             published,
             caller,
+            kept,
         }
     }
 
@@ -295,9 +316,15 @@ impl Event {
         r.ready = !r.ready;
         let ready = r.ready;
         let dns = DnsTable::build(&self.snapshot, &self.ctx.domains, true);
-        let replaced = self
-            .published
-            .swap(Arc::new(compile(&self.snapshot, &self.ctx)));
+        let model = match &mut self.kept {
+            Some(k) => {
+                let (model, stats) = k.update(&self.snapshot, &self.ctx);
+                assert_eq!(stats.compiled, 1, "one component changed");
+                model
+            }
+            None => compile(&self.snapshot, &self.ctx),
+        };
+        let replaced = self.published.swap(Arc::new(model));
         let model = self.published.load();
         let facts = get(HttpEntry::Loopback, &["svc-1.ns-1.aether.internal:8080"]);
         match resolve_request(&model, &self.caller, black_box(&facts)) {
@@ -321,6 +348,13 @@ fn bench_event(c: &mut Criterion) {
         g.bench_function(BenchmarkId::new("pod-ready-to-served-request", n), |b| {
             b.iter_with_large_drop(|| event.run());
         });
+        let mut split = Event::incremental(n);
+        g.bench_function(
+            BenchmarkId::new("pod-ready-to-served-request-by-components", n),
+            |b| {
+                b.iter_with_large_drop(|| split.run());
+            },
+        );
     }
     g.finish();
 }

@@ -677,7 +677,7 @@ impl<'s> Compiler<'s> {
                 let redirect_all = p.redirect_all.unwrap_or(ctx.capture_redirect_all_default);
                 (
                     (p.namespace.clone(), p.name.clone()),
-                    PodFacts {
+                    Arc::new(PodFacts {
                         namespace: p.namespace.clone(),
                         name: p.name.clone(),
                         service_account: p.service_account.clone(),
@@ -694,7 +694,7 @@ impl<'s> Compiler<'s> {
                         exclude_outbound_ports: p.exclude_outbound_ports.clone(),
                         exclude_outbound_ip_ranges: p.exclude_outbound_ip_ranges.clone(),
                         inbound: inbound_facts(p, ctx, &pod_ips, &filters),
-                    },
+                    }),
                 )
             })
             .collect();

@@ -23,6 +23,7 @@ pub mod retention;
 pub mod route_match;
 pub mod rows;
 pub mod snapshot;
+pub mod split;
 pub mod synth;
 pub mod target;
 pub mod vote;
@@ -93,7 +94,8 @@ pub struct Model {
     /// Served pods by IP.
     pub(crate) pod_ips: HashMap<IpAddr, Arc<PodIpEntry>>,
     /// Every pod by (namespace, name), for callers.
-    pub(crate) pods: BTreeMap<(String, String), PodFacts>,
+    /// (Shared, so that a merge of parts, `split::merge`, does not copy them.)
+    pub(crate) pods: BTreeMap<(String, String), Arc<PodFacts>>,
     /// Passthroughs carried over the mesh hop: a user Service's (ClusterIP, TCP port) with a
     /// mesh pod among its endpoints, and those endpoints (model.md §12.5 item 1).
     pub(crate) l4: HashMap<SocketAddr, Arc<[L4Endpoint]>>,
@@ -278,12 +280,14 @@ impl Model {
 
     /// A pod by namespace and name.
     pub fn pod(&self, namespace: &str, name: &str) -> Option<&PodFacts> {
-        self.pods.get(&(namespace.to_owned(), name.to_owned()))
+        self.pods
+            .get(&(namespace.to_owned(), name.to_owned()))
+            .map(Arc::as_ref)
     }
 
     /// Every pod the model knows.
     pub fn pods(&self) -> impl Iterator<Item = &PodFacts> {
-        self.pods.values()
+        self.pods.values().map(Arc::as_ref)
     }
 
     /// The ClusterIP(s) of a Service, when the model holds it as a mesh VIP.

@@ -1382,3 +1382,251 @@ fn a_section_name_attaches_to_a_user_services_named_port() {
         "{compiled:?}"
     );
 }
+
+// === Components (crate::model::split) ===
+
+/// Objects the world generator has none of: MeshFilters (with their targets), L4 routes,
+/// refused pods, and a route rule's ExtensionRef to a filter.
+#[derive(Clone, Debug)]
+enum Extra {
+    Filter {
+        ns: usize,
+        name: usize,
+        targets: Vec<usize>,
+        kind: u8,
+    },
+    L4 {
+        kind: u8,
+        ns: usize,
+        parent: usize,
+        port: Option<u16>,
+        backend_ns: Option<usize>,
+        backend: usize,
+        backend_port: u16,
+    },
+    Refused {
+        ns: usize,
+        name: usize,
+    },
+    ExtensionRef {
+        route: prop::sample::Index,
+        filter: usize,
+    },
+}
+
+fn extra() -> impl Strategy<Value = Extra> {
+    prop_oneof![
+        (
+            0..NAMESPACES.len(),
+            0..2usize,
+            prop::collection::vec(0..NAMES.len(), 1..3),
+            0u8..3
+        )
+            .prop_map(|(ns, name, targets, kind)| Extra::Filter {
+                ns,
+                name,
+                targets,
+                kind
+            }),
+        (
+            0u8..3,
+            0..NAMESPACES.len(),
+            0..NAMES.len(),
+            prop::option::of(prop::sample::select(FRONTS.to_vec())),
+            prop::option::of(0..NAMESPACES.len()),
+            0..NAMES.len(),
+            prop::sample::select(POOL.to_vec()),
+        )
+            .prop_map(
+                |(kind, ns, parent, port, backend_ns, backend, backend_port)| Extra::L4 {
+                    kind,
+                    ns,
+                    parent,
+                    port,
+                    backend_ns,
+                    backend,
+                    backend_port
+                }
+            ),
+        (0..NAMESPACES.len(), 0..NAMES.len()).prop_map(|(ns, name)| Extra::Refused { ns, name }),
+        (any::<prop::sample::Index>(), 0..2usize)
+            .prop_map(|(route, filter)| Extra::ExtensionRef { route, filter }),
+    ]
+}
+
+fn add_extra(s: &mut Snapshot, e: &Extra) {
+    use crate::model::snapshot::{
+        ExtAuthz, FilterConfig, HeaderMutation, HttpFilter, L4BackendRef, L4Route, L4Rule,
+        MeshFilter, Principal, Rbac, RbacAction, RefusedPod,
+    };
+    const FILTERS: [&str; 2] = ["guard", "authz"];
+    match e {
+        Extra::Filter {
+            ns,
+            name,
+            targets,
+            kind,
+        } => s.mesh_filters.push(MeshFilter {
+            namespace: NAMESPACES[*ns].into(),
+            name: FILTERS[*name].into(),
+            target_refs: targets.iter().map(|t| NAMES[*t].to_owned()).collect(),
+            config: match kind {
+                0 => FilterConfig::Rbac(Rbac {
+                    action: RbacAction::Allow,
+                    principals: vec![Principal {
+                        namespace: Some("ns-a".into()),
+                        service_account: None,
+                    }],
+                }),
+                1 => FilterConfig::ExtAuthz(ExtAuthz {
+                    server: Some("alpha".into()),
+                    timeout_ms: 100,
+                }),
+                _ => FilterConfig::HeaderMutation(HeaderMutation::default()),
+            },
+        }),
+        Extra::L4 {
+            kind,
+            ns,
+            parent,
+            port,
+            backend_ns,
+            backend,
+            backend_port,
+        } => {
+            let (parent_ref, _) = service_ref(NAMES[*parent], None);
+            let (mut backend_ref, _) = service_ref(NAMES[*backend], None);
+            backend_ref.namespace = backend_ns.map(|n| NAMESPACES[n].to_owned());
+            let route = L4Route {
+                namespace: NAMESPACES[*ns].into(),
+                name: format!(
+                    "l4-{}-{}",
+                    NAMES[*parent],
+                    s.tcp_routes.len() + s.tls_routes.len()
+                ),
+                generation: 1,
+                created: None,
+                parents: vec![ParentRef {
+                    target: parent_ref,
+                    port: *port,
+                    section_name: None,
+                }],
+                hostnames: if *kind == 1 {
+                    vec![format!("{}.example", NAMES[*parent])]
+                } else {
+                    vec![]
+                },
+                rules: vec![L4Rule {
+                    name: None,
+                    backends: vec![L4BackendRef {
+                        target: backend_ref,
+                        port: Some(*backend_port),
+                        weight: 1,
+                        weight_given: false,
+                    }],
+                }],
+            };
+            match kind {
+                0 => s.tcp_routes.push(route),
+                1 => s.tls_routes.push(route),
+                _ => s.udp_routes.push(route),
+            }
+        }
+        Extra::Refused { ns, name } => s.refused_pods.push(RefusedPod {
+            namespace: NAMESPACES[*ns].into(),
+            name: format!("{}-9", NAMES[*name]),
+            detail: "endpoint.aether.io/port: not a number".into(),
+        }),
+        Extra::ExtensionRef { route, filter } => {
+            if s.http_routes.is_empty() {
+                return;
+            }
+            let i = route.index(s.http_routes.len());
+            if let Some(rule) = s.http_routes[i].rules.first_mut() {
+                rule.filters.push(HttpFilter::ExtensionRef(ObjectRef {
+                    group: "aether.io".into(),
+                    kind: "MeshFilter".into(),
+                    namespace: None,
+                    name: FILTERS[*filter].into(),
+                }));
+            }
+        }
+    }
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: cases(128), ..ProptestConfig::default() })]
+
+    /// The components of a snapshot compile alone: the merge of their models is the model of
+    /// the whole, and so is the merge with one component recompiled from a changed snapshot
+    /// (what an incremental compile does).
+    #[test]
+    fn the_merge_of_the_components_models_is_the_model(
+        w in world(),
+        garbage in prop::collection::vec(garbage_row(), 0..4),
+        extras in prop::collection::vec(extra(), 0..6),
+        changed in any::<prop::sample::Index>(),
+        how in 0u8..3,
+    ) {
+        use crate::model::split::{Compiled, merge, partition, restrict};
+        let mut s = build(&w);
+        s.rows.extend(garbage);
+        for e in &extras {
+            add_extra(&mut s, e);
+        }
+        let ctx = context();
+        let whole = compile(&s, &ctx);
+        let p = partition(&s);
+        let parts: Vec<_> = (0..p.count)
+            .map(|c| compile(&restrict(&s, &p, |x| x == c), &ctx))
+            .collect();
+        prop_assert_eq!(&merge(&ctx, &parts), &whole);
+
+        // One row changed in what it says, not in what it names: only its component is
+        // compiled again.
+        if s.rows.is_empty() {
+            return Ok(());
+        }
+        let i = changed.index(s.rows.len());
+        let mut next = s.clone();
+        let row = &mut next.rows[i];
+        match how {
+            0 => row.ready = !row.ready,
+            1 => {
+                if let Some(m) = &mut row.port_protocols {
+                    for v in m.values_mut() {
+                        *v = ProtocolValue::Known(PortProtocol::Tcp);
+                    }
+                }
+            }
+            _ => row.port_protocols = None,
+        }
+        prop_assert_eq!(&partition(&next), &p);
+        let dirty = p.row(i);
+        let mut parts = parts;
+        parts[dirty as usize] = compile(&restrict(&next, &p, |x| x == dirty), &ctx);
+        let expected = compile(&next, &ctx);
+        prop_assert_eq!(&merge(&ctx, &parts), &expected);
+
+        // The same through the kept parts: the first update compiles every component, the
+        // next one only the changed row's (when the row changed at all).
+        let mut kept = Compiled::default();
+        let (first, stats) = kept.update(&s, &ctx);
+        prop_assert_eq!(&first, &whole);
+        prop_assert_eq!(stats.compiled, p.count as usize);
+        let (second, stats) = kept.update(&next, &ctx);
+        prop_assert_eq!(&second, &expected);
+        prop_assert!(stats.compiled <= 1, "{:?}", stats);
+        prop_assert_eq!(stats.compiled + stats.reused, p.count as usize);
+        // A change of what objects name: rows and routes gone, the parts reshaped.
+        let mut third = next.clone();
+        third.rows.retain(|r| r.address != next.rows[i].address);
+        third.http_routes.truncate(third.http_routes.len() / 2);
+        let (model, _) = kept.update(&third, &ctx);
+        prop_assert_eq!(&model, &compile(&third, &ctx));
+        // The clock moved: parts with retained ports are compiled again.
+        let later = NodeContext { now_ms: NOW_MS + 100_000, ..ctx.clone() };
+        let (model, _) = kept.update(&third, &later);
+        prop_assert_eq!(&model, &compile(&third, &later));
+    }
+}
