@@ -63,9 +63,21 @@ impl DnsTable {
             .filter(|s| !s.generated)
             .map(|s| (s.namespace.as_str(), s.name.as_str()))
             .collect();
-        let mut names: BTreeMap<String, Vec<IpAddr>> = BTreeMap::new();
         let mesh = normalize(&domains.mesh);
         let cluster = normalize(&domains.cluster);
+        // Each name written once into a buffer of its size and lowered in place (a `format!`
+        // and a lowered copy were most of a build); the table is then made from the sorted
+        // list in one pass instead of an insert per name.
+        let spell = |svc: &str, ns: &str, middle: &str, domain: &str| {
+            let mut n =
+                String::with_capacity(svc.len() + ns.len() + middle.len() + domain.len() + 2);
+            for part in [svc, ".", ns, middle, ".", domain] {
+                n.push_str(part);
+            }
+            n.make_ascii_lowercase();
+            n
+        };
+        let mut spelled: Vec<(String, &[IpAddr])> = Vec::new();
         for svc in &snapshot.services {
             if svc.headless || svc.cluster_ips.is_empty() {
                 continue;
@@ -74,15 +86,33 @@ impl DnsTable {
             // Model.md §8 Collision, §11: a mesh service whose name a user Service owns has
             // no mesh-DNS record.
             if svc.generated && !owned_by_user.contains(&key) {
-                let name = format!("{}.{}.{mesh}", svc.name, svc.namespace).to_ascii_lowercase();
-                add(&mut names, name, &svc.cluster_ips);
+                spelled.push((
+                    spell(&svc.name, &svc.namespace, "", &mesh),
+                    &svc.cluster_ips,
+                ));
             }
             if include_kubernetes_names {
-                let name =
-                    format!("{}.{}.svc.{cluster}", svc.name, svc.namespace).to_ascii_lowercase();
-                add(&mut names, name, &svc.cluster_ips);
+                spelled.push((
+                    spell(&svc.name, &svc.namespace, ".svc", &cluster),
+                    &svc.cluster_ips,
+                ));
             }
         }
+        // Stable: a name spelled twice keeps its addresses in the Services' order.
+        spelled.sort_by(|a, b| a.0.cmp(&b.0));
+        let mut merged: Vec<(String, Vec<IpAddr>)> = Vec::with_capacity(spelled.len());
+        for (name, ips) in spelled {
+            if merged.last().is_none_or(|(last, _)| *last != name) {
+                merged.push((name, Vec::with_capacity(ips.len())));
+            }
+            let entry = &mut merged.last_mut().expect("pushed, or the same name").1;
+            for ip in ips {
+                if !entry.contains(ip) {
+                    entry.push(*ip);
+                }
+            }
+        }
+        let names: BTreeMap<String, Vec<IpAddr>> = merged.into_iter().collect();
         let mut zones = vec![format!(".{mesh}")];
         if include_kubernetes_names {
             // Standing in for the cluster DNS, the table is authoritative for the whole
@@ -127,15 +157,6 @@ impl DnsTable {
     /// Whether the table holds no name.
     pub fn is_empty(&self) -> bool {
         self.names.is_empty()
-    }
-}
-
-fn add(names: &mut BTreeMap<String, Vec<IpAddr>>, name: String, ips: &[IpAddr]) {
-    let entry = names.entry(name).or_default();
-    for ip in ips {
-        if !entry.contains(ip) {
-            entry.push(*ip);
-        }
     }
 }
 
@@ -317,6 +338,34 @@ mod tests {
         assert_eq!(
             table.lookup("headless.ns.svc.cluster.local", QueryKind::A),
             Lookup::NxDomain
+        );
+        assert_eq!(table.len(), 2);
+    }
+
+    #[test]
+    fn a_name_two_services_spell_has_both_addresses_in_the_services_order() {
+        // Kubernetes names are lowered: `Echo` and `echo` of one namespace spell one name.
+        let svc = |name: &str, ip: &str| Service {
+            namespace: "ns".to_owned(),
+            name: name.to_owned(),
+            cluster_ips: vec![ip.parse().unwrap()],
+            headless: false,
+            generated: false,
+            selector: None,
+            ports: Vec::new(),
+        };
+        let mut s = Snapshot::default();
+        s.services.push(svc("echo", "10.96.0.2"));
+        s.services.push(svc("other", "10.96.0.3"));
+        s.services.push(svc("Echo", "10.96.0.1"));
+        s.services.push(svc("ECHO", "10.96.0.2"));
+        let table = DnsTable::build(&s, &domains(), true);
+        assert_eq!(
+            table.lookup("echo.ns.svc.cluster.local", QueryKind::A),
+            Lookup::Records(vec![
+                "10.96.0.2".parse().unwrap(),
+                "10.96.0.1".parse().unwrap()
+            ])
         );
         assert_eq!(table.len(), 2);
     }
