@@ -24,7 +24,7 @@ use crate::model::attach::{
 use crate::model::diag::{Diagnostic, DiagnosticKind};
 use crate::model::names::mesh_name;
 use crate::model::port::{
-    LEGACY_PORT, PROXY_PORT, PortClass, PortProtocol, Transport, is_reserved,
+    LEGACY_PORT, PROXY_PORT, PortClass, PortProtocol, Transport, is_reserved, push_decimal,
 };
 use crate::model::retention::GRACE_MS;
 use crate::model::route_match::{RouteInput, RouteTable};
@@ -937,24 +937,6 @@ fn ports_line(ports: &BTreeMap<u16, FrontPort>) -> Arc<str> {
         line.push_str(class);
     }
     line.into()
-}
-
-/// Appends `n` in decimal.
-fn push_decimal(out: &mut String, n: u16) {
-    let mut digits = [0u8; 5];
-    let mut at = digits.len();
-    let mut n = n;
-    loop {
-        at -= 1;
-        digits[at] = b"0123456789"[usize::from(n % 10)];
-        n /= 10;
-        if n == 0 {
-            break;
-        }
-    }
-    for &d in &digits[at..] {
-        out.push(char::from(d));
-    }
 }
 
 /// Raw TCP to one pod's port, for a pod-IP dial (addressing.md §3 step 0).

@@ -113,3 +113,22 @@ pub const DEFAULT_DECLARED_PORT: u16 = 8080;
 pub fn is_reserved(port: u32) -> bool {
     RESERVED_PORTS.iter().any(|&r| u32::from(r) == port)
 }
+
+/// Appends `n` in decimal: what `Display` writes, without the formatting machinery (a
+/// `format!` costs about 900 instructions a number).
+pub(crate) fn push_decimal(out: &mut String, n: u16) {
+    let mut digits = [0u8; 5];
+    let mut at = digits.len();
+    let mut n = n;
+    loop {
+        at -= 1;
+        digits[at] = b"0123456789"[usize::from(n % 10)];
+        n /= 10;
+        if n == 0 {
+            break;
+        }
+    }
+    for &d in &digits[at..] {
+        out.push(char::from(d));
+    }
+}

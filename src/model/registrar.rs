@@ -9,7 +9,9 @@ use std::net::IpAddr;
 
 use ipnet::IpNet;
 
-use crate::model::port::{LEGACY_PORT, PROXY_PORT, PortProtocol, Transport, is_reserved};
+use crate::model::port::{
+    LEGACY_PORT, PROXY_PORT, PortProtocol, Transport, is_reserved, push_decimal,
+};
 use crate::model::rows::{row_problem, served_protocols};
 use crate::model::snapshot::{Service, ServicePort, Snapshot, TargetPort};
 use crate::model::vote::vote;
@@ -81,7 +83,14 @@ pub fn generated_services_except(
                 PortProtocol::Udp => ("udp", Transport::Udp, None),
             };
             ports.push(ServicePort {
-                name: Some(format!("p{port}-{suffix}")),
+                name: Some({
+                    let mut n = String::with_capacity(10);
+                    n.push('p');
+                    push_decimal(&mut n, port);
+                    n.push('-');
+                    n.push_str(suffix);
+                    n
+                }),
                 port,
                 target: TargetPort::Number(port),
                 transport,
@@ -110,10 +119,11 @@ pub fn generated_services_except(
     (out, report)
 }
 
-/// FNV-1a: a stable hash, the same on every build and platform.
-fn stable_hash(s: &str) -> u64 {
+/// FNV-1a of the concatenation of `parts`: a stable hash, the same on every build and
+/// platform (fed piece by piece, so that `<namespace>/<name>` is hashed without being written).
+fn stable_hash(parts: &[&str]) -> u64 {
     let mut h: u64 = 0xcbf2_9ce4_8422_2325;
-    for b in s.bytes() {
+    for b in parts.iter().flat_map(|p| p.bytes()) {
         h ^= u64::from(b);
         h = h.wrapping_mul(0x0100_0000_01b3);
     }
@@ -153,7 +163,11 @@ pub fn allocate_cluster_ips(services: &mut [Service], cidr: IpNet) -> Vec<(Strin
     let usable = size.saturating_sub(2).max(1);
     let mut exhausted = Vec::new();
     for i in order {
-        let key = format!("{}/{}", services[i].namespace, services[i].name);
+        let key = [
+            services[i].namespace.as_str(),
+            "/",
+            services[i].name.as_str(),
+        ];
         let start = u128::from(stable_hash(&key)) % usable;
         let mut found = None;
         for step in 0..usable.min(1 << 20) {
@@ -256,6 +270,25 @@ mod tests {
                 )
             })
             .collect()
+    }
+
+    #[test]
+    fn a_cluster_ip_is_the_one_earlier_versions_gave() {
+        // FNV-1a of "mp/mp-multi" is 0x5095e488d66bb8f8: its slot in 10.96.0.0/16 (65,534
+        // usable addresses) is 10.96.124.167, what the demo has always printed for mp-multi.
+        // A daemon upgraded in file mode must give every Service the address it had.
+        assert_eq!(stable_hash(&["mp", "/", "mp-multi"]), 0x5095_e488_d66b_b8f8);
+        let mut s = vec![Service {
+            namespace: "mp".into(),
+            name: "mp-multi".into(),
+            cluster_ips: vec![],
+            headless: false,
+            generated: true,
+            selector: None,
+            ports: vec![],
+        }];
+        assert!(allocate_cluster_ips(&mut s, "10.96.0.0/16".parse().unwrap()).is_empty());
+        assert_eq!(s[0].cluster_ips, vec![IpAddr::from([10, 96, 124, 167])]);
     }
 
     #[test]
