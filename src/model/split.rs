@@ -29,14 +29,14 @@ enum Link<'s> {
     Pod(&'s str, &'s str),
     /// A pod IP, a slice endpoint's address, a ClusterIP.
     Address(IpAddr),
-    /// Any other object a route names (a Gateway parent): (group, kind, namespace, name).
+    /// Any other object a route names (a Gateway parent), and an EndpointSlice by its own
+    /// name: (group, kind, namespace, name).
     Other(&'s str, &'s str, &'s str, &'s str),
     /// A route itself (kind, namespace, name), so that a route naming nothing is still placed.
     Route(u8, &'s str, &'s str),
 }
 
 /// Union-find over the links met so far.
-#[derive(Default)]
 struct Joined<'s> {
     ids: HashMap<Link<'s>, u32>,
     parent: Vec<u32>,
@@ -152,7 +152,23 @@ fn l4_route_links(kind: u8, r: &L4Route) -> Vec<Link<'_>> {
 
 /// The components of `s`. Cost: one hash lookup per link of every object.
 pub fn partition(s: &Snapshot) -> Partition {
-    let mut j = Joined::default();
+    // Sized for about two links an object (most have one of their own and an address), so
+    // that the map does not rehash as it fills.
+    let objects = s.rows.len()
+        + s.refused_pods.len()
+        + s.pods.len()
+        + s.services.len()
+        + s.endpoint_slices.len()
+        + s.http_routes.len()
+        + s.tls_routes.len()
+        + s.tcp_routes.len()
+        + s.udp_routes.len()
+        + s.mesh_filters.len()
+        + s.retained.len();
+    let mut j = Joined {
+        ids: HashMap::with_capacity(objects * 2),
+        parent: Vec::with_capacity(objects * 2),
+    };
     let rows: Vec<u32> = s
         .rows
         .iter()
