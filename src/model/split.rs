@@ -588,3 +588,111 @@ fn pick(s: &Snapshot, m: &Members) -> Snapshot {
     each_kind!(copy);
     out
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::model::synth;
+
+    /// The component of the generated Service `ns/name`.
+    fn of_service(s: &Snapshot, p: &Partition, ns: &str, name: &str) -> u32 {
+        let i = s
+            .services
+            .iter()
+            .position(|v| v.namespace == ns && v.name == name)
+            .expect("the Service is in the snapshot");
+        p.services[i]
+    }
+
+    #[test]
+    fn each_service_of_the_scaled_registry_stands_alone_with_its_pods_and_route() {
+        let s = synth::scaled(200);
+        let p = partition(&s);
+        assert_eq!(p.count, 200);
+        // svc-5 has a route (every tenth service from the fifth): it is in svc-5's part, with
+        // both of its pods and their rows.
+        let c = of_service(&s, &p, "ns-5", "svc-5");
+        let route = s
+            .http_routes
+            .iter()
+            .position(|r| r.name == "svc-5-route")
+            .expect("svc-5 has a route");
+        assert_eq!(p.http_routes[route], c);
+        let pods: Vec<u32> = s
+            .pods
+            .iter()
+            .zip(&p.pods)
+            .filter(|(x, _)| x.name.starts_with("svc-5-"))
+            .map(|(_, &c)| c)
+            .collect();
+        assert_eq!(pods, vec![c, c]);
+        assert_ne!(of_service(&s, &p, "ns-6", "svc-6"), c);
+    }
+
+    #[test]
+    fn a_route_across_namespaces_and_a_shared_address_join_their_services() {
+        let mut s = synth::scaled(40);
+        let count = partition(&s).count;
+        // A route in ns-1 whose backend is ns-2/svc-2: one part instead of two.
+        let mut route = s.http_routes[0].clone();
+        route.namespace = "ns-1".into();
+        route.name = "across".into();
+        route.parents[0].target.name = "svc-1".into();
+        route.rules[0].backends[0].target.namespace = Some("ns-2".into());
+        route.rules[0].backends[0].target.name = "svc-2".into();
+        s.http_routes.push(route);
+        let p = partition(&s);
+        assert_eq!(p.count, count - 1);
+        assert_eq!(
+            of_service(&s, &p, "ns-1", "svc-1"),
+            of_service(&s, &p, "ns-2", "svc-2")
+        );
+        // A row of svc-3 at svc-4's pod address (an IP reused while a pod terminates): one
+        // part, since the pod-IP entry belongs to the first row in row order.
+        let at = s
+            .rows
+            .iter()
+            .find(|r| r.service == "svc-4")
+            .expect("svc-4 has rows")
+            .address;
+        let mut row = s
+            .rows
+            .iter()
+            .find(|r| r.service == "svc-3")
+            .expect("svc-3 has rows")
+            .clone();
+        row.address = at;
+        s.rows.push(row);
+        let p = partition(&s);
+        assert_eq!(p.count, count - 2);
+        assert_eq!(
+            of_service(&s, &p, "ns-3", "svc-3"),
+            of_service(&s, &p, "ns-4", "svc-4")
+        );
+        // And the parts still compile to the whole.
+        let ctx = NodeContext::default();
+        let parts: Vec<Model> = (0..p.count)
+            .map(|c| compile(&restrict(&s, &p, |x| x == c), &ctx))
+            .collect();
+        assert!(merge(&ctx, &parts) == compile(&s, &ctx));
+    }
+
+    #[test]
+    fn an_unchanged_snapshot_reuses_every_part_and_a_new_context_none() {
+        let s = synth::scaled(60);
+        let ctx = NodeContext::default();
+        let mut kept = Compiled::default();
+        let (first, stats) = kept.update(&s, &ctx);
+        assert_eq!((stats.compiled, stats.reused), (60, 0));
+        let (again, stats) = kept.update(&s, &ctx);
+        assert_eq!((stats.compiled, stats.reused), (0, 60));
+        assert!(again == first);
+        let other = NodeContext {
+            trust_domain: "example.org".into(),
+            ..ctx
+        };
+        let (model, stats) = kept.update(&s, &other);
+        assert_eq!((stats.compiled, stats.reused), (60, 0));
+        assert!(model == compile(&s, &other));
+    }
+}
