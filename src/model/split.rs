@@ -80,6 +80,23 @@ impl<'s> Joined<'s> {
     }
 }
 
+/// Calls `each!(field)` for every list of a snapshot that [`partition`] places.
+macro_rules! each_kind {
+    ($each:ident) => {
+        $each!(rows);
+        $each!(refused_pods);
+        $each!(pods);
+        $each!(services);
+        $each!(endpoint_slices);
+        $each!(http_routes);
+        $each!(tls_routes);
+        $each!(tcp_routes);
+        $each!(udp_routes);
+        $each!(mesh_filters);
+        $each!(retained);
+    };
+}
+
 /// The component of every object of a snapshot, by kind, in the snapshot's order.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct Partition {
@@ -293,29 +310,24 @@ pub fn partition(s: &Snapshot) -> Partition {
 /// The objects of `s` whose component `keep` accepts, in their order; the namespaces and the
 /// ReferenceGrants (which the compiler does not read) are copied whole.
 pub fn restrict(s: &Snapshot, p: &Partition, keep: impl Fn(u32) -> bool) -> Snapshot {
-    fn pick<T: Clone>(items: &[T], of: &[u32], keep: &impl Fn(u32) -> bool) -> Vec<T> {
-        items
-            .iter()
-            .zip(of)
-            .filter(|(_, c)| keep(**c))
-            .map(|(x, _)| x.clone())
-            .collect()
-    }
-    Snapshot {
-        rows: pick(&s.rows, &p.rows, &keep),
-        refused_pods: pick(&s.refused_pods, &p.refused_pods, &keep),
-        pods: pick(&s.pods, &p.pods, &keep),
-        services: pick(&s.services, &p.services, &keep),
-        endpoint_slices: pick(&s.endpoint_slices, &p.endpoint_slices, &keep),
+    let mut out = Snapshot {
         namespaces: s.namespaces.clone(),
-        http_routes: pick(&s.http_routes, &p.http_routes, &keep),
-        tls_routes: pick(&s.tls_routes, &p.tls_routes, &keep),
-        tcp_routes: pick(&s.tcp_routes, &p.tcp_routes, &keep),
-        udp_routes: pick(&s.udp_routes, &p.udp_routes, &keep),
         reference_grants: s.reference_grants.clone(),
-        mesh_filters: pick(&s.mesh_filters, &p.mesh_filters, &keep),
-        retained: pick(&s.retained, &p.retained, &keep),
+        ..Snapshot::default()
+    };
+    macro_rules! copy {
+        ($kind:ident) => {
+            out.$kind = s
+                .$kind
+                .iter()
+                .zip(&p.$kind)
+                .filter(|(_, c)| keep(**c))
+                .map(|(x, _)| x.clone())
+                .collect();
+        };
     }
+    each_kind!(copy);
+    out
 }
 
 /// One model from the models of disjoint components, each compiled with `ctx`: equal to the
@@ -391,23 +403,6 @@ struct Members {
     udp_routes: Vec<usize>,
     mesh_filters: Vec<usize>,
     retained: Vec<usize>,
-}
-
-/// Calls `each!(field)` for every list of a snapshot that [`partition`] places.
-macro_rules! each_kind {
-    ($each:ident) => {
-        $each!(rows);
-        $each!(refused_pods);
-        $each!(pods);
-        $each!(services);
-        $each!(endpoint_slices);
-        $each!(http_routes);
-        $each!(tls_routes);
-        $each!(tcp_routes);
-        $each!(udp_routes);
-        $each!(mesh_filters);
-        $each!(retained);
-    };
 }
 
 /// One component as last compiled: its objects (to tell whether the next snapshot has the
