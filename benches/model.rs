@@ -5,7 +5,8 @@
 //! - resolve against one `HashMap<String, _>` lookup of the same authority string.
 //!
 //! - a registry event (one pod's readiness flips) to a request served on the new model: the
-//!   snapshot changed, `compile`, the DNS table, the swap of the published model (`ArcSwap`, as
+//!   snapshot changed, the retention state (`retention::advance`, as the node's reload),
+//!   `compile`, the DNS table, the swap of the published model (`ArcSwap`, as
 //!   the node holds it) and one request resolved on what a reader then loads, against a full
 //!   compile alone. The node's own steps around it (the Kubernetes source's copy out of its
 //!   stores and `objects::snapshot`, `watch_debounce_ms`) are not in it: `benches/kube_scale.rs`
@@ -33,6 +34,7 @@ use criterion::{BenchmarkId, Criterion, criterion_group, criterion_main};
 use aether::dns::DnsTable;
 use aether::model::names::{AuthorityInput, HttpVersion};
 use aether::model::registrar::complete_snapshot;
+use aether::model::retention;
 use aether::model::split::Compiled;
 use aether::model::{NodeContext, compile, synth};
 use aether::resolve::decision::{Caller, CaptureMode, HttpEntry, RequestDecision, RequestFacts};
@@ -327,6 +329,14 @@ impl Event {
         let r = &mut self.snapshot.rows[self.row];
         r.ready = !r.ready;
         let ready = r.ready;
+        // As the node's reload: the retention state from the published model first.
+        let retained = retention::advance(
+            &self.published.load().http_ports(),
+            &self.snapshot.retained,
+            &self.snapshot,
+            self.ctx.now_ms,
+        );
+        assert!(retained.is_empty(), "no service vanished");
         let dns = DnsTable::build(&self.snapshot, &self.ctx.domains, true);
         let model = match &mut self.kept {
             Some(k) => {

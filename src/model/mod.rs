@@ -310,16 +310,17 @@ impl Model {
         })
     }
 
-    /// Every (namespace, service, port) served as HTTP (input to [`retention::advance`]).
-    pub fn http_ports(&self) -> BTreeSet<(String, String, u16)> {
-        let mut out = BTreeSet::new();
+    /// Every (namespace, service, port) served as HTTP (input to [`retention::advance`]), in no
+    /// particular order, borrowed from the model.
+    pub fn http_ports(&self) -> Vec<(&str, &str, u16)> {
+        let mut out = Vec::new();
         for e in self.names.values().flat_map(HashMap::values) {
             if e.kind != NameKind::Generated {
                 continue;
             }
             for (&p, fp) in &e.ports {
                 if fp.class == PortClass::Known(PortProtocol::Http) {
-                    out.insert((e.key.namespace.to_string(), e.key.name.to_string(), p));
+                    out.push((&*e.key.namespace, &*e.key.name, p));
                 }
             }
         }
