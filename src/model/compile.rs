@@ -138,6 +138,7 @@ pub fn compile(snapshot: &Snapshot, ctx: &NodeContext) -> Model {
         ctx,
         diagnostics: Vec::new(),
         services: HashMap::new(),
+        classes: BTreeMap::new(),
         by_address: BTreeMap::new(),
     };
     c.serve_rows();
@@ -149,6 +150,8 @@ struct Compiler<'s> {
     ctx: &'s NodeContext,
     diagnostics: Vec<Diagnostic>,
     services: HashMap<(&'s str, &'s str), MeshService<'s>>,
+    /// The one-truth class of each mesh service's ports (the model's `classes`).
+    classes: BTreeMap<ServiceKey, BTreeMap<u16, PortProtocol>>,
     /// Served rows by pod address: (mesh service, protocols, row).
     by_address: BTreeMap<IpAddr, (&'s str, &'s str, &'s Row)>,
 }
@@ -253,8 +256,7 @@ impl<'s> Compiler<'s> {
             });
         }
         gathered.extend(current);
-        self.services = gathered.into_iter().collect();
-        for ((ns, svc), m) in &mut self.services {
+        for ((ns, svc), m) in &mut gathered {
             let tallies = vote(m.rows.iter().map(|r| &r.protocols));
             for (&port, tally) in &tallies {
                 if tally.disagrees() {
@@ -279,6 +281,13 @@ impl<'s> Compiler<'s> {
             }
             m.legacy = legacy_target(m.rows.iter().filter_map(|r| u16::try_from(r.row.port).ok()));
         }
+        // The services were gathered in (namespace, name) order, the order of `ServiceKey`: the
+        // map's build finds its input sorted (collected from the hash map, it sorted it again).
+        self.classes = gathered
+            .iter()
+            .map(|((ns, svc), m)| (m.key(ns, svc), m.classes.clone()))
+            .collect();
+        self.services = gathered.into_iter().collect();
     }
 
     fn finish(mut self) -> Model {
@@ -667,41 +676,40 @@ impl<'s> Compiler<'s> {
                 ));
             }
         }
-        // Sorted by reference first: moving a whole entry is a copy of some hundred bytes, and
-        // the map's own sort then finds one run (equal keys keep their input order, as before).
+        // Sorted by reference (moving a whole pod is a copy of some hundred bytes), stably: of
+        // two pods with one (namespace, name), the later in the input is the one kept.
         let mut by_name: Vec<&crate::model::snapshot::Pod> = snapshot.pods.iter().collect();
         by_name.sort_by(|a, b| (&a.namespace, &a.name).cmp(&(&b.namespace, &b.name)));
+        by_name.dedup_by(|later, earlier| {
+            let same = (&later.namespace, &later.name) == (&earlier.namespace, &earlier.name);
+            if same {
+                *earlier = *later;
+            }
+            same
+        });
         let pods = by_name
             .into_iter()
             .map(|p| {
                 let redirect_all = p.redirect_all.unwrap_or(ctx.capture_redirect_all_default);
-                (
-                    (p.namespace.clone(), p.name.clone()),
-                    Arc::new(PodFacts {
-                        namespace: p.namespace.clone(),
-                        name: p.name.clone(),
-                        service_account: p.service_account.clone(),
-                        ips: p.ips.clone(),
-                        managed: p.managed && !ctx.ignored_namespaces.contains(&p.namespace),
-                        capture: if redirect_all {
-                            CaptureMode::RedirectAll
-                        } else {
-                            CaptureMode::Scoped
-                        },
-                        node: p.node.clone(),
-                        netns: p.netns.clone(),
-                        netns_from_cni: p.netns_from_cni,
-                        exclude_outbound_ports: p.exclude_outbound_ports.clone(),
-                        exclude_outbound_ip_ranges: p.exclude_outbound_ip_ranges.clone(),
-                        inbound: inbound_facts(p, ctx, &pod_ips, &filters),
-                    }),
-                )
+                Arc::new(PodFacts {
+                    namespace: p.namespace.clone(),
+                    name: p.name.clone(),
+                    service_account: p.service_account.clone(),
+                    ips: p.ips.clone(),
+                    managed: p.managed && !ctx.ignored_namespaces.contains(&p.namespace),
+                    capture: if redirect_all {
+                        CaptureMode::RedirectAll
+                    } else {
+                        CaptureMode::Scoped
+                    },
+                    node: p.node.clone(),
+                    netns: p.netns.clone(),
+                    netns_from_cni: p.netns_from_cni,
+                    exclude_outbound_ports: p.exclude_outbound_ports.clone(),
+                    exclude_outbound_ip_ranges: p.exclude_outbound_ip_ranges.clone(),
+                    inbound: inbound_facts(p, ctx, &pod_ips, &filters),
+                })
             })
-            .collect();
-        let classes = self
-            .services
-            .iter()
-            .map(|(&(ns, svc), m)| (m.key(ns, svc), m.classes.clone()))
             .collect();
 
         let mut diagnostics = self.diagnostics;
@@ -723,7 +731,7 @@ impl<'s> Compiler<'s> {
             pod_ips,
             pods,
             service_filters: filters,
-            classes,
+            classes: self.classes,
             statuses,
             diagnostics,
         }
@@ -994,6 +1002,33 @@ mod tests {
             push_decimal(&mut s, n);
             assert_eq!(s, format!("x{n}"));
         }
+    }
+
+    #[test]
+    fn pods_are_found_by_name_whatever_the_input_order_and_a_repeated_name_keeps_the_later() {
+        let mut s = crate::model::synth::scaled(30);
+        s.pods.reverse();
+        let mut again = s.pods[4].clone();
+        again.service_account = "later".into();
+        let (ns, name) = (again.namespace.clone(), again.name.clone());
+        s.pods.push(again);
+        let m = compile(&s, &NodeContext::default());
+        assert_eq!(m.pods().count(), 60);
+        let names: Vec<(&str, &str)> = m
+            .pods()
+            .map(|p| (p.namespace.as_str(), p.name.as_str()))
+            .collect();
+        assert!(names.windows(2).all(|w| w[0] < w[1]), "{names:?}");
+        for p in &s.pods {
+            let found = m.pod(&p.namespace, &p.name).expect("every pod is found");
+            assert_eq!(found.ips, p.ips);
+        }
+        assert_eq!(
+            m.pod(&ns, &name).map(|p| p.service_account.as_str()),
+            Some("later")
+        );
+        assert!(m.pod("ns-0", "svc-0-9").is_none());
+        assert!(m.pod("ns-99", "svc-0-0").is_none());
     }
 
     #[test]

@@ -93,9 +93,11 @@ pub struct Model {
     pub(crate) cluster_ips: HashMap<IpAddr, Arc<ClusterIpEntry>>,
     /// Served pods by IP.
     pub(crate) pod_ips: HashMap<IpAddr, Arc<PodIpEntry>>,
-    /// Every pod by (namespace, name), for callers.
+    /// Every pod, sorted by (namespace, name) without repeats, for callers: a lookup is a binary
+    /// search, and the list costs no key of its own (a map keyed by (namespace, name) held a
+    /// second copy of both strings per pod).
     /// (Shared, so that a merge of parts, `split::merge`, does not copy them.)
-    pub(crate) pods: BTreeMap<(String, String), Arc<PodFacts>>,
+    pub(crate) pods: Vec<Arc<PodFacts>>,
     /// Passthroughs carried over the mesh hop: a user Service's (ClusterIP, TCP port) with a
     /// mesh pod among its endpoints, and those endpoints (model.md §12.5 item 1).
     pub(crate) l4: HashMap<SocketAddr, Arc<[L4Endpoint]>>,
@@ -281,13 +283,14 @@ impl Model {
     /// A pod by namespace and name.
     pub fn pod(&self, namespace: &str, name: &str) -> Option<&PodFacts> {
         self.pods
-            .get(&(namespace.to_owned(), name.to_owned()))
-            .map(Arc::as_ref)
+            .binary_search_by(|p| (p.namespace.as_str(), p.name.as_str()).cmp(&(namespace, name)))
+            .ok()
+            .map(|i| &*self.pods[i])
     }
 
     /// Every pod the model knows.
     pub fn pods(&self) -> impl Iterator<Item = &PodFacts> {
-        self.pods.values().map(Arc::as_ref)
+        self.pods.iter().map(Arc::as_ref)
     }
 
     /// The ClusterIP(s) of a Service, when the model holds it as a mesh VIP.
@@ -354,7 +357,7 @@ impl Model {
             .map(|k| (&*k.namespace, &*k.name))
             .chain(
                 self.pods
-                    .values()
+                    .iter()
                     .map(|p| (p.namespace.as_str(), p.service_account.as_str())),
             )
             .collect()

@@ -351,7 +351,7 @@ pub fn merge<'m>(ctx: &NodeContext, parts: impl IntoIterator<Item = &'m Model>) 
             .collect(),
         cluster_ips: HashMap::with_capacity(total(|p| p.cluster_ips.len())),
         pod_ips: HashMap::with_capacity(total(|p| p.pod_ips.len())),
-        pods: Default::default(),
+        pods: Vec::with_capacity(total(|p| p.pods.len())),
         l4: HashMap::with_capacity(total(|p| p.l4.len())),
         service_filters: Default::default(),
         classes: Default::default(),
@@ -368,8 +368,7 @@ pub fn merge<'m>(ctx: &NodeContext, parts: impl IntoIterator<Item = &'m Model>) 
             .extend(part.cluster_ips.iter().map(|(k, v)| (*k, v.clone())));
         m.pod_ips
             .extend(part.pod_ips.iter().map(|(k, v)| (*k, v.clone())));
-        m.pods
-            .extend(part.pods.iter().map(|(k, v)| (k.clone(), v.clone())));
+        m.pods.extend(part.pods.iter().cloned());
         m.l4.extend(part.l4.iter().map(|(k, v)| (*k, v.clone())));
         m.service_filters.extend(
             part.service_filters
@@ -386,6 +385,9 @@ pub fn merge<'m>(ctx: &NodeContext, parts: impl IntoIterator<Item = &'m Model>) 
     m.statuses.sort();
     m.diagnostics.sort();
     m.diagnostics.dedup();
+    // The parts' pods are disjoint (a pod's name links its objects into one component).
+    m.pods
+        .sort_unstable_by(|a, b| (&a.namespace, &a.name).cmp(&(&b.namespace, &b.name)));
     m
 }
 
