@@ -4,7 +4,7 @@
 //!
 //! Layer 0 (pure).
 
-use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
 use std::net::IpAddr;
 
 use ipnet::IpNet;
@@ -25,6 +25,9 @@ pub struct RegistrarReport {
     pub reserved_skipped: Vec<(String, String, u16)>,
 }
 
+/// A served row's ports and their protocols.
+type Protocols = BTreeMap<u16, PortProtocol>;
+
 /// The generated Services the rows call for (spec/model.md §8), without ClusterIPs.
 ///
 /// A mesh service is the (namespace, ServiceAccount) of served rows. Its Service has one port
@@ -40,18 +43,31 @@ pub fn generated_services_except(
     snapshot: &Snapshot,
     ignored: &BTreeSet<String>,
 ) -> (Vec<Service>, RegistrarReport) {
-    let mut rows_by_service: BTreeMap<(&str, &str), Vec<BTreeMap<u16, PortProtocol>>> =
-        BTreeMap::new();
+    // The rows grouped by mesh service. The rows of one service mostly come one after another
+    // (a source lists them by pod), so a row of the previous row's service joins its group
+    // without a lookup; the groups are sorted by name once at the end. (A sorted map searched
+    // per row compared names about log n times a row: 30 % of this function at 2,000
+    // services.)
+    let mut groups: Vec<((&str, &str), Vec<Protocols>)> = Vec::new();
+    let mut group_of: HashMap<(&str, &str), usize> = HashMap::with_capacity(snapshot.rows.len());
     let registered = snapshot
         .rows
         .iter()
         .filter(|r| !ignored.contains(&r.namespace) && row_problem(r).is_none());
     for row in registered {
-        rows_by_service
-            .entry((&row.namespace, &row.service))
-            .or_default()
-            .push(served_protocols(row));
+        let k = (row.namespace.as_str(), row.service.as_str());
+        let g = match groups.last() {
+            Some((last, _)) if *last == k => groups.len() - 1,
+            _ => *group_of.entry(k).or_insert_with(|| {
+                groups.push((k, Vec::new()));
+                groups.len() - 1
+            }),
+        };
+        groups[g].1.push(served_protocols(row));
     }
+    drop(group_of);
+    groups.sort_unstable_by(|a, b| a.0.cmp(&b.0));
+    let rows_by_service = groups;
     let user_owned: BTreeSet<(&str, &str)> = snapshot
         .services
         .iter()
@@ -137,10 +153,14 @@ fn stable_hash(parts: &[&str]) -> u64 {
 /// already in use are never taken. The network and broadcast addresses are skipped. Returns the
 /// Services that found no free address.
 pub fn allocate_cluster_ips(services: &mut [Service], cidr: IpNet) -> Vec<(String, String)> {
-    let mut used: BTreeSet<IpAddr> = services
-        .iter()
-        .flat_map(|s| s.cluster_ips.iter().copied())
-        .collect();
+    // A hash set, made at its final size: only asked whether an address is taken.
+    let mut used: HashSet<IpAddr> = HashSet::with_capacity(
+        services
+            .iter()
+            .map(|s| s.cluster_ips.len().max(usize::from(!s.headless)))
+            .sum(),
+    );
+    used.extend(services.iter().flat_map(|s| s.cluster_ips.iter().copied()));
     let mut order: Vec<usize> = (0..services.len())
         .filter(|&i| !services[i].headless && services[i].cluster_ips.is_empty())
         .collect();
@@ -289,6 +309,29 @@ mod tests {
         }];
         assert!(allocate_cluster_ips(&mut s, "10.96.0.0/16".parse().unwrap()).is_empty());
         assert_eq!(s[0].cluster_ips, vec![IpAddr::from([10, 96, 124, 167])]);
+    }
+
+    #[test]
+    fn rows_of_one_service_apart_in_the_list_make_one_service_and_the_services_come_sorted() {
+        let http = [(ANNOTATION_PORT, "8080"), (ANNOTATION_PROTOCOL, "http")];
+        let tcp = [(ANNOTATION_PORT, "9000"), (ANNOTATION_PROTOCOL, "tcp")];
+        let snap = Snapshot {
+            rows: vec![
+                row("mp", "zeta", "10.0.0.1", &http),
+                row("mp", "alpha", "10.0.0.2", &http),
+                row("mp", "zeta", "10.0.0.3", &tcp),
+                row("aa", "zeta", "10.0.0.4", &tcp),
+            ],
+            ..Snapshot::default()
+        };
+        let (svcs, _) = generated_services(&snap);
+        let names: Vec<(&str, &str)> = svcs
+            .iter()
+            .map(|s| (s.namespace.as_str(), s.name.as_str()))
+            .collect();
+        assert_eq!(names, [("aa", "zeta"), ("mp", "alpha"), ("mp", "zeta")]);
+        let ports: Vec<u16> = svcs[2].ports.iter().map(|p| p.port).collect();
+        assert_eq!(ports, [8080, 9000, PROXY_PORT, LEGACY_PORT]);
     }
 
     #[test]
