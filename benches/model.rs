@@ -5,8 +5,9 @@
 //! - resolve against one `HashMap<String, _>` lookup of the same authority string.
 //!
 //! - a registry event (one pod's readiness flips) to a request served on the new model: the
-//!   snapshot changed, the retention state (`retention::advance`, as the node's reload),
-//!   `compile`, the DNS table, the swap of the published model (`ArcSwap`, as
+//!   snapshot changed, the generated Services the rows call for (the registrar's
+//!   `generated_services_except`, as the node's reload on Kubernetes), the retention state
+//!   (`retention::advance`), `compile`, the DNS table, the swap of the published model (`ArcSwap`, as
 //!   the node holds it) and one request resolved on what a reader then loads, against a full
 //!   compile alone. The node's own steps around it (the Kubernetes source's copy out of its
 //!   stores and `objects::snapshot`, `watch_debounce_ms`) are not in it: `benches/kube_scale.rs`
@@ -33,8 +34,9 @@ use criterion::{BenchmarkId, Criterion, criterion_group, criterion_main};
 
 use aether::dns::DnsTable;
 use aether::model::names::{AuthorityInput, HttpVersion};
-use aether::model::registrar::complete_snapshot;
+use aether::model::registrar::{self, complete_snapshot};
 use aether::model::retention;
+use aether::model::snapshot::Service;
 use aether::model::split::Compiled;
 use aether::model::{NodeContext, compile, synth};
 use aether::resolve::decision::{Caller, CaptureMode, HttpEntry, RequestDecision, RequestFacts};
@@ -279,6 +281,8 @@ struct Event {
     caller: Caller,
     /// The kept parts, when the event compiles incrementally (`model::split::Compiled`).
     kept: Option<Compiled>,
+    /// The generated Services of the registry (one per mesh service).
+    generated: usize,
 }
 
 impl Event {
@@ -312,6 +316,7 @@ impl Event {
             service_account: None,
             capture: CaptureMode::RedirectAll,
         };
+        let generated = snapshot.services.iter().filter(|s| s.generated).count();
         Self {
             ctx,
             snapshot,
@@ -319,16 +324,22 @@ impl Event {
             published,
             caller,
             kept,
+            generated,
         }
     }
 
     /// The event, the new model published, and one request to `svc-1` resolved on it: two
     /// endpoints when the pod is Ready, one when it is not. Returns what the node retires (the
     /// replaced model and the DNS table), for the caller to drop outside the timing.
-    fn run(&mut self) -> (Arc<aether::model::Model>, DnsTable) {
+    fn run(&mut self) -> (Arc<aether::model::Model>, DnsTable, Vec<Service>) {
         let r = &mut self.snapshot.rows[self.row];
         r.ready = !r.ready;
         let ready = r.ready;
+        // As the node's reload on Kubernetes: the generated Services the rows call for, which
+        // the elected registrar writes (the file registry completes the snapshot with them).
+        let (desired, _) =
+            registrar::generated_services_except(&self.snapshot, &self.ctx.ignored_namespaces);
+        assert_eq!(desired.len(), self.generated, "one per mesh service");
         // As the node's reload: the retention state from the published model first.
         let retained = retention::advance(
             &self.published.load().http_ports(),
@@ -355,7 +366,7 @@ impl Event {
             }
             other => panic!("svc-1:8080 is not delivered: {other:?}"),
         }
-        (replaced, dns)
+        (replaced, dns, desired)
     }
 }
 

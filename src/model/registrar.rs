@@ -48,7 +48,7 @@ pub fn generated_services_except(
     // without a lookup; the groups are sorted by name once at the end. (A sorted map searched
     // per row compared names about log n times a row: 30 % of this function at 2,000
     // services.)
-    let mut groups: Vec<((&str, &str), Vec<Protocols>)> = Vec::new();
+    let mut groups: Vec<((&str, &str), Vec<Protocols>)> = Vec::with_capacity(snapshot.rows.len());
     let mut group_of: HashMap<(&str, &str), usize> = HashMap::with_capacity(snapshot.rows.len());
     let registered = snapshot
         .rows
@@ -66,7 +66,9 @@ pub fn generated_services_except(
         groups[g].1.push(served_protocols(row));
     }
     drop(group_of);
-    groups.sort_unstable_by(|a, b| a.0.cmp(&b.0));
+    // Stable, so that groups already in order (rows listed by pod name, one service's pods
+    // together) cost one pass.
+    groups.sort_by(|a, b| a.0.cmp(&b.0));
     let rows_by_service = groups;
     let user_owned: BTreeSet<(&str, &str)> = snapshot
         .services
@@ -76,14 +78,16 @@ pub fn generated_services_except(
         .collect();
 
     let mut report = RegistrarReport::default();
-    let mut out = Vec::new();
+    let mut out = Vec::with_capacity(rows_by_service.len());
     for ((ns, name), rows) in rows_by_service {
         if user_owned.contains(&(ns, name)) {
             report.collisions.push((ns.to_owned(), name.to_owned()));
             continue;
         }
-        let mut ports = Vec::new();
-        for (port, tally) in vote(rows.iter()) {
+        let tallies = vote(rows.iter());
+        // The voted ports and the two anchors.
+        let mut ports = Vec::with_capacity(tallies.len() + 2);
+        for (port, tally) in tallies {
             if is_reserved(u32::from(port)) {
                 report
                     .reserved_skipped
