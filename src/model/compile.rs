@@ -28,7 +28,7 @@ use crate::model::port::{
 };
 use crate::model::retention::GRACE_MS;
 use crate::model::route_match::{RouteInput, RouteTable};
-use crate::model::rows::{row_problem, served_protocols};
+use crate::model::rows::{PortProtocols, row_problem, served_protocols};
 use crate::model::snapshot::{
     FilterConfig, HttpFilter, HttpRoute, HttpRouteKind, L4Route, ObjectRef, ParentRef,
     ProtocolValue, Row, Service, Snapshot, TargetPort,
@@ -52,7 +52,7 @@ const H2C: &str = "kubernetes.io/h2c";
 #[derive(Debug)]
 struct Served<'s> {
     row: &'s Row,
-    protocols: BTreeMap<u16, PortProtocol>,
+    protocols: PortProtocols,
     /// The row as an endpoint, built once and shared by every endpoint set it joins.
     endpoint: Endpoint,
 }

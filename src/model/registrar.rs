@@ -4,7 +4,7 @@
 //!
 //! Layer 0 (pure).
 
-use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
+use std::collections::{BTreeSet, HashMap, HashSet};
 use std::net::IpAddr;
 
 use ipnet::IpNet;
@@ -12,7 +12,7 @@ use ipnet::IpNet;
 use crate::model::port::{
     LEGACY_PORT, PROXY_PORT, PortProtocol, Transport, is_reserved, push_decimal,
 };
-use crate::model::rows::{row_problem, served_protocols};
+use crate::model::rows::{PortProtocols, row_problem, served_protocols};
 use crate::model::snapshot::{Service, ServicePort, Snapshot, TargetPort};
 use crate::model::vote::vote;
 
@@ -24,9 +24,6 @@ pub struct RegistrarReport {
     /// Reserved ports left off a generated Service: (namespace, service, port).
     pub reserved_skipped: Vec<(String, String, u16)>,
 }
-
-/// A served row's ports and their protocols.
-type Protocols = BTreeMap<u16, PortProtocol>;
 
 /// The generated Services the rows call for (spec/model.md §8), without ClusterIPs.
 ///
@@ -48,7 +45,8 @@ pub fn generated_services_except(
     // without a lookup; the groups are sorted by name once at the end. (A sorted map searched
     // per row compared names about log n times a row: 30 % of this function at 2,000
     // services.)
-    let mut groups: Vec<((&str, &str), Vec<Protocols>)> = Vec::with_capacity(snapshot.rows.len());
+    let mut groups: Vec<((&str, &str), Vec<PortProtocols>)> =
+        Vec::with_capacity(snapshot.rows.len());
     let mut group_of: HashMap<(&str, &str), usize> = HashMap::with_capacity(snapshot.rows.len());
     let registered = snapshot
         .rows

@@ -262,16 +262,89 @@ pub fn row_problem(row: &Row) -> Option<RowProblem> {
 }
 
 /// A served row's ports and protocols, read after [`row_problem`] found nothing.
-pub fn served_protocols(row: &Row) -> BTreeMap<u16, PortProtocol> {
-    let mut out = BTreeMap::new();
+pub fn served_protocols(row: &Row) -> PortProtocols {
+    let mut out = Vec::new();
     if let Some(map) = &row.port_protocols {
+        out.reserve_exact(map.len());
+        // The map ascends by port, and so does the list.
         for (&p, v) in map {
             if let (Ok(p), ProtocolValue::Known(proto)) = (u16::try_from(p), v) {
-                out.insert(p, *proto);
+                out.push((p, *proto));
             }
         }
     }
-    out
+    PortProtocols(out)
+}
+
+/// A served row's ports and their protocols, ascending by port without repeats: a list where
+/// a `BTreeMap` was (every row of every reload made one, for the few ports a pod declares; the
+/// list is one allocation and a search by halves).
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct PortProtocols(Vec<(u16, PortProtocol)>);
+
+impl PortProtocols {
+    /// The protocol of `port`.
+    pub fn get(&self, port: &u16) -> Option<&PortProtocol> {
+        self.0
+            .binary_search_by_key(port, |&(p, _)| p)
+            .ok()
+            .map(|i| &self.0[i].1)
+    }
+
+    /// Takes `port` out.
+    pub fn remove(&mut self, port: &u16) -> Option<PortProtocol> {
+        let i = self.0.binary_search_by_key(port, |&(p, _)| p).ok()?;
+        Some(self.0.remove(i).1)
+    }
+
+    /// The ports and their protocols, ascending.
+    pub fn iter(&self) -> PortProtocolsIter<'_> {
+        self.0.iter().map(|(p, v)| (p, v))
+    }
+
+    /// The ports, ascending.
+    pub fn keys(&self) -> impl Iterator<Item = &u16> {
+        self.0.iter().map(|(p, _)| p)
+    }
+
+    /// The protocols, by ascending port.
+    pub fn values(&self) -> impl Iterator<Item = &PortProtocol> {
+        self.0.iter().map(|(_, v)| v)
+    }
+
+    /// How many ports.
+    pub fn len(&self) -> usize {
+        self.0.len()
+    }
+
+    /// No port at all.
+    pub fn is_empty(&self) -> bool {
+        self.0.is_empty()
+    }
+}
+
+/// The iterator of [`PortProtocols::iter`].
+pub type PortProtocolsIter<'a> = std::iter::Map<
+    std::slice::Iter<'a, (u16, PortProtocol)>,
+    fn(&'a (u16, PortProtocol)) -> (&'a u16, &'a PortProtocol),
+>;
+
+impl<'a> IntoIterator for &'a PortProtocols {
+    type Item = (&'a u16, &'a PortProtocol);
+    type IntoIter = PortProtocolsIter<'a>;
+
+    fn into_iter(self) -> Self::IntoIter {
+        self.iter()
+    }
+}
+
+impl IntoIterator for PortProtocols {
+    type Item = (u16, PortProtocol);
+    type IntoIter = std::vec::IntoIter<(u16, PortProtocol)>;
+
+    fn into_iter(self) -> Self::IntoIter {
+        self.0.into_iter()
+    }
 }
 
 /// `ListEndpoints(service, protocol)` (spec/model.md §3.4): every served row of the service that
@@ -395,6 +468,33 @@ mod tests {
             pod: None,
             node: None,
         }
+    }
+
+    #[test]
+    fn served_protocols_ascend_by_port_and_leave_out_what_is_not_known() {
+        use PortProtocol::{Http, Tcp, Udp};
+        let r = row(
+            8080,
+            &[9090, 80, 8080, 53, 7000],
+            Some(&[
+                (9090, ProtocolValue::Known(Tcp)),
+                (80, ProtocolValue::Known(Http)),
+                (8080, ProtocolValue::Known(Http)),
+                (53, ProtocolValue::Known(Udp)),
+                (7000, ProtocolValue::Unknown("sctp".into())),
+            ]),
+        );
+        let mut p = served_protocols(&r);
+        let all: Vec<(u16, PortProtocol)> = p.iter().map(|(&k, &v)| (k, v)).collect();
+        assert_eq!(all, [(53, Udp), (80, Http), (8080, Http), (9090, Tcp)]);
+        assert_eq!(p.get(&9090), Some(&Tcp));
+        assert_eq!(p.get(&7000), None);
+        assert_eq!(p.get(&81), None);
+        assert_eq!(p.remove(&80), Some(Http));
+        assert_eq!(p.remove(&80), None);
+        assert_eq!(p.keys().copied().collect::<Vec<_>>(), [53, 8080, 9090]);
+        assert_eq!(p.len(), 3);
+        assert!(served_protocols(&row(80, &[80], None)).is_empty());
     }
 
     #[test]

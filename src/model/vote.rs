@@ -5,6 +5,7 @@
 use std::collections::BTreeMap;
 
 use crate::model::port::PortProtocol;
+use crate::model::rows::PortProtocols;
 
 /// Counts of one port's protocols over a set of rows (one vote per row).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -53,9 +54,7 @@ impl Tally {
 }
 
 /// The class vote over rows, each given as its port → protocol map.
-pub fn vote<'a>(
-    rows: impl IntoIterator<Item = &'a BTreeMap<u16, PortProtocol>>,
-) -> BTreeMap<u16, Tally> {
+pub fn vote<'a>(rows: impl IntoIterator<Item = &'a PortProtocols>) -> BTreeMap<u16, Tally> {
     let mut tallies: BTreeMap<u16, Tally> = BTreeMap::new();
     for row in rows {
         for (&port, &p) in row {
