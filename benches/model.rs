@@ -7,9 +7,9 @@
 //! - a registry event (one pod's readiness flips) to a request served on the new model: the
 //!   snapshot changed, the generated Services the rows call for (the registrar's
 //!   `generated_services_except`, as the node's reload on Kubernetes), the retention state
-//!   (`retention::advance`), `compile`, the DNS table, the swap of the published model (`ArcSwap`, as
-//!   the node holds it) and one request resolved on what a reader then loads, against a full
-//!   compile alone. The node's own steps around it (the Kubernetes source's copy out of its
+//!   (`retention::advance`), `compile`, the DNS table, the swap of the published model
+//!   (`ArcSwap`, as the node holds it) and one request resolved on what a reader then loads,
+//!   against a full compile alone. The node's own steps around it (the Kubernetes source's copy out of its
 //!   stores and `objects::snapshot`, `watch_debounce_ms`) are not in it: `benches/kube_scale.rs`
 //!   measures the source's part.
 //!
@@ -329,8 +329,9 @@ impl Event {
     }
 
     /// The event, the new model published, and one request to `svc-1` resolved on it: two
-    /// endpoints when the pod is Ready, one when it is not. Returns what the node retires (the
-    /// replaced model and the DNS table), for the caller to drop outside the timing.
+    /// endpoints when the pod is Ready, one when it is not. Returns what the node retires or
+    /// hands on (the replaced model, the DNS table, the generated Services for the registrar),
+    /// for the caller to drop outside the timing.
     fn run(&mut self) -> (Arc<aether::model::Model>, DnsTable, Vec<Service>) {
         let r = &mut self.snapshot.rows[self.row];
         r.ready = !r.ready;

@@ -250,6 +250,13 @@ pub struct PodFacts {
     pub inbound: InboundFacts,
 }
 
+impl PodFacts {
+    /// (namespace, name): the order of [`Model::pods`].
+    pub fn by_name(&self) -> (&str, &str) {
+        (&self.namespace, &self.name)
+    }
+}
+
 /// A pod's inbound side toward plaintext from outside the mesh (model.md §12.5 item 3).
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize)]
 pub struct InboundFacts {
@@ -283,7 +290,7 @@ impl Model {
     /// A pod by namespace and name.
     pub fn pod(&self, namespace: &str, name: &str) -> Option<&PodFacts> {
         self.pods
-            .binary_search_by(|p| (p.namespace.as_str(), p.name.as_str()).cmp(&(namespace, name)))
+            .binary_search_by(|p| p.by_name().cmp(&(namespace, name)))
             .ok()
             .map(|i| &*self.pods[i])
     }

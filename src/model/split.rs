@@ -387,7 +387,7 @@ pub fn merge<'m>(ctx: &NodeContext, parts: impl IntoIterator<Item = &'m Model>) 
     m.diagnostics.dedup();
     // The parts' pods are disjoint (a pod's name links its objects into one component).
     m.pods
-        .sort_unstable_by(|a, b| (&a.namespace, &a.name).cmp(&(&b.namespace, &b.name)));
+        .sort_unstable_by(|a, b| a.by_name().cmp(&b.by_name()));
     m
 }
 
