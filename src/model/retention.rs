@@ -33,11 +33,15 @@ pub fn advance(
 ) -> Vec<RetainedPort> {
     // Evidence 1: a service with served rows, under any protocol: its rows are the truth (a
     // normal entry, or a replacement).
+    // A source lists one service's rows together, so a row of the service found just before
+    // needs no hash (two SipHash lookups a row were most of this function).
     let mut with_rows: HashSet<(&str, &str)> = HashSet::with_capacity(snapshot.rows.len());
+    let mut last = None;
     for row in &snapshot.rows {
         let k = (row.namespace.as_str(), row.service.as_str());
-        if !with_rows.contains(&k) && row_problem(row).is_none() {
+        if last != Some(k) && !with_rows.contains(&k) && row_problem(row).is_none() {
             with_rows.insert(k);
+            last = Some(k);
         }
     }
     let since: BTreeMap<(&str, &str, u16), u64> = previous
@@ -49,11 +53,19 @@ pub fn advance(
             )
         })
         .collect();
+    let mut last_asked: Option<((&str, &str), bool)> = None;
     let mut candidates: Vec<(&str, &str, u16)> = previous_http
         .iter()
         .copied()
         .chain(since.keys().copied())
-        .filter(|&(ns, svc, _)| !with_rows.contains(&(ns, svc)))
+        .filter(|&(ns, svc, _)| {
+            // The ports of one service come together: ask once for each run of them.
+            let k = (ns, svc);
+            if last_asked.is_none_or(|(asked, _)| asked != k) {
+                last_asked = Some((k, !with_rows.contains(&k)));
+            }
+            last_asked.is_some_and(|(_, without)| without)
+        })
         .collect();
     if candidates.is_empty() {
         return Vec::new();
@@ -132,5 +144,44 @@ mod tests {
             ..Snapshot::default()
         };
         assert!(advance(&http_set(), &[], &snap, 5).is_empty());
+    }
+
+    /// The lookups skipped for a run of one service's rows or ports give the answer of the
+    /// set whatever the order: services apart in the lists, a refused row after a served one,
+    /// a service whose only row is refused.
+    #[test]
+    fn services_apart_in_the_lists_are_judged_as_when_together() {
+        let ann = [(ANNOTATION_PORT.to_owned(), "8080".to_owned())]
+            .into_iter()
+            .collect();
+        let declared = parse_declared_ports(&ann).unwrap();
+        let row = |svc: &str, last: u8| {
+            declared.to_row("mp", svc, format!("10.0.0.{last}").parse().unwrap(), true)
+        };
+        let mut refused = row("c", 4);
+        refused.port_protocols = None;
+        let mut refused_after_a = row("a", 5);
+        refused_after_a.port_protocols = None;
+        let snap = Snapshot {
+            rows: vec![
+                row("a", 1),
+                refused_after_a,
+                row("b", 2),
+                row("a", 3),
+                refused,
+            ],
+            ..Snapshot::default()
+        };
+        let previous = [
+            ("mp", "a", 8080),
+            ("mp", "c", 8080),
+            ("mp", "a", 9090),
+            ("mp", "b", 8080),
+            ("mp", "c", 9090),
+            ("mp", "a", 7070),
+        ];
+        let kept = advance(&previous, &[], &snap, 7);
+        let kept: Vec<_> = kept.iter().map(|r| (r.service.as_str(), r.port)).collect();
+        assert_eq!(kept, [("c", 8080), ("c", 9090)], "only c has no served row");
     }
 }
