@@ -34,7 +34,8 @@ pub fn advance(
     // Evidence 1: a service with served rows, under any protocol: its rows are the truth (a
     // normal entry, or a replacement).
     // A source lists one service's rows together, so a row of the service found just before
-    // needs no hash (two SipHash lookups a row were most of this function).
+    // needs no hash (4.80 M -> 3.65 M instructions a call at 2,000 services with the filter
+    // below; docs/performance.md).
     let mut with_rows: HashSet<(&str, &str)> = HashSet::with_capacity(snapshot.rows.len());
     let mut last = None;
     for row in &snapshot.rows {
