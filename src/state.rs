@@ -72,17 +72,26 @@ impl ModelHandle {
     /// Swap in a new model and the snapshot it was compiled from, whole. One publisher writes
     /// (STYLE.md §6.3), so the generation read here is the one this publish follows.
     pub fn publish_with_source(&self, model: Model, source: Option<Snapshot>) -> u64 {
-        self.replace(model, source).0
+        self.replace_shared(model, source.map(Arc::new)).0
     }
 
     /// [`Self::publish_with_source`], handing back what it replaced: the caller chooses where
     /// it is freed (the node frees it off the runtime's thread, `node::retire`).
     pub fn replace(&self, model: Model, source: Option<Snapshot>) -> (u64, Arc<Published>) {
+        self.replace_shared(model, source.map(Arc::new))
+    }
+
+    /// [`Self::replace`] with a snapshot the caller still reads after the publish.
+    pub fn replace_shared(
+        &self,
+        model: Model,
+        source: Option<Arc<Snapshot>>,
+    ) -> (u64, Arc<Published>) {
         let next = *self.generation.borrow() + 1;
         let old = self.current.swap(Arc::new(Published {
             generation: next,
             model: Arc::new(model),
-            source: source.map(Arc::new),
+            source,
         }));
         self.generation.send_replace(next);
         (next, old)

@@ -118,18 +118,74 @@ struct WriterInputs {
     status: crate::route_status::StatusInput,
 }
 
-/// What one load of the registry produced.
+/// What one load of the registry produced: the model, and what the rest is made from once the
+/// model serves ([`follow`]).
 struct Loaded {
     model: Model,
-    /// The Kubernetes source's writer inputs.
-    writers: Option<WriterInputs>,
     /// The retention state the model was compiled with (spec/model.md §10).
     retained: Vec<crate::model::snapshot::RetainedPort>,
-    dns: DnsTable,
-    /// The registry's fingerprint, taken before it was read (see `registry::file::fingerprint`).
-    fingerprint: u64,
     /// The snapshot the model was compiled from, published with it (`aether debug explain`).
     snapshot: crate::model::Snapshot,
+    /// What was read, for what [`follow`] makes of it.
+    read: Read,
+}
+
+/// The registry as read, beyond the snapshot.
+enum Read {
+    /// The file registry's fingerprint, taken before it was read (see
+    /// `registry::file::fingerprint`).
+    File { fingerprint: u64 },
+    /// The Kubernetes source's objects: their fingerprint and the writers' inputs are made
+    /// from them (boxed: a load holds one `Read`, and the variant is large).
+    Kube(Box<crate::registry::kube::objects::Objects>),
+}
+
+/// What follows a published model, made after it serves: nothing here decides a request, so
+/// none of it stands between a registry event and the new model (docs/performance.md, "Event to
+/// served request").
+struct Followers {
+    /// The mesh DNS table of the same snapshot, swapped in after the model: a name the table
+    /// answers is never one the model does not know yet.
+    dns: DnsTable,
+    /// The Kubernetes source's writer inputs.
+    writers: Option<WriterInputs>,
+    /// The registry's fingerprint: stored once everything above is in place.
+    fingerprint: u64,
+}
+
+/// The DNS table, the writers' inputs and the fingerprint of what `model` was compiled from.
+fn follow(
+    config: &NodeConfig,
+    snapshot: &crate::model::Snapshot,
+    model: &Model,
+    read: Read,
+) -> Followers {
+    let ctx = context(config);
+    let dns = DnsTable::build(snapshot, &ctx.domains, config.dns_kubernetes_names);
+    let (writers, fingerprint) = match read {
+        Read::File { fingerprint } => (None, fingerprint),
+        Read::Kube(objects) => {
+            let fingerprint = crate::registry::kube::objects::fingerprint(&objects);
+            let (desired, _) =
+                registrar::generated_services_except(snapshot, &ctx.ignored_namespaces);
+            let writers = WriterInputs {
+                registrar: crate::registrar::RegistrarInput {
+                    desired,
+                    existing: objects.services.clone(),
+                },
+                status: crate::route_status::StatusInput {
+                    statuses: model.route_statuses().to_vec(),
+                    held: crate::route_status::held_routes(&objects),
+                },
+            };
+            (Some(writers), fingerprint)
+        }
+    };
+    Followers {
+        dns,
+        writers,
+        fingerprint,
+    }
 }
 
 fn context(config: &NodeConfig) -> NodeContext {
@@ -163,9 +219,11 @@ fn load(
     previous: Option<(&Model, &[crate::model::snapshot::RetainedPort])>,
 ) -> Result<Loaded, NodeError> {
     let ctx = context(config);
-    let mut writers = None;
-    let (mut snapshot, fingerprint) = match source {
-        Source::File(last) => read_dir(config, &mut last.lock(), stats)?,
+    let (mut snapshot, read) = match source {
+        Source::File(last) => {
+            let (snapshot, fingerprint) = read_dir(config, &mut last.lock(), stats)?;
+            (snapshot, Read::File { fingerprint })
+        }
         Source::Kube(kube) => {
             let synced = kube.synced();
             stats.registry_synced.set(i64::from(synced));
@@ -173,7 +231,6 @@ fn load(
                 return Err(NodeError::NotSynced);
             }
             let (objects, invalid) = kube.objects();
-            let fingerprint = crate::registry::kube::objects::fingerprint(&objects);
             let (snapshot, problems) = crate::registry::kube::objects::snapshot(&objects);
             for (kind, name, error) in &invalid.objects {
                 warn!(kind, object = %name, %error, "registry object does not deserialize; left out");
@@ -185,24 +242,13 @@ fn load(
             stats
                 .registry_objects_skipped
                 .set(i64::try_from(skipped).unwrap_or(i64::MAX));
-            let (desired, _) =
-                registrar::generated_services_except(&snapshot, &ctx.ignored_namespaces);
-            writers = Some(WriterInputs {
-                registrar: crate::registrar::RegistrarInput {
-                    desired,
-                    existing: objects.services.clone(),
-                },
-                status: crate::route_status::StatusInput {
-                    statuses: Vec::new(),
-                    held: crate::route_status::held_routes(&objects),
-                },
-            });
-            (snapshot, fingerprint)
+            (snapshot, Read::Kube(Box::new(objects)))
         }
     };
     if let Source::File(_) = source {
-        // No API server: the registrar's Services are made here (spec/model.md §8). On
-        // Kubernetes the elected registrar writes them and every node reads them back.
+        // No API server: the registrar's Services are made here (spec/model.md §8), and they
+        // are part of what is compiled. On Kubernetes the elected registrar writes them and
+        // every node reads them back ([`follow`] makes the registrar's input).
         let report = registrar::complete_snapshot_except(
             &mut snapshot,
             config.service_cidr,
@@ -216,21 +262,15 @@ fn load(
         snapshot.retained =
             crate::model::retention::advance(&model.http_ports(), retained, &snapshot, ctx.now_ms);
     }
-    let dns = DnsTable::build(&snapshot, &ctx.domains, config.dns_kubernetes_names);
     let started = crate::time::now();
     let model = compile(&snapshot, &ctx);
     stats.record_compile(&snapshot, &model, started.elapsed());
     let retained = snapshot.retained.clone();
-    if let Some(w) = writers.as_mut() {
-        w.status.statuses = model.route_statuses().to_vec();
-    }
     Ok(Loaded {
         model,
-        writers,
         retained,
-        dns,
-        fingerprint,
         snapshot,
+        read,
     })
 }
 
@@ -273,12 +313,10 @@ fn empty(config: &NodeConfig) -> Loaded {
     let ctx = context(config);
     let snapshot = crate::model::Snapshot::default();
     Loaded {
-        dns: DnsTable::build(&snapshot, &ctx.domains, config.dns_kubernetes_names),
         model: compile(&snapshot, &ctx),
-        writers: None,
         retained: Vec::new(),
-        fingerprint: 0,
         snapshot,
+        read: Read::File { fingerprint: 0 },
     }
 }
 
@@ -326,18 +364,29 @@ pub async fn run_with_logs(
             Source::Kube(Arc::new(KubeSource::start(&client, &settings, &changed_tx)))
         }
     });
-    let first = match &*source {
+    // Nothing serves yet: the first model and what follows it are made together.
+    let (first, followed) = match &*source {
         Source::File(_) => {
             let (cfg, src, stats) = (config.clone(), source.clone(), node_stats.clone());
-            tokio::task::spawn_blocking(move || load(&cfg, &src, &stats, None))
-                .await
-                .map_err(|e| NodeError::StateDir {
-                    path: config.registry.clone(),
-                    source: std::io::Error::other(e),
-                })??
+            tokio::task::spawn_blocking(move || {
+                let mut l = load(&cfg, &src, &stats, None)?;
+                let read = std::mem::replace(&mut l.read, Read::File { fingerprint: 0 });
+                let followed = follow(&cfg, &l.snapshot, &l.model, read);
+                Ok::<_, NodeError>((l, followed))
+            })
+            .await
+            .map_err(|e| NodeError::StateDir {
+                path: config.registry.clone(),
+                source: std::io::Error::other(e),
+            })??
         }
         // Nothing is served until every watch has listed; the first tick brings the model.
-        Source::Kube(_) => empty(&config),
+        Source::Kube(_) => {
+            let mut l = empty(&config);
+            let read = std::mem::replace(&mut l.read, Read::File { fingerprint: 0 });
+            let followed = follow(&config, &l.snapshot, &l.model, read);
+            (l, followed)
+        }
     };
     let mut retained = first.retained.clone();
     match &*source {
@@ -350,8 +399,8 @@ pub async fn run_with_logs(
         first.model,
         config.debug_keep_snapshot.then_some(first.snapshot),
     ));
-    let fingerprint = Arc::new(std::sync::atomic::AtomicU64::new(first.fingerprint));
-    let dns_table = Arc::new(ArcSwap::from_pointee(first.dns));
+    let fingerprint = Arc::new(std::sync::atomic::AtomicU64::new(followed.fingerprint));
+    let dns_table = Arc::new(ArcSwap::from_pointee(followed.dns));
 
     let ca = match (&config.ca_cert, &config.ca_key, &config.ca_dir) {
         (Some(cert), Some(key), _) => Ca::load(cert, key)?,
@@ -644,7 +693,34 @@ pub async fn run_with_logs(
                     Ok(l) => {
                         retained = l.retained.clone();
                         debug!(retained = retained.len(), "recompiled");
-                        if let (Some(w), Some((reg, st, _))) = (l.writers, &writer_tx) {
+                        // The model first: it is what serves, and nothing below decides a
+                        // request (docs/performance.md, "Event to served request").
+                        let snapshot = Arc::new(l.snapshot);
+                        let kept = config.debug_keep_snapshot.then(|| snapshot.clone());
+                        let (generation, replaced) = handle.replace_shared(l.model, kept);
+                        // What this replaces is freed off the runtime's thread (node::retire).
+                        retire::model(replaced);
+                        info!(generation, "model published");
+                        // Off the request path and off the runtime's threads: the metric series
+                        // of the services it holds (a walk of every service port), the DNS
+                        // table, the writers' inputs and the fingerprint; the snapshot, unless
+                        // kept, is freed there too. Awaited, so two rebuilds never race over the
+                        // series table.
+                        let (metrics, model, cfg) = (shared.inputs.metrics.clone(), handle.load(), config.clone());
+                        let read = l.read;
+                        let followed = tokio::task::spawn_blocking(move || {
+                            metrics.rebuild(&model);
+                            follow(&cfg, &snapshot, &model, read)
+                        })
+                        .await;
+                        let (dns, writers, settled) = match followed {
+                            Ok(f) => (Some(f.dns), f.writers, Some(f.fingerprint)),
+                            Err(e) => {
+                                error!(error = %e, "metric series, DNS table or writer inputs failed; the previous ones stay");
+                                (None, None, None)
+                            }
+                        };
+                        if let (Some(w), Some((reg, st, _))) = (writers, &writer_tx) {
                             // Marked pending before the fingerprint below: a reader of `/model`
                             // never sees this registry state as settled before the writers
                             // looked at it.
@@ -655,31 +731,16 @@ pub async fn run_with_logs(
                             let _ = reg.send(Arc::new(w.registrar));
                             let _ = st.send(Arc::new(w.status));
                         }
-                        // What this replaces is freed off the runtime's thread (node::retire).
-                        let (kept, unkept) = if config.debug_keep_snapshot {
-                            (Some(l.snapshot), None)
-                        } else {
-                            (None, Some(l.snapshot))
-                        };
-                        retire::drop_off_runtime(unkept);
-                        let (generation, replaced) = handle.replace(l.model, kept);
-                        retire::model(replaced);
-                        // Off the request path and off the runtime's threads (a walk of every
-                        // service port): the metric series of the services it holds. Awaited,
-                        // so two rebuilds never race over the table.
-                        let (metrics, model) = (shared.inputs.metrics.clone(), handle.load());
-                        if let Err(e) =
-                            tokio::task::spawn_blocking(move || metrics.rebuild(&model)).await
-                        {
-                            error!(error = %e, "metric series rebuild failed; the previous series stay");
+                        if let Some(dns) = dns {
+                            retire::drop_off_runtime(dns_table.swap(Arc::new(dns)));
                         }
-                        retire::drop_off_runtime(dns_table.swap(Arc::new(l.dns)));
-                        info!(generation, "model published");
                         registry_ok = true;
                         let ok = reconcile(&config, &shared, &pods, &cni_pods).await.is_empty();
                         let _ = ready_tx.send(ok);
                         // Published and reconciled: what `/model` reports as loaded.
-                        fingerprint.store(l.fingerprint, std::sync::atomic::Ordering::Release);
+                        if let Some(settled) = settled {
+                            fingerprint.store(settled, std::sync::atomic::Ordering::Release);
+                        }
                         if ok && !offering {
                             hand_over_done(&mut predecessor, &pods).await;
                             serve_handoff(&handoff_path, pods.clone(), handed_tx.clone());

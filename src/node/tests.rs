@@ -93,6 +93,7 @@ fn shared_with(manifests: &str) -> (NodeConfig, Shared) {
         ..NodeConfig::default()
     };
     let loaded = compiled(&config, manifests);
+    let followed = follow(&config, &loaded.snapshot, &loaded.model, loaded.read);
     let shared = Shared {
         inputs: Arc::new(Inputs {
             model: Arc::new(ModelHandle::new(loaded.model)),
@@ -108,7 +109,7 @@ fn shared_with(manifests: &str) -> (NodeConfig, Shared) {
         home: Arc::new(Netns::current().unwrap()),
         stats: Arc::new(NodeStats::default()),
         dns: dns::DnsShared {
-            table: Arc::new(ArcSwap::from_pointee(loaded.dns)),
+            table: Arc::new(ArcSwap::from_pointee(followed.dns)),
             upstreams: Vec::new(),
             accept_errors: Counter::default(),
             tcp: crate::dns::TcpLimits::default(),
