@@ -247,18 +247,47 @@ pub fn row_problem(row: &Row) -> Option<RowProblem> {
         Some(m) if !m.is_empty() => m,
         _ => return Some(RowProblem::PortProtocolsMissing),
     };
-    if map.keys().any(|&p| !valid(p)) {
-        return Some(RowProblem::InvalidPort);
-    }
+    // One walk of the map (it was walked twice and searched once per listed port): every listed
+    // port has a protocol when the listed keys with a known protocol are as many as the
+    // distinct listed ports.
     let listed = |p: u32| p == row.port || row.ports.contains(&p);
-    let has_protocol = |p: u32| matches!(map.get(&p), Some(ProtocolValue::Known(_)));
-    if !has_protocol(row.port) || row.ports.iter().any(|&p| !has_protocol(p)) {
+    let mut known = 0;
+    let mut unlisted = false;
+    for (&p, v) in map {
+        if !valid(p) {
+            return Some(RowProblem::InvalidPort);
+        }
+        if !listed(p) {
+            unlisted = true;
+        } else if matches!(v, ProtocolValue::Known(_)) {
+            known += 1;
+        }
+    }
+    if known != distinct_listed(row) {
         return Some(RowProblem::PortWithoutProtocol);
     }
-    if map.keys().any(|&p| !listed(p)) {
+    if unlisted {
         return Some(RowProblem::ProtocolForUnlistedPort);
     }
     None
+}
+
+/// How many distinct ports `row` lists (its declared port and its ports).
+fn distinct_listed(row: &Row) -> usize {
+    let ports = &row.ports;
+    let declared = usize::from(!ports.contains(&row.port));
+    if ports.len() <= 16 {
+        // A pod lists a few ports: comparing each with those before it allocates nothing.
+        declared
+            + (0..ports.len())
+                .filter(|&i| !ports[..i].contains(&ports[i]))
+                .count()
+    } else {
+        let mut sorted = ports.clone();
+        sorted.sort_unstable();
+        sorted.dedup();
+        declared + sorted.len()
+    }
 }
 
 /// A served row's ports and protocols, read after [`row_problem`] found nothing.
@@ -537,6 +566,52 @@ mod tests {
             row_problem(&row(70000, &[70000], Some(&[(70000, http)]))),
             Some(RowProblem::InvalidPort)
         );
+    }
+
+    /// The checks of spec/model.md §3.3 written out one by one, in their order.
+    fn plain_row_problem(row: &Row) -> Option<RowProblem> {
+        let listed: Vec<u32> = std::iter::once(row.port).chain(row.ports.clone()).collect();
+        let in_range = |p: &u32| (1..=65535).contains(p);
+        let map = row.port_protocols.clone().unwrap_or_default();
+        let known = |p: &u32| matches!(map.get(p), Some(ProtocolValue::Known(_)));
+        let checks = [
+            (!listed.iter().all(in_range), RowProblem::InvalidPort),
+            (map.is_empty(), RowProblem::PortProtocolsMissing),
+            (!map.keys().all(in_range), RowProblem::InvalidPort),
+            (!listed.iter().all(known), RowProblem::PortWithoutProtocol),
+            (
+                !map.keys().all(|p| listed.contains(p)),
+                RowProblem::ProtocolForUnlistedPort,
+            ),
+        ];
+        checks.into_iter().find(|(fails, _)| *fails).map(|(_, p)| p)
+    }
+
+    proptest::proptest! {
+        /// The one walk finds what the checks one by one find, repeated and unlisted ports,
+        /// ports out of range and long lists included.
+        #[test]
+        fn row_problem_is_the_plain_check(
+            port in proptest::sample::select(vec![0u32, 80, 8080, 9090, 70000]),
+            ports in proptest::collection::vec(
+                proptest::sample::select(vec![80u32, 8080, 9090, 53, 7000]),
+                0..24,
+            ),
+            map in proptest::option::of(proptest::collection::btree_map(
+                proptest::sample::select(vec![0u32, 80, 8080, 9090, 53, 7000, 70000]),
+                proptest::sample::select(vec![
+                    ProtocolValue::Known(PortProtocol::Http),
+                    ProtocolValue::Known(PortProtocol::Tcp),
+                    ProtocolValue::Unspecified,
+                    ProtocolValue::Unknown("grpc".into()),
+                ]),
+                0..5,
+            )),
+        ) {
+            let mut r = row(port, &ports, None);
+            r.port_protocols = map;
+            proptest::prop_assert_eq!(row_problem(&r), plain_row_problem(&r));
+        }
     }
 
     #[test]
