@@ -19,7 +19,9 @@
 //! 3. **One reload** on the whole cluster, as the node does it: the copy out of the stores
 //!    (`KubeSource::objects`), `objects::snapshot`, `model::compile` (the model is published
 //!    here), then `objects::fingerprint`, the DNS table, the registrar's input and freeing the
-//!    copy; the time to the published model and the whole reload, median of several runs, each against cloning
+//!    copy; then the next event's conversion (one pod object replaced) taking the other pods
+//!    from this reload's snapshot (`objects::snapshot_reusing`); the time to the published
+//!    model, the whole reload and the next event, median of several runs, each against cloning
 //!    the snapshot (the least any reload must touch), and the peak extra memory of the reload
 //!    (jemalloc's `thread.peak` of the fresh thread that runs it, as `spawn_blocking` would).
 //!    What the daemon then keeps: the compiled model, and the snapshot it publishes beside it
@@ -51,7 +53,7 @@ use tokio::sync::mpsc;
 use aether::dns::DnsTable;
 use aether::model::registrar::generated_services_except;
 use aether::model::{NodeContext, compile};
-use aether::registry::kube::objects::{fingerprint, snapshot, trim_pod};
+use aether::registry::kube::objects::{fingerprint, snapshot_reusing, trim_pod};
 use aether::registry::kube::watch::{KubeSource, Stored, WatchSettings};
 use aether::time::now;
 
@@ -299,6 +301,9 @@ fn pod_store(rt: &Runtime, c: &Cluster) -> Result<()> {
 /// One reload's step times (seconds) and its peak extra memory.
 struct Reload {
     steps: [f64; 7],
+    /// The conversion of the next event (one pod object replaced, as a `MODIFIED` event
+    /// replaces it in the store) taking the other pods from this reload's snapshot.
+    reusing: f64,
     baseline: f64,
     peak: u64,
 }
@@ -339,7 +344,7 @@ fn reload(rt: &Runtime, c: &Cluster, runs: usize) -> Result<()> {
     let mut model_bytes = 0;
     let mut published_bytes = 0;
     let mut facts = String::new();
-    for _ in 0..runs {
+    for run in 0..runs {
         let before = allocated();
         let (r, model) = std::thread::scope(|scope| {
             scope
@@ -352,7 +357,7 @@ fn reload(rt: &Runtime, c: &Cluster, runs: usize) -> Result<()> {
                     let (objects, invalid) = source.objects();
                     step(0, t);
                     let t = now();
-                    let (snap, problems) = snapshot(&objects);
+                    let (snap, problems, places) = snapshot_reusing(&objects, None);
                     step(1, t);
                     let t = now();
                     let model = compile(&snap, &ctx);
@@ -367,10 +372,25 @@ fn reload(rt: &Runtime, c: &Cluster, runs: usize) -> Result<()> {
                     let (desired, _) = generated_services_except(&snap, &ctx.ignored_namespaces);
                     step(5, t);
                     drop(desired);
+                    // The next event's objects: one pod object replaced (another in each run),
+                    // as a `MODIFIED` event replaces it in the store.
+                    let mut next = objects.clone();
+                    let k = (run * 7919) % next.pods.len().max(1);
+                    if let Some(p) = next.pods.get_mut(k) {
+                        *p = std::sync::Arc::new((**p).clone());
+                    }
                     let t = now();
                     drop(objects);
                     step(6, t);
                     let peak = thread_peak();
+                    // Its conversion, the other pods taken from this snapshot
+                    // (`objects::snapshot_reusing`); after the peak is read, which is this
+                    // reload's.
+                    let t = now();
+                    let (again, _, _) = snapshot_reusing(&next, Some((&places, &snap)));
+                    let reusing = t.elapsed().as_secs_f64();
+                    assert_eq!(again.rows.len(), snap.rows.len(), "the same pods");
+                    drop((again, next, places));
                     let t = now();
                     let copy = snap.clone();
                     let baseline = t.elapsed().as_secs_f64();
@@ -389,6 +409,7 @@ fn reload(rt: &Runtime, c: &Cluster, runs: usize) -> Result<()> {
                     (
                         Reload {
                             steps,
+                            reusing,
                             baseline,
                             peak,
                         },
@@ -447,6 +468,23 @@ fn reload(rt: &Runtime, c: &Cluster, runs: usize) -> Result<()> {
         "| **the whole reload** | {:.1} | {:.2} |",
         total * 1e3,
         total / base
+    );
+    let reusing = median(reloads.iter().map(|r| r.reusing).collect());
+    let next = median(
+        reloads
+            .iter()
+            .map(|r| r.steps[0] + r.reusing + r.steps[2])
+            .collect(),
+    );
+    println!(
+        "| the next event's conversion, one pod changed (`objects::snapshot_reusing`) | {:.1} | {:.2} |",
+        reusing * 1e3,
+        reusing / base
+    );
+    println!(
+        "| **the next event to the published model** (the copy, that conversion, the compile) | {:.1} | {:.2} |",
+        next * 1e3,
+        next / base
     );
     println!("| baseline: clone the snapshot | {:.1} | 1 |", base * 1e3);
     let peak = median(reloads.iter().map(|r| r.peak as f64).collect()) as u64;

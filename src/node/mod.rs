@@ -32,6 +32,7 @@ use crate::model::{Model, NodeContext, compile, registrar};
 use crate::netns::Netns;
 use crate::proxy::{Inputs, ProxySettings};
 use crate::registry::file::{LastGood, load_dir_keeping};
+use crate::registry::kube::objects::PodPlaces;
 use crate::registry::kube::watch::{KubeSource, WatchSettings};
 use crate::state::ModelHandle;
 pub use config::NodeConfig;
@@ -128,7 +129,15 @@ struct Loaded {
     snapshot: crate::model::Snapshot,
     /// What was read, for what [`follow`] makes of it.
     read: Read,
+    /// The Kubernetes source's pod places in `snapshot`, for the next load to take unchanged
+    /// pods from it (`objects::snapshot_reusing`).
+    places: Option<PodPlaces>,
 }
+
+/// The pod places of the last load and the snapshot they point into: kept only while that
+/// snapshot is kept anyway (`debug_keep_snapshot`), so reusing it costs no memory beyond the
+/// places themselves.
+type LastConversion = (PodPlaces, Arc<crate::model::Snapshot>);
 
 /// The registry as read, beyond the snapshot.
 enum Read {
@@ -217,8 +226,10 @@ fn load(
     source: &Source,
     stats: &NodeStats,
     previous: Option<(&Model, &[crate::model::snapshot::RetainedPort])>,
+    last: Option<&LastConversion>,
 ) -> Result<Loaded, NodeError> {
     let ctx = context(config);
+    let mut places = None;
     let (mut snapshot, read) = match source {
         Source::File(last) => {
             let (snapshot, fingerprint) = read_dir(config, &mut last.lock(), stats)?;
@@ -231,7 +242,16 @@ fn load(
                 return Err(NodeError::NotSynced);
             }
             let (objects, invalid) = kube.objects();
-            let (snapshot, problems) = crate::registry::kube::objects::snapshot(&objects);
+            let (snapshot, problems, placed) = crate::registry::kube::objects::snapshot_reusing(
+                &objects,
+                last.map(|(places, snapshot)| (places, &**snapshot)),
+            );
+            debug!(
+                reused = placed.reused,
+                pods = objects.pods.len(),
+                "pods taken from the previous snapshot"
+            );
+            places = Some(placed);
             for (kind, name, error) in &invalid.objects {
                 warn!(kind, object = %name, %error, "registry object does not deserialize; left out");
             }
@@ -271,6 +291,7 @@ fn load(
         retained,
         snapshot,
         read,
+        places,
     })
 }
 
@@ -317,6 +338,7 @@ fn empty(config: &NodeConfig) -> Loaded {
         retained: Vec::new(),
         snapshot,
         read: Read::File { fingerprint: 0 },
+        places: None,
     }
 }
 
@@ -369,7 +391,7 @@ pub async fn run_with_logs(
         Source::File(_) => {
             let (cfg, src, stats) = (config.clone(), source.clone(), node_stats.clone());
             tokio::task::spawn_blocking(move || {
-                let mut l = load(&cfg, &src, &stats, None)?;
+                let mut l = load(&cfg, &src, &stats, None, None)?;
                 let read = std::mem::replace(&mut l.read, Read::File { fingerprint: 0 });
                 let followed = follow(&cfg, &l.snapshot, &l.model, read);
                 Ok::<_, NodeError>((l, followed))
@@ -389,6 +411,8 @@ pub async fn run_with_logs(
         }
     };
     let mut retained = first.retained.clone();
+    // The Kubernetes source's pods of the last load, for the next (`LastConversion`).
+    let mut last_conversion: Option<LastConversion> = None;
     match &*source {
         Source::File(_) => info!(node = %config.node_name, registry = %config.registry.display(),
             pods = first.model.pods().count(), "registry loaded"),
@@ -678,8 +702,10 @@ pub async fn run_with_logs(
                 let previous = handle.load();
                 let (cfg, kept) = (config.clone(), retained.clone());
                 let (src, stats) = (source.clone(), node_stats.clone());
+                // Taken: freed with the load on its blocking thread, replaced after a publish.
+                let last = last_conversion.take();
                 let loaded = tokio::task::spawn_blocking(move || {
-                    load(&cfg, &src, &stats, Some((&previous, &kept)))
+                    load(&cfg, &src, &stats, Some((&previous, &kept)), last.as_ref())
                 })
                 .await;
                 let loaded = match loaded {
@@ -697,6 +723,7 @@ pub async fn run_with_logs(
                         // request (docs/performance.md, "Event to served request").
                         let snapshot = Arc::new(l.snapshot);
                         let kept = config.debug_keep_snapshot.then(|| snapshot.clone());
+                        last_conversion = kept.clone().zip(l.places).map(|(s, p)| (p, s));
                         let (generation, replaced) = handle.replace_shared(l.model, kept);
                         // What this replaces is freed off the runtime's thread (node::retire).
                         retire::model(replaced);

@@ -71,7 +71,7 @@ fn compiled(config: &NodeConfig, manifests: &str) -> Loaded {
         ..config.clone()
     };
     let source = Source::File(parking_lot::Mutex::new(LastGood::default()));
-    let loaded = load(&config, &source, &NodeStats::default(), None).unwrap();
+    let loaded = load(&config, &source, &NodeStats::default(), None, None).unwrap();
     std::fs::remove_dir_all(&dir).unwrap();
     loaded
 }
@@ -641,8 +641,8 @@ status: {podIP: 10.255.0.9}
     };
     let source = Source::File(parking_lot::Mutex::new(LastGood::default()));
     let stats = NodeStats::default();
-    load(&config, &source, &stats, None).unwrap();
-    load(&config, &source, &stats, None).unwrap();
+    load(&config, &source, &stats, None, None).unwrap();
+    load(&config, &source, &stats, None, None).unwrap();
     std::fs::remove_dir_all(&dir).unwrap();
     let mut registry = prometheus_client::registry::Registry::default();
     stats.register(&mut registry);

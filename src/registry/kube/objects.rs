@@ -15,6 +15,7 @@
 //! - Generated Services are read back from the API like any other Service: the registrar writes
 //!   them ([`crate::model::registrar`]), every node reads what was written (spec/model.md §8, "Lag").
 
+use std::collections::HashMap;
 use std::fmt;
 use std::sync::Arc;
 
@@ -29,8 +30,8 @@ use k8s_openapi::api::discovery::v1::EndpointSlice;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 
 use super::convert::{
-    ConvertError, MissingReadyCondition, Registration, convert_endpoint_slice, convert_grpc_route,
-    convert_http_route, convert_mesh_filter, convert_namespace, convert_pod,
+    ConvertError, MissingReadyCondition, PodConversion, Registration, convert_endpoint_slice,
+    convert_grpc_route, convert_http_route, convert_mesh_filter, convert_namespace, convert_pod,
     convert_reference_grant, convert_service, convert_tcp_route, convert_tls_route,
     convert_udp_route,
 };
@@ -93,6 +94,48 @@ fn sorted<K>(objects: &[Arc<K>], meta: impl Fn(&K) -> &ObjectMeta) -> Vec<&K> {
 
 /// Convert every object into one snapshot; the objects that do not convert are reported.
 pub fn snapshot(objects: &Objects) -> (Snapshot, Vec<ObjectProblem>) {
+    let (s, problems, _) = snapshot_reusing(objects, None);
+    (s, problems)
+}
+
+/// Where each pod object of one conversion went in its snapshot, so that the next conversion
+/// takes an unchanged pod from that snapshot instead of converting it again
+/// ([`snapshot_reusing`]). The stores hold each object behind its own `Arc` and replace it
+/// whole when it changes, so an object at the same address is the same object, unchanged: the
+/// places hold every object they name, and no other object can take its address meanwhile.
+#[derive(Debug, Default)]
+pub struct PodPlaces {
+    by_object: HashMap<usize, (Arc<Pod>, Place)>,
+    /// How many pods the conversion that made these places took from the previous snapshot.
+    pub reused: usize,
+}
+
+/// What became of one pod object.
+#[derive(Debug)]
+enum Place {
+    /// Converted: its index in the snapshot's pods, and its registration's.
+    Converted {
+        pod: usize,
+        registration: Option<Registered>,
+    },
+    /// Did not convert, for this reason.
+    Failed(ConvertError),
+}
+
+#[derive(Clone, Copy, Debug)]
+enum Registered {
+    Row(usize),
+    Refused(usize),
+}
+
+/// [`snapshot`], taking each pod object that `previous` placed from `previous`'s snapshot (the
+/// one those places were made with) instead of converting it: pod conversion is most of a
+/// reload's conversion, and most pods did not change since the last. The result equals
+/// [`snapshot`] of the same objects. Returns the places of this conversion, for the next.
+pub fn snapshot_reusing(
+    objects: &Objects,
+    previous: Option<(&PodPlaces, &Snapshot)>,
+) -> (Snapshot, Vec<ObjectProblem>, PodPlaces) {
     let mut s = Snapshot::default();
     // At their final size (a pod makes at most one row; the rows' spare room, the unmanaged
     // pods', is given back below): growing moved every pod converted so far, a tenth of the
@@ -103,21 +146,54 @@ pub fn snapshot(objects: &Objects) -> (Snapshot, Vec<ObjectProblem>) {
     s.endpoint_slices
         .reserve_exact(objects.endpoint_slices.len());
     let mut problems = Vec::new();
+    let mut places = PodPlaces {
+        by_object: HashMap::with_capacity(objects.pods.len()),
+        reused: 0,
+    };
+    let mut pods: Vec<&Arc<Pod>> = objects.pods.iter().collect();
+    pods.sort_by(|a, b| sort_key(&a.metadata).cmp(&sort_key(&b.metadata)));
+    for pod in pods {
+        let address = Arc::as_ptr(pod) as usize;
+        let converted = match previous.and_then(|(p, snap)| earlier(p, snap, address)) {
+            Some(c) => {
+                places.reused += 1;
+                c
+            }
+            None => convert_pod(pod, MissingReadyCondition::NotReady),
+        };
+        let place = match converted {
+            Ok(c) => {
+                let registration = match c.registration {
+                    Some(Registration::Row(row)) => {
+                        s.rows.push(row);
+                        Some(Registered::Row(s.rows.len() - 1))
+                    }
+                    Some(Registration::Refused(refused)) => {
+                        s.refused_pods.push(refused);
+                        Some(Registered::Refused(s.refused_pods.len() - 1))
+                    }
+                    None => None,
+                };
+                s.pods.push(c.pod);
+                Place::Converted {
+                    pod: s.pods.len() - 1,
+                    registration,
+                }
+            }
+            Err(error) => {
+                problems.push(ObjectProblem {
+                    error: error.clone(),
+                });
+                Place::Failed(error)
+            }
+        };
+        places.by_object.insert(address, (pod.clone(), place));
+    }
     let mut keep = |r: Result<(), ConvertError>| {
         if let Err(error) = r {
             problems.push(ObjectProblem { error });
         }
     };
-    for pod in sorted(&objects.pods, |p| &p.metadata) {
-        keep(convert_pod(pod, MissingReadyCondition::NotReady).map(|c| {
-            match c.registration {
-                Some(Registration::Row(row)) => s.rows.push(row),
-                Some(Registration::Refused(refused)) => s.refused_pods.push(refused),
-                None => {}
-            }
-            s.pods.push(c.pod);
-        }));
-    }
     for o in sorted(&objects.services, |o| &o.metadata) {
         keep(convert_service(o).map(|v| s.services.push(v)));
     }
@@ -151,7 +227,34 @@ pub fn snapshot(objects: &Objects) -> (Snapshot, Vec<ObjectProblem>) {
         keep(convert_mesh_filter(o).map(|v| s.mesh_filters.push(v)));
     }
     s.rows.shrink_to_fit();
-    (s, problems)
+    (s, problems, places)
+}
+
+/// The conversion of the pod object at `address` as `snapshot` holds it, when `places` placed
+/// it there (`None` sends the pod to be converted: an object not seen before, or a place the
+/// snapshot does not have).
+fn earlier(
+    places: &PodPlaces,
+    snapshot: &Snapshot,
+    address: usize,
+) -> Option<Result<PodConversion, ConvertError>> {
+    let (_, place) = places.by_object.get(&address)?;
+    Some(match place {
+        Place::Failed(e) => Err(e.clone()),
+        Place::Converted { pod, registration } => {
+            let registration = match registration {
+                Some(Registered::Row(i)) => Some(Registration::Row(snapshot.rows.get(*i)?.clone())),
+                Some(Registered::Refused(i)) => Some(Registration::Refused(
+                    snapshot.refused_pods.get(*i)?.clone(),
+                )),
+                None => None,
+            };
+            Ok(PodConversion {
+                pod: snapshot.pods.get(*pod)?.clone(),
+                registration,
+            })
+        }
+    })
 }
 
 /// The kinds the Kubernetes source watches, by the names [`fingerprint`] gives them (their

@@ -331,3 +331,64 @@ fn this_nodes_pods_come_from_the_node_local_view_and_every_other_pod_from_the_cl
         want.map(|(n, ip)| (n.to_owned(), ip.to_owned())).to_vec()
     );
 }
+
+#[test]
+fn a_conversion_that_takes_unchanged_pods_from_the_last_equals_one_from_scratch() {
+    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("config/examples/mp");
+    let cidr: ipnet::IpNet = "10.96.0.0/16".parse().unwrap();
+    let first = cluster_objects(&dir, cidr);
+    assert!(first.pods.len() >= 4, "the fixture has pods to change");
+    let (s1, problems, places) = snapshot_reusing(&first, None);
+    assert!(problems.is_empty(), "{problems:?}");
+    assert_eq!(places.reused, 0);
+
+    // The stores replace a changed object whole: a new `Arc` for each pod below.
+    let mut next = first;
+    let status = |p: &mut Pod| p.status.get_or_insert_with(PodStatus::default).clone();
+    // One pod flips to not Ready.
+    let mut flipped = (*next.pods[0]).clone();
+    let mut st = status(&mut flipped);
+    for c in st.conditions.iter_mut().flatten() {
+        if c.type_ == "Ready" {
+            c.status = "False".into();
+        }
+    }
+    flipped.status = Some(st);
+    next.pods[0] = Arc::new(flipped);
+    // One pod gets an address that does not parse: it is left out, with its reason.
+    let mut bad = (*next.pods[1]).clone();
+    let mut st = status(&mut bad);
+    st.pod_ip = Some("not-an-address".into());
+    st.pod_ips = None;
+    bad.status = Some(st);
+    next.pods[1] = Arc::new(bad);
+    // One pod goes, and a new one comes.
+    let gone = next.pods.remove(2);
+    let mut new = (*gone).clone();
+    new.metadata.name = Some("a-new-pod".into());
+    next.pods.push(Arc::new(new));
+
+    let (s2, p2, places2) = snapshot_reusing(&next, Some((&places, &s1)));
+    let (plain, plain_problems) = snapshot(&next);
+    assert_eq!(p2, plain_problems);
+    assert_eq!(p2.len(), 1, "the pod with a bad address: {p2:?}");
+    assert!(
+        s2 == plain,
+        "the reusing conversion differs from the plain one"
+    );
+    assert_eq!(
+        places2.reused,
+        next.pods.len() - 3,
+        "every pod but the flipped, the bad and the new one"
+    );
+    assert_ne!(s1, s2, "the change shows");
+
+    // Nothing changed since: every pod is taken, the one that did not convert too.
+    let (s3, p3, places3) = snapshot_reusing(&next, Some((&places2, &s2)));
+    assert_eq!(places3.reused, next.pods.len());
+    assert_eq!(p3, plain_problems);
+    assert!(s3 == plain);
+    // Places paired with another snapshot than their own are not trusted past its ends.
+    let (s4, _, _) = snapshot_reusing(&next, Some((&places2, &Snapshot::default())));
+    assert!(s4 == plain);
+}
