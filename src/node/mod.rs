@@ -150,11 +150,11 @@ enum Read {
 }
 
 /// What follows a published model, made after it serves: nothing here decides a request, so
-/// none of it stands between a registry event and the new model (docs/performance.md, "Event to
-/// served request").
+/// none of it stands between a registry event and the new model (docs/decisions.md, "The model
+/// is published first").
 struct Followers {
-    /// The mesh DNS table of the same snapshot, swapped in after the model: a name the table
-    /// answers is never one the model does not know yet.
+    /// The mesh DNS table of the same snapshot, swapped in after the model: a name new to the
+    /// registry resolves only once the model serves it.
     dns: DnsTable,
     /// The Kubernetes source's writer inputs.
     writers: Option<WriterInputs>,
@@ -720,7 +720,7 @@ pub async fn run_with_logs(
                         retained = l.retained.clone();
                         debug!(retained = retained.len(), "recompiled");
                         // The model first: it is what serves, and nothing below decides a
-                        // request (docs/performance.md, "Event to served request").
+                        // request (docs/decisions.md, "The model is published first").
                         let snapshot = Arc::new(l.snapshot);
                         let kept = config.debug_keep_snapshot.then(|| snapshot.clone());
                         last_conversion = kept.clone().zip(l.places).map(|(s, p)| (p, s));
