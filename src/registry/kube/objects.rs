@@ -12,6 +12,8 @@
 //!   reaches this module. One bad object never hides the others.
 //! - Pods: a missing `Ready` condition means not Ready (spec/model.md §3.5: Ready is the
 //!   condition being `True`), unlike the file registry, whose hand-written Pods may omit status.
+//! - A reload may take an unchanged pod object's conversion from the last snapshot
+//!   ([`snapshot_reusing`]); the snapshot is the same as converting every object again.
 //! - Generated Services are read back from the API like any other Service: the registrar writes
 //!   them ([`crate::model::registrar`]), every node reads what was written (spec/model.md §8, "Lag").
 
@@ -105,7 +107,9 @@ pub fn snapshot(objects: &Objects) -> (Snapshot, Vec<ObjectProblem>) {
 /// places hold every object they name, and no other object can take its address meanwhile.
 #[derive(Debug, Default)]
 pub struct PodPlaces {
-    by_object: HashMap<usize, (Arc<Pod>, Place)>,
+    /// By the object's address: the object, its position in the conversion's (namespace, name)
+    /// order, and what became of it.
+    by_object: HashMap<usize, (Arc<Pod>, usize, Place)>,
     /// How many pods the conversion that made these places took from the previous snapshot.
     pub reused: usize,
 }
@@ -150,9 +154,10 @@ pub fn snapshot_reusing(
         by_object: HashMap::with_capacity(objects.pods.len()),
         reused: 0,
     };
-    let mut pods: Vec<&Arc<Pod>> = objects.pods.iter().collect();
-    pods.sort_by(|a, b| sort_key(&a.metadata).cmp(&sort_key(&b.metadata)));
-    for pod in pods {
+    for (rank, pod) in pod_order(&objects.pods, previous.map(|(p, _)| p))
+        .into_iter()
+        .enumerate()
+    {
         let address = Arc::as_ptr(pod) as usize;
         let converted = match previous.and_then(|(p, snap)| earlier(p, snap, address)) {
             Some(c) => {
@@ -187,7 +192,7 @@ pub fn snapshot_reusing(
                 Place::Failed(error)
             }
         };
-        places.by_object.insert(address, (pod.clone(), place));
+        places.by_object.insert(address, (pod.clone(), rank, place));
     }
     let mut keep = |r: Result<(), ConvertError>| {
         if let Err(error) = r {
@@ -230,6 +235,41 @@ pub fn snapshot_reusing(
     (s, problems, places)
 }
 
+/// `pods` in (namespace, name) order, stably. The pods `previous` placed are unchanged objects
+/// with unchanged names, so they keep the order they had there (sorted by their positions, whole
+/// numbers); only the others are sorted by name and put in among them. Sorting every pod by
+/// name read two strings of two pods, spread over the heap, about log n times a pod. (A store
+/// keys its objects by namespace and name, so no two pods here share both.)
+fn pod_order<'o>(pods: &'o [Arc<Pod>], previous: Option<&PodPlaces>) -> Vec<&'o Arc<Pod>> {
+    let by_name = |a: &&Arc<Pod>, b: &&Arc<Pod>| sort_key(&a.metadata).cmp(&sort_key(&b.metadata));
+    let Some(places) = previous else {
+        let mut all: Vec<&Arc<Pod>> = pods.iter().collect();
+        all.sort_by(by_name);
+        return all;
+    };
+    let mut known: Vec<(usize, &Arc<Pod>)> = Vec::with_capacity(pods.len());
+    let mut new: Vec<&Arc<Pod>> = Vec::new();
+    for pod in pods {
+        match places.by_object.get(&(Arc::as_ptr(pod) as usize)) {
+            Some(&(_, rank, _)) => known.push((rank, pod)),
+            None => new.push(pod),
+        }
+    }
+    known.sort_unstable_by_key(|&(rank, _)| rank);
+    new.sort_by(by_name);
+    let mut out = Vec::with_capacity(pods.len());
+    let mut from = 0;
+    for pod in new {
+        let key = sort_key(&pod.metadata);
+        let at = from + known[from..].partition_point(|(_, k)| sort_key(&k.metadata) <= key);
+        out.extend(known[from..at].iter().map(|&(_, k)| k));
+        out.push(pod);
+        from = at;
+    }
+    out.extend(known[from..].iter().map(|&(_, k)| k));
+    out
+}
+
 /// The conversion of the pod object at `address` as `snapshot` holds it, when `places` placed
 /// it there (`None` sends the pod to be converted: an object not seen before, or a place the
 /// snapshot does not have).
@@ -238,7 +278,7 @@ fn earlier(
     snapshot: &Snapshot,
     address: usize,
 ) -> Option<Result<PodConversion, ConvertError>> {
-    let (_, place) = places.by_object.get(&address)?;
+    let (_, _, place) = places.by_object.get(&address)?;
     Some(match place {
         Place::Failed(e) => Err(e.clone()),
         Place::Converted { pod, registration } => {

@@ -367,6 +367,12 @@ fn a_conversion_that_takes_unchanged_pods_from_the_last_equals_one_from_scratch(
     let mut new = (*gone).clone();
     new.metadata.name = Some("a-new-pod".into());
     next.pods.push(Arc::new(new));
+    // And one whose name sorts after every other; the stores hand their objects out in any
+    // order.
+    let mut last = (*gone).clone();
+    last.metadata.name = Some("zz-last-pod".into());
+    next.pods.insert(3, Arc::new(last));
+    next.pods.reverse();
 
     let (s2, p2, places2) = snapshot_reusing(&next, Some((&places, &s1)));
     let (plain, plain_problems) = snapshot(&next);
@@ -378,12 +384,14 @@ fn a_conversion_that_takes_unchanged_pods_from_the_last_equals_one_from_scratch(
     );
     assert_eq!(
         places2.reused,
-        next.pods.len() - 3,
-        "every pod but the flipped, the bad and the new one"
+        next.pods.len() - 4,
+        "every pod but the flipped, the bad and the two new ones"
     );
     assert_ne!(s1, s2, "the change shows");
 
-    // Nothing changed since: every pod is taken, the one that did not convert too.
+    // Nothing changed since: every pod is taken, the one that did not convert too, whatever
+    // order the stores hand them out in.
+    next.pods.rotate_left(2);
     let (s3, p3, places3) = snapshot_reusing(&next, Some((&places2, &s2)));
     assert_eq!(places3.reused, next.pods.len());
     assert_eq!(p3, plain_problems);
