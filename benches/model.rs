@@ -335,7 +335,7 @@ impl Event {
     /// publish (the DNS table, the registrar's input) is [`Event::follow`]. Returns the replaced
     /// model, for the caller to drop outside the timing (the node frees it on another thread).
     fn run(&mut self) -> Arc<aether::model::Model> {
-        let r = &mut self.snapshot.rows[self.row];
+        let r = Arc::make_mut(&mut self.snapshot.rows[self.row]);
         r.ready = !r.ready;
         let ready = r.ready;
         let retained = retention::advance(

@@ -5,6 +5,7 @@
 use std::collections::BTreeMap;
 use std::net::{IpAddr, SocketAddr};
 use std::path::PathBuf;
+use std::sync::Arc;
 
 use aether::model::names::{AuthorityInput, HttpVersion};
 use aether::model::port::Transport;
@@ -20,7 +21,7 @@ use aether::model::{Model, NodeContext, compile, registrar, retention};
 use aether::resolve::decision::{Caller, CaptureMode, HttpEntry, RequestDecision, RequestFacts};
 use aether::resolve::resolve_request;
 
-fn row(ns: &str, sa: &str, ip: &str, ann: &[(&str, &str)], ready: bool) -> Row {
+fn row(ns: &str, sa: &str, ip: &str, ann: &[(&str, &str)], ready: bool) -> Arc<Row> {
     let a = ann
         .iter()
         .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
@@ -29,7 +30,7 @@ fn row(ns: &str, sa: &str, ip: &str, ann: &[(&str, &str)], ready: bool) -> Row {
         .unwrap()
         .to_row(ns, sa, ip.parse().unwrap(), ready);
     r.pod = Some(format!("{sa}-{ip}"));
-    r
+    Arc::new(r)
 }
 
 fn service_ref(name: &str) -> ObjectRef {
@@ -676,7 +677,7 @@ fn u2_u3_refused_rows_and_disagreeing_votes_are_reported_once() {
     let good = row("mp", "web", "10.0.0.1", &[], true);
     let mut bad_rows = Vec::new();
     for (i, problem) in RowProblem::ALL.into_iter().enumerate() {
-        let mut r = good.clone();
+        let mut r = Row::clone(&good);
         r.address = format!("10.0.1.{i}").parse().unwrap();
         match problem {
             RowProblem::PortProtocolsMissing => r.port_protocols = None,
@@ -693,7 +694,7 @@ fn u2_u3_refused_rows_and_disagreeing_votes_are_reported_once() {
         }
         bad_rows.push((problem, r));
     }
-    let mut rows: Vec<Row> = bad_rows.iter().map(|(_, r)| r.clone()).collect();
+    let mut rows: Vec<Arc<Row>> = bad_rows.iter().map(|(_, r)| Arc::new(r.clone())).collect();
     // One more pod of web votes 8080 raw TCP: 1 HTTP against 1 TCP is HTTP, and is reported.
     rows.push(good);
     rows.push(row(
@@ -906,7 +907,7 @@ fn pods_of_an_ignored_namespace_are_neither_managed_nor_registered() {
             row("kube-system", "dns", "10.0.0.53", &[], true),
             row("mp", "web", "10.0.0.1", &[], true),
         ],
-        pods: vec![Pod {
+        pods: vec![Arc::new(Pod {
             namespace: "kube-system".into(),
             name: "dns-0".into(),
             service_account: "dns".into(),
@@ -923,7 +924,7 @@ fn pods_of_an_ignored_namespace_are_neither_managed_nor_registered() {
             command: Vec::new(),
             inbound_mode: None,
             host_ips: Vec::new(),
-        }],
+        })],
         ..Snapshot::default()
     };
     let mut ctx = NodeContext::default();

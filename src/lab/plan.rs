@@ -631,6 +631,7 @@ fn ready_pods<'a>(snapshot: &'a Snapshot, namespace: &str) -> Vec<&'a Pod> {
         .pods
         .iter()
         .filter(|p| p.namespace == namespace && p.ready)
+        .map(|p| &**p)
         .collect()
 }
 

@@ -159,7 +159,7 @@ struct Compiler<'s> {
 impl<'s> Compiler<'s> {
     /// Step 1 and 2: served rows, votes, endpoints.
     fn serve_rows(&mut self) {
-        let mut rows: Vec<&Row> = self.snapshot.rows.iter().collect();
+        let mut rows: Vec<&Row> = self.snapshot.rows.iter().map(|r| &**r).collect();
         // A total order, so that de-duplication keeps the same row of a pod listed twice
         // whatever order the rows arrive in (spec/model.md §3.4, §6.1).
         rows.sort_by(|a, b| row_order(a, b));
@@ -678,7 +678,8 @@ impl<'s> Compiler<'s> {
         }
         // Sorted by reference (moving a whole pod is a copy of some hundred bytes), stably: of
         // two pods with one (namespace, name), the later in the input is the one kept.
-        let mut by_name: Vec<&crate::model::snapshot::Pod> = snapshot.pods.iter().collect();
+        let mut by_name: Vec<&crate::model::snapshot::Pod> =
+            snapshot.pods.iter().map(|p| &**p).collect();
         by_name.sort_by(|a, b| (&a.namespace, &a.name).cmp(&(&b.namespace, &b.name)));
         by_name.dedup_by(|later, earlier| {
             let same = (&later.namespace, &later.name) == (&earlier.namespace, &earlier.name);
@@ -1008,10 +1009,10 @@ mod tests {
     fn pods_are_found_by_name_whatever_the_input_order_and_a_repeated_name_keeps_the_later() {
         let mut s = crate::model::synth::scaled(30);
         s.pods.reverse();
-        let mut again = s.pods[4].clone();
+        let mut again = (*s.pods[4]).clone();
         again.service_account = "later".into();
         let (ns, name) = (again.namespace.clone(), again.name.clone());
-        s.pods.push(again);
+        s.pods.push(Arc::new(again));
         let m = compile(&s, &NodeContext::default());
         assert_eq!(m.pods().count(), 60);
         let names: Vec<(&str, &str)> = m

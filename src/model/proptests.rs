@@ -10,6 +10,7 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::net::{IpAddr, Ipv4Addr, SocketAddr};
+use std::sync::Arc;
 
 use proptest::prelude::*;
 
@@ -337,8 +338,8 @@ fn build(w: &World) -> Snapshot {
                 Some(_) => row.ports.push(0),
                 None => {}
             }
-            s.rows.push(row);
-            s.pods.push(Pod {
+            s.rows.push(Arc::new(row));
+            s.pods.push(Arc::new(Pod {
                 namespace: ns.into(),
                 name: format!("{name}-{j}"),
                 service_account: name.into(),
@@ -360,7 +361,7 @@ fn build(w: &World) -> Snapshot {
                 command: vec![],
                 inbound_mode: None,
                 host_ips: Vec::new(),
-            });
+            }));
         }
         if let Some(u) = &g.user {
             users.push((ns.into(), name.into(), u.clone()));
@@ -1039,7 +1040,7 @@ fn shuffled(s: &Snapshot, rng: &mut Mix) -> Snapshot {
     let mut s = s.clone();
     shuffle(&mut s.rows, rng);
     for r in &mut s.rows {
-        shuffle(&mut r.ports, rng);
+        shuffle(&mut Arc::make_mut(r).ports, rng);
     }
     shuffle(&mut s.refused_pods, rng);
     shuffle(&mut s.pods, rng);
@@ -1145,13 +1146,13 @@ proptest! {
         seed in any::<u64>(),
     ) {
         let mut s = build(&w);
-        s.rows.extend(garbage);
+        s.rows.extend(garbage.into_iter().map(Arc::new));
         // Rows listed twice (one pod in two protocol listings), the copy disagreeing.
         for (i, how) in duplicates {
             if s.rows.is_empty() {
                 break;
             }
-            let mut copy = s.rows[i.index(s.rows.len())].clone();
+            let mut copy = Row::clone(&s.rows[i.index(s.rows.len())]);
             match how {
                 0 => copy.ready = !copy.ready,
                 1 => copy.pod = Some("other".into()),
@@ -1163,7 +1164,7 @@ proptest! {
                     }
                 }
             }
-            s.rows.push(copy);
+            s.rows.push(Arc::new(copy));
         }
         let ctx = context();
         let once = compile(&s, &ctx);
@@ -1181,7 +1182,7 @@ proptest! {
         garbage in prop::collection::vec(garbage_row(), 0..8),
     ) {
         let mut s = build(&w);
-        s.rows.extend(garbage);
+        s.rows.extend(garbage.into_iter().map(Arc::new));
         let ctx = context();
         let model = compile(&s, &ctx);
         let caller = callers("ns-a")[0].clone();
@@ -1337,13 +1338,13 @@ fn duplicate_rows_compile_the_same_in_any_order() {
         services: vec![svc(vec![one_pod(&[(0, 0)], true)], None)],
         routes: vec![],
     });
-    let mut copy = s.rows[0].clone();
+    let mut copy = Row::clone(&s.rows[0]);
     if let Some(m) = &mut copy.port_protocols {
         for v in m.values_mut() {
             *v = ProtocolValue::Known(PortProtocol::Tcp);
         }
     }
-    s.rows.push(copy);
+    s.rows.push(Arc::new(copy));
     let ctx = context();
     let forward = compile(&s, &ctx);
     s.rows.reverse();
@@ -1570,7 +1571,7 @@ proptest! {
     ) {
         use crate::model::split::{Compiled, merge, partition, restrict};
         let mut s = build(&w);
-        s.rows.extend(garbage);
+        s.rows.extend(garbage.into_iter().map(Arc::new));
         for e in &extras {
             add_extra(&mut s, e);
         }
@@ -1589,7 +1590,7 @@ proptest! {
         }
         let i = changed.index(s.rows.len());
         let mut next = s.clone();
-        let row = &mut next.rows[i];
+        let row = Arc::make_mut(&mut next.rows[i]);
         match how {
             0 => row.ready = !row.ready,
             1 => {

@@ -271,14 +271,22 @@ mod tests {
         ANNOTATION_PORT, ANNOTATION_PORTS, ANNOTATION_PROTOCOL, parse_declared_ports,
     };
 
-    fn row(ns: &str, sa: &str, ip: &str, ann: &[(&str, &str)]) -> crate::model::snapshot::Row {
+    fn row(
+        ns: &str,
+        sa: &str,
+        ip: &str,
+        ann: &[(&str, &str)],
+    ) -> std::sync::Arc<crate::model::snapshot::Row> {
         let a = ann
             .iter()
             .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
             .collect();
-        parse_declared_ports(&a)
-            .unwrap()
-            .to_row(ns, sa, ip.parse().unwrap(), true)
+        std::sync::Arc::new(parse_declared_ports(&a).unwrap().to_row(
+            ns,
+            sa,
+            ip.parse().unwrap(),
+            true,
+        ))
     }
 
     fn port_names(s: &Service) -> Vec<(String, u16, Option<String>)> {

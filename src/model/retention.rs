@@ -110,6 +110,7 @@ pub fn advance(
 mod tests {
     use super::*;
     use crate::model::rows::{ANNOTATION_PORT, ANNOTATION_PROTOCOL, parse_declared_ports};
+    use std::sync::Arc;
 
     fn http_set() -> Vec<(&'static str, &'static str, u16)> {
         vec![("mp", "svc", 8080)]
@@ -141,7 +142,7 @@ mod tests {
             true,
         );
         let snap = Snapshot {
-            rows: vec![row],
+            rows: vec![Arc::new(row)],
             ..Snapshot::default()
         };
         assert!(advance(&http_set(), &[], &snap, 5).is_empty());
@@ -164,13 +165,15 @@ mod tests {
         let mut refused_after_a = row("a", 5);
         refused_after_a.port_protocols = None;
         let snap = Snapshot {
-            rows: vec![
+            rows: [
                 row("a", 1),
                 refused_after_a,
                 row("b", 2),
                 row("a", 3),
                 refused,
-            ],
+            ]
+            .map(Arc::new)
+            .to_vec(),
             ..Snapshot::default()
         };
         let previous = [

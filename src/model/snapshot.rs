@@ -8,6 +8,7 @@
 
 use std::collections::BTreeMap;
 use std::net::IpAddr;
+use std::sync::Arc;
 
 use serde::{Deserialize, Serialize};
 
@@ -16,12 +17,15 @@ use crate::model::port::{PortProtocol, Transport};
 /// Everything the compiler reads, as one consistent set of inputs (spec/model.md §13).
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Snapshot {
-    /// Registry rows: one per registered pod of a mesh service (spec/model.md §3).
-    pub rows: Vec<Row>,
+    /// Registry rows: one per registered pod of a mesh service (spec/model.md §3). Shared, as
+    /// are the pods: a source that builds the next snapshot from this one takes each unchanged
+    /// row and pod by reference instead of copying it (the Kubernetes source's reuse,
+    /// docs/decisions.md).
+    pub rows: Vec<Arc<Row>>,
     /// Pods refused before they became rows (an unparseable annotation), kept for diagnostics.
     pub refused_pods: Vec<RefusedPod>,
     /// Every pod the source knows, managed or not: identity, addresses, labels, capture.
-    pub pods: Vec<Pod>,
+    pub pods: Vec<Arc<Pod>>,
     /// Every Kubernetes Service, generated or the user's.
     pub services: Vec<Service>,
     /// EndpointSlices, as Kubernetes computes them for Services with a selector.

@@ -589,7 +589,9 @@ fn pick(s: &Snapshot, m: &Members) -> Snapshot {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::model::snapshot::Row;
     use crate::model::synth;
+    use std::sync::Arc;
 
     /// The component of the generated Service `ns/name`.
     fn of_service(s: &Snapshot, p: &Partition, ns: &str, name: &str) -> u32 {
@@ -656,10 +658,10 @@ mod tests {
             .rows
             .iter()
             .find(|r| r.service == "svc-3")
-            .expect("svc-3 has rows")
-            .clone();
+            .map(|r| Row::clone(r))
+            .expect("svc-3 has rows");
         row.address = at;
-        s.rows.push(row);
+        s.rows.push(Arc::new(row));
         let p = partition(&s);
         assert_eq!(p.count, count - 2);
         assert_eq!(

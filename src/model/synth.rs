@@ -10,6 +10,7 @@
 
 use std::collections::BTreeMap;
 use std::net::{IpAddr, Ipv4Addr};
+use std::sync::Arc;
 
 use crate::model::port::PortProtocol;
 use crate::model::registrar::complete_snapshot;
@@ -50,7 +51,7 @@ pub fn scaled(services: u32) -> Snapshot {
             let pod_name = format!("{name}-{replica}");
             let address = pod_ip(pod);
             pod += 1;
-            s.rows.push(Row {
+            s.rows.push(Arc::new(Row {
                 namespace: ns.clone(),
                 service: name.clone(),
                 address,
@@ -60,8 +61,8 @@ pub fn scaled(services: u32) -> Snapshot {
                 ready: true,
                 pod: Some(pod_name.clone()),
                 node: Some(format!("node-{}", pod % 40)),
-            });
-            s.pods.push(Pod {
+            }));
+            s.pods.push(Arc::new(Pod {
                 namespace: ns.clone(),
                 name: pod_name,
                 service_account: name.clone(),
@@ -78,7 +79,7 @@ pub fn scaled(services: u32) -> Snapshot {
                 command: Vec::new(),
                 inbound_mode: None,
                 host_ips: Vec::new(),
-            });
+            }));
         }
         if i % 10 == 5 {
             s.http_routes.push(HttpRoute {

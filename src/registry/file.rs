@@ -32,6 +32,7 @@ use std::collections::BTreeMap;
 use std::fmt;
 use std::io;
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 
 use gateway_api::experimental::grpcroutes::GrpcRoute as GatewayGrpcRoute;
 use gateway_api::experimental::httproutes::HttpRoute as GatewayHttpRoute;
@@ -669,11 +670,11 @@ fn convert_manifests(
         let result = match manifest {
             Manifest::Pod(pod) => convert_pod(pod, MissingReadyCondition::Ready).map(|converted| {
                 match converted.registration {
-                    Some(Registration::Row(row)) => snapshot.rows.push(row),
+                    Some(Registration::Row(row)) => snapshot.rows.push(Arc::new(row)),
                     Some(Registration::Refused(refused)) => snapshot.refused_pods.push(refused),
                     None => {}
                 }
-                snapshot.pods.push(converted.pod);
+                snapshot.pods.push(Arc::new(converted.pod));
                 good_pods.push(pod.as_ref());
             }),
             Manifest::Service(service) => convert_service(service).map(|converted| {

@@ -2,6 +2,7 @@
 
 use std::net::SocketAddrV4;
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 
 use super::*;
 use crate::lab::{DEFAULT_SERVICE_CIDR, PlannedDir, plan_dir};
@@ -240,7 +241,7 @@ fn pod(name: &str, node: &str, ip: &str) -> Pod {
 
 fn plan_of(pods: Vec<Pod>) -> Result<LabPlan, InvalidLab> {
     let snapshot = Snapshot {
-        pods,
+        pods: pods.into_iter().map(Arc::new).collect(),
         ..Snapshot::default()
     };
     LabPlan::from_snapshot(&snapshot, &LabOptions::default())
@@ -277,7 +278,7 @@ fn subnets_must_be_one_per_node_and_ipv4() {
 #[test]
 fn an_unknown_field_ref_is_refused_and_a_literal_value_is_kept() {
     let snapshot = Snapshot {
-        pods: vec![pod("a", "n1", "10.244.1.5")],
+        pods: vec![Arc::new(pod("a", "n1", "10.244.1.5"))],
         ..Snapshot::default()
     };
     let key = ("shop".to_owned(), "a".to_owned());

@@ -32,13 +32,13 @@ use k8s_openapi::api::discovery::v1::EndpointSlice;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 
 use super::convert::{
-    ConvertError, MissingReadyCondition, PodConversion, Registration, convert_endpoint_slice,
-    convert_grpc_route, convert_http_route, convert_mesh_filter, convert_namespace, convert_pod,
+    ConvertError, MissingReadyCondition, Registration, convert_endpoint_slice, convert_grpc_route,
+    convert_http_route, convert_mesh_filter, convert_namespace, convert_pod,
     convert_reference_grant, convert_service, convert_tcp_route, convert_tls_route,
     convert_udp_route,
 };
 use super::mesh_filter::MeshFilterResource;
-use crate::model::Snapshot;
+use crate::model::{Snapshot, snapshot};
 
 /// Every object of every watched kind, as the stores hold them.
 #[derive(Clone, Debug, Default)]
@@ -164,16 +164,22 @@ pub fn snapshot_reusing(
                 places.reused += 1;
                 c
             }
-            None => convert_pod(pod, MissingReadyCondition::NotReady),
+            None => convert_pod(pod, MissingReadyCondition::NotReady).map(|c| Placed {
+                pod: Arc::new(c.pod),
+                registration: c.registration.map(|r| match r {
+                    Registration::Row(row) => Held::Row(Arc::new(row)),
+                    Registration::Refused(refused) => Held::Refused(refused),
+                }),
+            }),
         };
         let place = match converted {
             Ok(c) => {
                 let registration = match c.registration {
-                    Some(Registration::Row(row)) => {
+                    Some(Held::Row(row)) => {
                         s.rows.push(row);
                         Some(Registered::Row(s.rows.len() - 1))
                     }
-                    Some(Registration::Refused(refused)) => {
+                    Some(Held::Refused(refused)) => {
                         s.refused_pods.push(refused);
                         Some(Registered::Refused(s.refused_pods.len() - 1))
                     }
@@ -270,6 +276,20 @@ fn pod_order<'o>(pods: &'o [Arc<Pod>], previous: Option<&PodPlaces>) -> Vec<&'o 
     out
 }
 
+/// A pod's conversion as the snapshot holds it: the pod and its row shared, so that an
+/// unchanged pod is the same allocations in the next snapshot (cloning them was about half of a
+/// reusing conversion, docs/performance.md).
+struct Placed {
+    pod: Arc<snapshot::Pod>,
+    registration: Option<Held>,
+}
+
+/// A [`Registration`] as the snapshot holds it.
+enum Held {
+    Row(Arc<snapshot::Row>),
+    Refused(snapshot::RefusedPod),
+}
+
 /// The conversion of the pod object at `address` as `snapshot` holds it, when `places` placed
 /// it there (`None` sends the pod to be converted: an object not seen before, or a place the
 /// snapshot does not have).
@@ -277,20 +297,20 @@ fn earlier(
     places: &PodPlaces,
     snapshot: &Snapshot,
     address: usize,
-) -> Option<Result<PodConversion, ConvertError>> {
+) -> Option<Result<Placed, ConvertError>> {
     let (_, _, place) = places.by_object.get(&address)?;
     Some(match place {
         Place::Failed(e) => Err(e.clone()),
         Place::Converted { pod, registration } => {
             let registration = match registration {
-                Some(Registered::Row(i)) => Some(Registration::Row(snapshot.rows.get(*i)?.clone())),
-                Some(Registered::Refused(i)) => Some(Registration::Refused(
-                    snapshot.refused_pods.get(*i)?.clone(),
-                )),
+                Some(Registered::Row(i)) => Some(Held::Row(Arc::clone(snapshot.rows.get(*i)?))),
+                Some(Registered::Refused(i)) => {
+                    Some(Held::Refused(snapshot.refused_pods.get(*i)?.clone()))
+                }
                 None => None,
             };
-            Ok(PodConversion {
-                pod: snapshot.pods.get(*pod)?.clone(),
+            Ok(Placed {
+                pod: Arc::clone(snapshot.pods.get(*pod)?),
                 registration,
             })
         }

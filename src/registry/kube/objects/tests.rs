@@ -125,7 +125,7 @@ fn the_demo_mesh_compiles_to_the_same_model_through_the_file_registry_and_the_ku
     // The container command is the local lab's (the file registry starts it in the pod's
     // namespace); a cluster's kubelet runs it, so the Kubernetes source does not keep it.
     for pod in &mut from_file.pods {
-        pod.command.clear();
+        Arc::make_mut(pod).command.clear();
     }
 
     let (from_kube, problems) = snapshot(&cluster_objects(&dir, cidr));
