@@ -38,7 +38,8 @@ use super::convert::{
     convert_udp_route,
 };
 use super::mesh_filter::MeshFilterResource;
-use crate::model::{Snapshot, snapshot};
+use crate::model::Snapshot;
+use crate::model::snapshot::{Pod as SnapshotPod, RefusedPod, Row};
 
 /// Every object of every watched kind, as the stores hold them.
 #[derive(Clone, Debug, Default)]
@@ -280,14 +281,14 @@ fn pod_order<'o>(pods: &'o [Arc<Pod>], previous: Option<&PodPlaces>) -> Vec<&'o 
 /// unchanged pod is the same allocations in the next snapshot (cloning them was about half of a
 /// reusing conversion, docs/performance.md).
 struct Placed {
-    pod: Arc<snapshot::Pod>,
+    pod: Arc<SnapshotPod>,
     registration: Option<Held>,
 }
 
 /// A [`Registration`] as the snapshot holds it.
 enum Held {
-    Row(Arc<snapshot::Row>),
-    Refused(snapshot::RefusedPod),
+    Row(Arc<Row>),
+    Refused(RefusedPod),
 }
 
 /// The conversion of the pod object at `address` as `snapshot` holds it, when `places` placed
