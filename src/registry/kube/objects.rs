@@ -278,8 +278,8 @@ fn pod_order<'o>(pods: &'o [Arc<Pod>], previous: Option<&PodPlaces>) -> Vec<&'o 
 }
 
 /// A pod's conversion as the snapshot holds it: the pod and its row shared, so that an
-/// unchanged pod is the same allocations in the next snapshot (cloning them was about half of a
-/// reusing conversion, docs/performance.md).
+/// unchanged pod is the same allocations in the next snapshot (cloning them was about three
+/// quarters of a reusing conversion, docs/performance.md).
 struct Placed {
     pod: Arc<SnapshotPod>,
     registration: Option<Held>,

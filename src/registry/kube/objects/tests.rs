@@ -396,6 +396,10 @@ fn a_conversion_that_takes_unchanged_pods_from_the_last_equals_one_from_scratch(
     assert_eq!(places3.reused, next.pods.len());
     assert_eq!(p3, plain_problems);
     assert!(s3 == plain);
+    // Taken, not copied: the same pods and rows as the last snapshot's.
+    assert!(!s3.pods.is_empty() && !s3.rows.is_empty());
+    assert!(s3.pods.iter().zip(&s2.pods).all(|(a, b)| Arc::ptr_eq(a, b)));
+    assert!(s3.rows.iter().zip(&s2.rows).all(|(a, b)| Arc::ptr_eq(a, b)));
     // Places paired with another snapshot than their own are not trusted past its ends.
     let (s4, _, _) = snapshot_reusing(&next, Some((&places2, &Snapshot::default())));
     assert!(s4 == plain);
