@@ -15,6 +15,7 @@
 //!   Services and ClusterIPs), read the pods' environment, plan.
 
 pub mod apiserver;
+pub mod etcd;
 pub mod manifest;
 pub mod plan;
 pub mod run;
