@@ -413,6 +413,7 @@ pub async fn up_until(opts: &DemoOptions, stop: &Stop) -> Result<Running, DemoEr
             admin_sockets: sockets.into_iter().map(|(_, s)| s).collect(),
             apiserver: (opts.registry_source == RegistrySource::Kube)
                 .then(|| run_dir.join(APISERVER_CONTROL)),
+            etcd: opts.registry_source == RegistrySource::Etcd,
         }),
         ca_dir: Some(ca_dir),
         restart: Some(restart),
@@ -529,6 +530,10 @@ async fn start(
     let env = match opts.registry_source {
         RegistrySource::File => Vec::new(),
         RegistrySource::Kube => start_apiserver(lab, opts, planned, stop).await?,
+        RegistrySource::Etcd => {
+            let url = lab.start_etcd()?;
+            vec![("AETHER_ETCD_ENDPOINTS".to_owned(), url)]
+        }
     };
     let nodes: Vec<String> = planned.plan.nodes.iter().map(|n| n.name.clone()).collect();
     for node in &nodes {
@@ -544,6 +549,15 @@ async fn start(
             }
             RegistrySource::Kube => {
                 argv.extend(["--registry-source".to_owned(), "kube".to_owned()]);
+            }
+            // The rows from etcd, the rest (and this node's pods) from the directory.
+            RegistrySource::Etcd => {
+                argv.extend([
+                    "--registry-source".to_owned(),
+                    "etcd".to_owned(),
+                    "--registry".to_owned(),
+                    registry.display().to_string(),
+                ]);
             }
         }
         argv.extend([

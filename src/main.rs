@@ -207,6 +207,42 @@ struct NodeArgs {
     /// How long `aether debug capture` waits for the rule listing, in milliseconds.
     #[arg(long, env = "AETHER_DEBUG_CAPTURE_TIMEOUT_MS")]
     debug_capture_timeout_ms: Option<u64>,
+    /// etcd source: the members' client URLs, comma-separated.
+    #[arg(long, env = "AETHER_ETCD_ENDPOINTS", value_delimiter = ',')]
+    etcd_endpoints: Option<Vec<String>>,
+    /// etcd source: the prefix of every key (`/aether`).
+    #[arg(long, env = "AETHER_ETCD_PREFIX")]
+    etcd_prefix: Option<String>,
+    /// etcd source: this node's lease time to live, in seconds (10).
+    #[arg(long, env = "AETHER_ETCD_LEASE_TTL_SECS")]
+    etcd_lease_ttl_secs: Option<u64>,
+    /// etcd source: the deadline of every call to etcd, in milliseconds (5000).
+    #[arg(long, env = "AETHER_ETCD_TIMEOUT_MS")]
+    etcd_timeout_ms: Option<u64>,
+    /// etcd source: the user of etcd's authentication, with --etcd-password-file.
+    #[arg(long, env = "AETHER_ETCD_USER")]
+    etcd_user: Option<String>,
+    /// etcd source: a file holding the password.
+    #[arg(long, env = "AETHER_ETCD_PASSWORD_FILE")]
+    etcd_password_file: Option<PathBuf>,
+    /// etcd source: the CA certificate (PEM) of the members.
+    #[arg(long, env = "AETHER_ETCD_CA_CERT")]
+    etcd_ca_cert: Option<PathBuf>,
+    /// etcd source: a client certificate (PEM), with --etcd-client-key.
+    #[arg(long, env = "AETHER_ETCD_CLIENT_CERT")]
+    etcd_client_cert: Option<PathBuf>,
+    /// etcd source: the client certificate's key (PEM).
+    #[arg(long, env = "AETHER_ETCD_CLIENT_KEY")]
+    etcd_client_key: Option<PathBuf>,
+    /// Delegated liveness: probe interval, in milliseconds (2000).
+    #[arg(long, env = "AETHER_PROBE_INTERVAL_MS")]
+    probe_interval_ms: Option<u64>,
+    /// Delegated liveness: one probe's deadline, in milliseconds (1000).
+    #[arg(long, env = "AETHER_PROBE_TIMEOUT_MS")]
+    probe_timeout_ms: Option<u64>,
+    /// Delegated liveness: failed probes in a row that make a pod not Ready (3).
+    #[arg(long, env = "AETHER_PROBE_FAILURE_THRESHOLD")]
+    probe_failure_threshold: Option<u32>,
 }
 
 #[derive(Debug, clap::Args)]
@@ -906,7 +942,14 @@ fn node_config(args: &NodeArgs) -> anyhow::Result<aether::node::NodeConfig> {
         mirror_max_body_bytes,
         ext_authz_max_body_bytes,
         debug_max_body_bytes,
-        debug_capture_timeout_ms
+        debug_capture_timeout_ms,
+        etcd_endpoints,
+        etcd_prefix,
+        etcd_lease_ttl_secs,
+        etcd_timeout_ms,
+        probe_interval_ms,
+        probe_timeout_ms,
+        probe_failure_threshold
     );
     macro_rules! set_opt {
         ($($field:ident),*) => {$(
@@ -915,7 +958,18 @@ fn node_config(args: &NodeArgs) -> anyhow::Result<aether::node::NodeConfig> {
             }
         )*};
     }
-    set_opt!(ca_cert, ca_key, ca_dir, admin_addr, metrics_addr);
+    set_opt!(
+        ca_cert,
+        ca_key,
+        ca_dir,
+        admin_addr,
+        metrics_addr,
+        etcd_user,
+        etcd_password_file,
+        etcd_ca_cert,
+        etcd_client_cert,
+        etcd_client_key
+    );
     c.validate()?;
     Ok(c)
 }

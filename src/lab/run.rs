@@ -570,14 +570,53 @@ impl Lab {
     /// output to `<run>/logs/apiserver.log`; every node reaches it over its underlay link. The
     /// address goes with the namespace when the lab is taken down. Returns the PID.
     pub fn start_apiserver(&mut self, argv: &[String]) -> Result<u32, LabError> {
+        let underlay = self.registry_address()?;
+        let argv = self.resolve_argv("the lab's API server", argv)?;
+        let log = self.opts.run_dir.join("logs").join("apiserver.log");
+        self.spawn("apiserver".to_owned(), &underlay, &argv, None, &[], log)
+    }
+
+    /// Gives the underlay bridge the address [`APISERVER_IP`], where the nodes reach the
+    /// lab's registry (its API server or its etcd). Returns the underlay's namespace.
+    fn registry_address(&mut self) -> Result<String, LabError> {
         let underlay = self.plan.underlay_netns.clone();
         let len = UNDERLAY_SUBNET.split_once('/').map_or("24", |(_, len)| len);
         ip_line(&format!(
             "-n {underlay} addr add {APISERVER_IP}/{len} dev {UNDERLAY_BRIDGE}"
         ))?;
-        let argv = self.resolve_argv("the lab's API server", argv)?;
-        let log = self.opts.run_dir.join("logs").join("apiserver.log");
-        self.spawn("apiserver".to_owned(), &underlay, &argv, None, &[], log)
+        Ok(underlay)
+    }
+
+    /// Starts one etcd member (`etcd` on `PATH`: Debian's etcd-server) in the underlay's
+    /// namespace on [`APISERVER_IP`]`:2379`, its data under `<run>/etcd`, its output in
+    /// `<run>/logs/etcd.log`, for daemons on the etcd source. Returns its client URL.
+    pub fn start_etcd(&mut self) -> Result<String, LabError> {
+        let underlay = self.registry_address()?;
+        let data = self.opts.run_dir.join("etcd");
+        let client = format!("http://{APISERVER_IP}:2379");
+        let argv: Vec<String> = [
+            crate::lab::etcd::ETCD,
+            "--name",
+            "lab",
+            "--data-dir",
+            &data.display().to_string(),
+            "--listen-client-urls",
+            &client,
+            "--advertise-client-urls",
+            &client,
+            "--listen-peer-urls",
+            "http://127.0.0.1:2380",
+            "--initial-advertise-peer-urls",
+            "http://127.0.0.1:2380",
+            "--initial-cluster",
+            "lab=http://127.0.0.1:2380",
+        ]
+        .iter()
+        .map(|s| (*s).to_owned())
+        .collect();
+        let log = self.opts.run_dir.join("logs").join("etcd.log");
+        self.spawn("etcd".to_owned(), &underlay, &argv, None, &[], log)?;
+        Ok(client)
     }
 
     /// Stops node `node`'s daemon (SIGTERM, SIGKILL after the stop grace) and starts `argv` in

@@ -241,6 +241,14 @@ async fn cni_served(env: &Env, netns: &std::path::Path) -> Result<bool, String> 
             Ok(true)
         }
         (false, false, Some(503)) if hop.reason() == Some("upstream-unreachable") => Ok(false),
+        // On etcd its node cannot probe a pod it does not serve: the pod is not Ready, so it
+        // is no endpoint at all (spec/model.md §3.5, §14).
+        (false, false, Some(503))
+            if hop.reason() == Some("no-endpoints")
+                && env.registry.as_ref().is_some_and(|r| r.etcd) =>
+        {
+            Ok(false)
+        }
         _ => Err(format!(
             "half served: capture table {table}, loopback listener {}, hop answer {}",
             lb.connected,

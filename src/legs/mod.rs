@@ -117,6 +117,9 @@ pub struct RegistryControl {
     /// The lab API server's control socket when the daemons run on the Kubernetes source: the
     /// directory is loaded into that server, and [`Env::settle`] waits for its objects.
     pub apiserver: Option<PathBuf>,
+    /// The daemons run on the etcd source: the rows are etcd's, each pod's readiness its
+    /// node's delegated probe (spec/model.md §3.5).
+    pub etcd: bool,
 }
 
 /// What one leg got.
@@ -296,15 +299,39 @@ impl Env {
             .map_err(|e| crate::DisplayChain(&e).to_string())?
             .to_string();
         let deadline = crate::time::now() + Duration::from_secs(10);
+        // On the etcd source the directory is not all: every daemon must also have written its
+        // own pods' rows (each probed once) and hold the same store revision with nothing newer
+        // seen, twice 200 ms apart.
+        let mut agreed_on: Option<i64> = None;
         loop {
-            let now = fingerprints(&reg.admin_sockets).await?;
-            if now.iter().all(|f| *f == want) {
+            let mut all = true;
+            let mut revisions = std::collections::BTreeSet::new();
+            let mut on_etcd = false;
+            for s in &reg.admin_sockets {
+                let body = admin_get(s, "/model").await?;
+                let v: serde_json::Value =
+                    serde_json::from_str(&body).map_err(|e| e.to_string())?;
+                all &= v["registry_fingerprint"].as_str() == Some(want.as_str());
+                if let Some(etcd) = v["etcd"].as_object() {
+                    on_etcd = true;
+                    all &= etcd["settled"].as_bool() == Some(true);
+                    revisions.insert(etcd["revision_compiled"].as_i64().unwrap_or(-1));
+                }
+            }
+            if !on_etcd && all {
                 return Ok(());
+            }
+            let revision = revisions.first().copied().filter(|_| revisions.len() == 1);
+            match (all, revision, agreed_on) {
+                (true, Some(r), Some(before)) if r == before => return Ok(()),
+                (true, Some(r), _) => agreed_on = Some(r),
+                _ => agreed_on = None,
             }
             if crate::time::now() > deadline {
                 return Err("daemons did not publish the registry within 10 s".into());
             }
-            tokio::time::sleep(Duration::from_millis(50)).await;
+            let pause = if on_etcd { 200 } else { 50 };
+            tokio::time::sleep(Duration::from_millis(pause)).await;
         }
     }
 

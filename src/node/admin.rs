@@ -61,6 +61,8 @@ pub struct Admin {
     /// Whether the Kubernetes writers (the registrar, if this node leads, and the route-status
     /// writer) have writes to make for the published model; always false on the file registry.
     pub kube_writes: Arc<super::KubeWrites>,
+    /// The etcd source, on it (`/model` says how far it is).
+    pub etcd: Option<Arc<super::EtcdNode>>,
     /// What the debug endpoints read besides the above.
     pub debug: super::debug::DebugInputs,
     /// What `/metrics` reads at each scrape (watches, process, runtime).
@@ -117,6 +119,7 @@ async fn handle(admin: &Admin, path: &str) -> Response<Body> {
                 "registry_fingerprint": admin.fingerprint.load(std::sync::atomic::Ordering::Acquire).to_string(),
                 "kube_writes_pending": admin.kube_writes.pending(),
                 "registrar_leader": admin.kube_writes.leader(),
+                "etcd": admin.etcd.as_ref().map(|e| e.report()),
                 "names": model.name_count(),
                 "pods": model.pods().count(),
                 // What the compiler refused, dropped or flagged (an `ext_authz` over raw-TCP
@@ -324,6 +327,7 @@ pub(super) mod tests {
             fingerprint: Arc::default(),
             node_stats: Arc::default(),
             kube_writes: Arc::default(),
+            etcd: None,
             debug,
             control: Arc::default(),
         }

@@ -38,6 +38,9 @@ pub enum RegistrySource {
     File,
     /// The Kubernetes API server (in-cluster credentials, or `KUBECONFIG`).
     Kube,
+    /// etcd for the registry rows (every node's pods, docs/etcd.md), and the directory
+    /// `registry` for everything else and for this node's pods, which it registers.
+    Etcd,
 }
 
 /// Every setting of `aether node`.
@@ -131,6 +134,48 @@ pub struct NodeConfig {
     /// ceiling on a busy node at that price. Default 1, from 1 to 64. Key `worker_threads`,
     /// `AETHER_WORKER_THREADS`.
     pub worker_threads: usize,
+    /// etcd source: the members' client URLs (`http://host:2379`, or `https://` with
+    /// `etcd_ca_cert`). Required with `registry_source: etcd`. Key `etcd_endpoints`,
+    /// `AETHER_ETCD_ENDPOINTS` (comma-separated).
+    pub etcd_endpoints: Vec<String>,
+    /// etcd source: the prefix of every key (docs/etcd.md); the same on every node and every
+    /// mirrored region. Default `/aether`. Key `etcd_prefix`, `AETHER_ETCD_PREFIX`.
+    pub etcd_prefix: String,
+    /// etcd source: the time to live of this node's lease, in seconds; a dead node's rows
+    /// leave the registry within it. Default 10, from 2 to 3600. Key `etcd_lease_ttl_secs`,
+    /// `AETHER_ETCD_LEASE_TTL_SECS`.
+    pub etcd_lease_ttl_secs: u64,
+    /// etcd source: the deadline of every call to etcd, and of the keep-alive ping that
+    /// watches a quiet watch stream, in milliseconds. Default 5000. Key `etcd_timeout_ms`,
+    /// `AETHER_ETCD_TIMEOUT_MS`.
+    pub etcd_timeout_ms: u64,
+    /// etcd source: the user name of etcd's own authentication, with `etcd_password_file`.
+    /// Key `etcd_user`, `AETHER_ETCD_USER`.
+    pub etcd_user: Option<String>,
+    /// etcd source: a file holding the password (its first line). Key `etcd_password_file`,
+    /// `AETHER_ETCD_PASSWORD_FILE`.
+    pub etcd_password_file: Option<PathBuf>,
+    /// etcd source: the CA certificate (PEM) the members' certificates are checked against;
+    /// given, the endpoints are `https://`. Key `etcd_ca_cert`, `AETHER_ETCD_CA_CERT`.
+    pub etcd_ca_cert: Option<PathBuf>,
+    /// etcd source: a client certificate (PEM), with `etcd_client_key`, for members that ask
+    /// for one. Key `etcd_client_cert`, `AETHER_ETCD_CLIENT_CERT`.
+    pub etcd_client_cert: Option<PathBuf>,
+    /// etcd source: the client certificate's key (PEM). Key `etcd_client_key`,
+    /// `AETHER_ETCD_CLIENT_KEY`.
+    pub etcd_client_key: Option<PathBuf>,
+    /// Delegated liveness (etcd source, spec/model.md §14): how often each local pod's liveness
+    /// port is probed, in milliseconds. Default 2000. Key `probe_interval_ms`,
+    /// `AETHER_PROBE_INTERVAL_MS`.
+    pub probe_interval_ms: u64,
+    /// Delegated liveness: how long one probe may take (connect, and for an HTTP port the
+    /// response's head), in milliseconds. Default 1000, at most `probe_interval_ms`. Key
+    /// `probe_timeout_ms`, `AETHER_PROBE_TIMEOUT_MS`.
+    pub probe_timeout_ms: u64,
+    /// Delegated liveness: failed probes in a row that make a Ready pod not Ready. Default 3.
+    /// One success makes it Ready again. Key `probe_failure_threshold`,
+    /// `AETHER_PROBE_FAILURE_THRESHOLD`.
+    pub probe_failure_threshold: u32,
     /// Log format.
     pub log_format: LogFormat,
     /// Log filter (tracing-subscriber `EnvFilter` syntax).
@@ -228,6 +273,18 @@ impl Default for NodeConfig {
             kube_streaming_lists: false,
             debug_keep_snapshot: true,
             worker_threads: 1,
+            etcd_endpoints: Vec::new(),
+            etcd_prefix: "/aether".into(),
+            etcd_lease_ttl_secs: 10,
+            etcd_timeout_ms: 5000,
+            etcd_user: None,
+            etcd_password_file: None,
+            etcd_ca_cert: None,
+            etcd_client_cert: None,
+            etcd_client_key: None,
+            probe_interval_ms: 2000,
+            probe_timeout_ms: 1000,
+            probe_failure_threshold: 3,
             log_format: LogFormat::Text,
             log_level: "info".into(),
             access_log: "off".into(),
@@ -411,7 +468,99 @@ impl NodeConfig {
                 message: "must be at least 1".into(),
             });
         }
+        self.validate_etcd()
+    }
+
+    fn validate_etcd(&self) -> Result<(), ConfigError> {
+        let invalid = |setting, message: String| Err(ConfigError::Invalid { setting, message });
+        if self.registry_source == RegistrySource::Etcd && self.etcd_endpoints.is_empty() {
+            return invalid(
+                "etcd_endpoints",
+                "required with registry_source etcd (flag --etcd-endpoints or AETHER_ETCD_ENDPOINTS)".into(),
+            );
+        }
+        for e in &self.etcd_endpoints {
+            if !(e.starts_with("http://") || e.starts_with("https://")) {
+                return invalid(
+                    "etcd_endpoints",
+                    format!("{e:?} is not an http:// or https:// URL"),
+                );
+            }
+        }
+        if let Err(message) = crate::registry::etcd::keys::check_prefix(&self.etcd_prefix) {
+            return invalid("etcd_prefix", message);
+        }
+        if !(2..=3600).contains(&self.etcd_lease_ttl_secs) {
+            return invalid(
+                "etcd_lease_ttl_secs",
+                format!("{} is not from 2 to 3600", self.etcd_lease_ttl_secs),
+            );
+        }
+        if self.etcd_user.is_some() != self.etcd_password_file.is_some() {
+            return invalid(
+                "etcd_user",
+                "etcd_user and etcd_password_file are given together".into(),
+            );
+        }
+        if self.etcd_client_cert.is_some() != self.etcd_client_key.is_some() {
+            return invalid(
+                "etcd_client_cert",
+                "etcd_client_cert and etcd_client_key are given together".into(),
+            );
+        }
+        for (setting, value) in [
+            ("etcd_timeout_ms", self.etcd_timeout_ms),
+            ("probe_interval_ms", self.probe_interval_ms),
+            ("probe_timeout_ms", self.probe_timeout_ms),
+            (
+                "probe_failure_threshold",
+                u64::from(self.probe_failure_threshold),
+            ),
+        ] {
+            if value == 0 {
+                return invalid(setting, "must be at least 1".into());
+            }
+        }
+        if self.probe_timeout_ms > self.probe_interval_ms {
+            return invalid(
+                "probe_timeout_ms",
+                format!(
+                    "{} ms is longer than probe_interval_ms ({} ms)",
+                    self.probe_timeout_ms, self.probe_interval_ms
+                ),
+            );
+        }
         Ok(())
+    }
+
+    /// The etcd source's settings; the password is read from its file.
+    pub fn etcd_settings(&self) -> Result<crate::registry::etcd::EtcdSettings, ConfigError> {
+        let auth = match (&self.etcd_user, &self.etcd_password_file) {
+            (Some(user), Some(file)) => {
+                let text = std::fs::read_to_string(file).map_err(|source| ConfigError::Read {
+                    path: file.clone(),
+                    source,
+                })?;
+                let password = text.lines().next().unwrap_or_default().to_owned();
+                Some((user.clone(), password))
+            }
+            _ => None,
+        };
+        let tls = (self.etcd_ca_cert.is_some() || self.etcd_client_cert.is_some()).then(|| {
+            crate::registry::etcd::EtcdTls {
+                ca: self.etcd_ca_cert.clone(),
+                cert: self.etcd_client_cert.clone(),
+                key: self.etcd_client_key.clone(),
+            }
+        });
+        Ok(crate::registry::etcd::EtcdSettings {
+            endpoints: self.etcd_endpoints.clone(),
+            prefix: self.etcd_prefix.clone(),
+            lease_ttl: std::time::Duration::from_secs(self.etcd_lease_ttl_secs),
+            timeout: std::time::Duration::from_millis(self.etcd_timeout_ms),
+            auth,
+            tls,
+        })
     }
 }
 

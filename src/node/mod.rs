@@ -8,6 +8,7 @@ pub mod config;
 pub mod debug;
 pub mod dns;
 pub mod handoff;
+pub mod liveness;
 mod pace;
 pub mod pods;
 mod retire;
@@ -77,7 +78,9 @@ pub enum NodeError {
     Kube(#[source] kube::Error),
     /// The Kubernetes source has not had a complete list of every kind yet: no model is made
     /// from part of the registry (issue #9 §1, fail closed).
-    #[error("the Kubernetes source has not listed every kind yet")]
+    #[error(
+        "the registry has not been listed whole yet (the Kubernetes source's kinds, or etcd's prefix)"
+    )]
     NotSynced,
 }
 
@@ -87,6 +90,84 @@ enum Source {
     File(parking_lot::Mutex<LastGood>),
     /// The API server's watches.
     Kube(Arc<KubeSource>),
+    /// etcd for the rows, the manifest directory for the rest.
+    Etcd(Arc<EtcdNode>),
+}
+
+/// The etcd source of one node: the directory gives everything but the rows, and this node's
+/// own pods, whose rows it registers with their delegated liveness; etcd gives every node's rows.
+#[derive(Debug)]
+pub struct EtcdNode {
+    /// The manifest directory's last good files.
+    last: parking_lot::Mutex<LastGood>,
+    /// Every node's rows, listed and watched.
+    source: Arc<crate::registry::etcd::EtcdSource>,
+    /// This node's rows, written under its lease.
+    registration: crate::registry::etcd::Registration,
+    /// The probes' answers.
+    liveness: Arc<liveness::Liveness>,
+    /// This node's rows as the directory gives them (readiness aside), for the probes.
+    local: parking_lot::Mutex<Vec<crate::model::snapshot::Row>>,
+    /// The store revision of the rows of the published model.
+    compiled: std::sync::atomic::AtomicI64,
+}
+
+impl EtcdNode {
+    /// What `/model` says of the etcd source. `settled`: this node's rows, every local pod
+    /// probed once, are all written, and the published model holds every change the watch has
+    /// seen (the lab waits for every node to be settled at one revision).
+    pub fn report(&self) -> serde_json::Value {
+        use std::sync::atomic::Ordering::{Acquire, Relaxed};
+        let stats = &self.source.stats;
+        let seen = self.source.rows_at().map_or(0, |(_, revision)| revision);
+        let compiled = self.compiled.load(Acquire);
+        let probed = self.liveness.all_probed(&self.local.lock());
+        let state = &self.registration.state;
+        serde_json::json!({
+            "connected": stats.connected.load(Acquire),
+            "revision_seen": seen,
+            "revision_compiled": compiled,
+            "listings": stats.listings.load(Relaxed),
+            "watches": stats.watches.load(Relaxed),
+            "leases": stats.leases.load(Relaxed),
+            "keys_registered": state.keys.load(Acquire),
+            "refused": *stats.refused.lock(),
+            "refused_on_write": *stats.refused_on_write.lock(),
+            "settled": probed && state.settled() && compiled == seen,
+        })
+    }
+
+    /// Registers this node's rows with the readiness their probes give. A pod this run has not
+    /// probed yet keeps the readiness its row holds in the store (the last probe is an earlier
+    /// run's: a restarted or upgraded daemon does not make its pods flap), and is not Ready
+    /// when the store has no row of it.
+    fn register(&self) {
+        let local = self.local.lock().clone();
+        let unprobed = local.iter().any(|r| self.liveness.answer(r).is_none());
+        let held: BTreeMap<(String, String, std::net::IpAddr), bool> = if unprobed {
+            // Not listed yet: nothing is known of the earlier answers, so nothing is written.
+            let Some(rows) = self.source.rows() else {
+                return;
+            };
+            rows.iter()
+                .map(|r| ((r.namespace.clone(), r.service.clone(), r.address), r.ready))
+                .collect()
+        } else {
+            BTreeMap::new()
+        };
+        let rows = local
+            .into_iter()
+            .map(|mut r| {
+                r.ready = self.liveness.answer(&r).unwrap_or_else(|| {
+                    held.get(&(r.namespace.clone(), r.service.clone(), r.address))
+                        .copied()
+                        .unwrap_or(false)
+                });
+                r
+            })
+            .collect();
+        self.registration.set(rows);
+    }
 }
 
 /// The state of the Kubernetes writers, for `/model`.
@@ -132,6 +213,8 @@ struct Loaded {
     /// The Kubernetes source's pod places in `snapshot`, for the next load to take unchanged
     /// pods from it (`objects::snapshot_reusing`).
     places: Option<PodPlaces>,
+    /// The etcd store revision of the snapshot's rows.
+    etcd_revision: Option<i64>,
 }
 
 /// The pod places of the last load and the snapshot they point into: kept only while that
@@ -230,6 +313,7 @@ fn load(
 ) -> Result<Loaded, NodeError> {
     let ctx = context(config);
     let mut places = None;
+    let mut etcd_revision = None;
     let (mut snapshot, read) = match source {
         Source::File(last) => {
             let (snapshot, fingerprint) = read_dir(config, &mut last.lock(), stats)?;
@@ -264,8 +348,27 @@ fn load(
                 .set(i64::try_from(skipped).unwrap_or(i64::MAX));
             (snapshot, Read::Kube(Box::new(objects)))
         }
+        Source::Etcd(etcd) => {
+            let (mut snapshot, fingerprint) = read_dir(config, &mut etcd.last.lock(), stats)?;
+            // This node's pods, as the directory gives them, are what it registers.
+            *etcd.local.lock() = snapshot
+                .rows
+                .iter()
+                .filter(|r| r.node.as_deref() == Some(config.node_name.as_str()))
+                .map(|r| (**r).clone())
+                .collect();
+            // Every node's rows are etcd's: none is served before the first listing.
+            let Some((rows, revision)) = etcd.source.rows_at() else {
+                stats.registry_synced.set(0);
+                return Err(NodeError::NotSynced);
+            };
+            etcd.register();
+            snapshot.rows = rows;
+            etcd_revision = Some(revision);
+            (snapshot, Read::File { fingerprint })
+        }
     };
-    if let Source::File(_) = source {
+    if let Source::File(_) | Source::Etcd(_) = source {
         // No API server: the registrar's Services are made here (spec/model.md §8), and they
         // are part of what is compiled. On Kubernetes the elected registrar writes them and
         // every node reads them back ([`follow`] makes the registrar's input).
@@ -292,6 +395,7 @@ fn load(
         snapshot,
         read,
         places,
+        etcd_revision,
     })
 }
 
@@ -339,6 +443,7 @@ fn empty(config: &NodeConfig) -> Loaded {
         snapshot,
         read: Read::File { fingerprint: 0 },
         places: None,
+        etcd_revision: None,
     }
 }
 
@@ -375,6 +480,25 @@ pub async fn run_with_logs(
             _file_watcher = crate::registry::file::watch_dir(&config.registry, changed_tx.clone());
             Source::File(parking_lot::Mutex::new(LastGood::default()))
         }
+        config::RegistrySource::Etcd => {
+            _file_watcher = crate::registry::file::watch_dir(&config.registry, changed_tx.clone());
+            let settings = config.etcd_settings()?;
+            let source =
+                crate::registry::etcd::EtcdSource::start(settings.clone(), changed_tx.clone());
+            let registration = crate::registry::etcd::Registration::start(
+                settings,
+                state_dir.join("etcd-lease"),
+                source.clone(),
+            );
+            Source::Etcd(Arc::new(EtcdNode {
+                last: parking_lot::Mutex::new(LastGood::default()),
+                source,
+                registration,
+                liveness: Arc::default(),
+                local: parking_lot::Mutex::default(),
+                compiled: std::sync::atomic::AtomicI64::new(0),
+            }))
+        }
         config::RegistrySource::Kube => {
             let client = kube::Client::try_default().await.map_err(NodeError::Kube)?;
             writer_tx = Some(spawn_writers(&config, &client, &kube_writes, &node_stats));
@@ -402,8 +526,9 @@ pub async fn run_with_logs(
                 source: std::io::Error::other(e),
             })??
         }
-        // Nothing is served until every watch has listed; the first tick brings the model.
-        Source::Kube(_) => {
+        // Nothing is served until every watch (or etcd's prefix) has listed; the first tick
+        // brings the model.
+        Source::Kube(_) | Source::Etcd(_) => {
             let mut l = empty(&config);
             let read = std::mem::replace(&mut l.read, Read::File { fingerprint: 0 });
             let followed = follow(&config, &l.snapshot, &l.model, read);
@@ -418,6 +543,8 @@ pub async fn run_with_logs(
             pods = first.model.pods().count(), "registry loaded"),
         Source::Kube(_) => info!(node = %config.node_name,
             "watching the Kubernetes API server; no pod is served before every kind has listed"),
+        Source::Etcd(_) => info!(node = %config.node_name, endpoints = ?config.etcd_endpoints,
+            "watching etcd; no pod is served before its prefix has listed"),
     }
     let handle = Arc::new(ModelHandle::with_source(
         first.model,
@@ -517,6 +644,9 @@ pub async fn run_with_logs(
     };
 
     let pods = Arc::new(Mutex::new(Pods::default()));
+    if let Source::Etcd(_) = &*source {
+        spawn_probes(&config, source.clone(), pods.clone());
+    }
     // The pods a CNI ADD told an earlier run of the daemon about, whose namespaces are still
     // there: served again without a new ADD (issue #9 §4, `cni_records`).
     let cni_pods = Arc::new(Mutex::new(rediscover(&config.state_dir, &shared.home)));
@@ -556,7 +686,7 @@ pub async fn run_with_logs(
     let mut pace = pace::Pace::new(
         match *source {
             Source::File(_) => pace::Edge::Trailing,
-            Source::Kube(_) => pace::Edge::Leading,
+            Source::Kube(_) | Source::Etcd(_) => pace::Edge::Leading,
         },
         Duration::from_millis(config.watch_debounce_ms),
     );
@@ -577,6 +707,10 @@ pub async fn run_with_logs(
         fingerprint: fingerprint.clone(),
         node_stats: node_stats.clone(),
         kube_writes: kube_writes.clone(),
+        etcd: match &*source {
+            Source::Etcd(etcd) => Some(etcd.clone()),
+            _ => None,
+        },
         debug: debug::DebugInputs {
             identities: Some(identities.clone()),
             logs,
@@ -586,7 +720,7 @@ pub async fn run_with_logs(
         control: Arc::new(telemetry::ControlCollector {
             kinds: match &*source {
                 Source::Kube(kube) => kube.kinds().to_vec(),
-                Source::File(_) => Vec::new(),
+                Source::File(_) | Source::Etcd(_) => Vec::new(),
             },
             runtime: Some(tokio::runtime::Handle::current()),
             identities: Some(identities.clone()),
@@ -717,6 +851,7 @@ pub async fn run_with_logs(
                 };
                 match loaded {
                     Ok(l) => {
+                        let etcd_revision = l.etcd_revision;
                         retained = l.retained.clone();
                         debug!(retained = retained.len(), "recompiled");
                         // The model first: it is what serves, and nothing below decides a
@@ -767,6 +902,9 @@ pub async fn run_with_logs(
                         // Published and reconciled: what `/model` reports as loaded.
                         if let Some(settled) = settled {
                             fingerprint.store(settled, std::sync::atomic::Ordering::Release);
+                        }
+                        if let (Source::Etcd(etcd), Some(revision)) = (&*source, etcd_revision) {
+                            etcd.compiled.store(revision, std::sync::atomic::Ordering::Release);
                         }
                         if ok && !offering {
                             hand_over_done(&mut predecessor, &pods).await;
@@ -846,6 +984,43 @@ pub async fn run_with_logs(
         let _ = std::fs::remove_file(&handoff_path);
     }
     Ok(())
+}
+
+/// Delegated liveness on the etcd source (spec/model.md §14): this node's pods are probed every
+/// `probe_interval_ms`, and their rows registered again when a readiness changes.
+fn spawn_probes(config: &NodeConfig, source: Arc<Source>, pods: Arc<Mutex<Pods>>) {
+    let settings = liveness::ProbeSettings {
+        interval: Duration::from_millis(config.probe_interval_ms),
+        timeout: Duration::from_millis(config.probe_timeout_ms),
+        failure_threshold: config.probe_failure_threshold,
+    };
+    tokio::spawn(async move {
+        let Source::Etcd(etcd) = &*source else { return };
+        let mut tick = tokio::time::interval(settings.interval);
+        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        loop {
+            tick.tick().await;
+            let local = etcd.local.lock().clone();
+            let targets = {
+                let pods = pods.lock().await;
+                local
+                    .iter()
+                    .filter_map(|r| {
+                        let name = r.pod.clone()?;
+                        Some(liveness::Target {
+                            net: pods.net_of(&r.namespace, &name),
+                            pod: (r.namespace.clone(), name),
+                            addr: std::net::SocketAddr::new(r.address, u16::try_from(r.port).ok()?),
+                            probe: liveness::probe_for(r),
+                        })
+                    })
+                    .collect()
+            };
+            if etcd.liveness.round(targets, &settings).await {
+                etcd.register();
+            }
+        }
+    });
 }
 
 /// The senders of the Kubernetes writers' inputs, and the registrar's task (which ends, giving

@@ -371,6 +371,13 @@ impl Pods {
             .collect()
     }
 
+    /// The sockets of a served pod: delegated liveness probes leave from its namespace.
+    pub fn net_of(&self, namespace: &str, pod: &str) -> Option<SocketFactory> {
+        self.served
+            .get(&(namespace.to_owned(), pod.to_owned()))
+            .map(|s| s.pod.net.clone())
+    }
+
     /// The network namespace of a served pod.
     pub fn netns_of(&self, namespace: &str, pod: &str) -> Option<PathBuf> {
         self.served

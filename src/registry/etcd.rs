@@ -161,7 +161,8 @@ fn count(map: &parking_lot::Mutex<BTreeMap<&'static str, u64>>, reason: &'static
 /// What every node reads: the rows of the whole registry, as last listed and watched.
 #[derive(Debug)]
 pub struct EtcdSource {
-    table: parking_lot::Mutex<Option<Table>>,
+    /// The table and the revision it is at, `None` before the first listing.
+    table: parking_lot::Mutex<Option<(Table, i64)>>,
     /// The counters.
     pub stats: EtcdStats,
 }
@@ -179,7 +180,15 @@ impl EtcdSource {
 
     /// The served rows, or `None` before the first listing.
     pub fn rows(&self) -> Option<Vec<Arc<Row>>> {
-        self.table.lock().as_ref().map(Table::rows)
+        self.rows_at().map(|(rows, _)| rows)
+    }
+
+    /// The served rows and the store revision they are of, or `None` before the first listing.
+    pub fn rows_at(&self) -> Option<(Vec<Arc<Row>>, i64)> {
+        self.table
+            .lock()
+            .as_ref()
+            .map(|(table, revision)| (table.rows(), *revision))
     }
 
     /// Every key held that is not served.
@@ -187,7 +196,7 @@ impl EtcdSource {
         self.table
             .lock()
             .as_ref()
-            .map(Table::refused)
+            .map(|(table, _)| table.refused())
             .unwrap_or_default()
     }
 
@@ -270,8 +279,9 @@ impl EtcdSource {
         .await??;
         let revision = listing.header().map_or(0, |h| h.revision());
         let refused = {
-            let mut table = self.table.lock();
-            let table = table.get_or_insert_with(|| Table::new(&settings.prefix));
+            let mut held = self.table.lock();
+            let (table, at) = held.get_or_insert_with(|| (Table::new(&settings.prefix), 0));
+            *at = revision;
             table.replace(
                 listing
                     .kvs()
@@ -349,13 +359,18 @@ impl EtcdSource {
                     && let Some(h) = response.header()
                 {
                     at = at.max(h.revision());
+                    if let Some((_, held)) = self.table.lock().as_mut() {
+                        *held = at;
+                    }
+                    self.stats.revision.store(at, Ordering::Release);
                 }
                 continue;
             }
             let mut refused = Vec::new();
             {
-                let mut table = self.table.lock();
-                let table = table.get_or_insert_with(|| Table::new(&settings.prefix));
+                let mut held = self.table.lock();
+                let (table, held_at) =
+                    held.get_or_insert_with(|| (Table::new(&settings.prefix), 0));
                 for event in events {
                     let Some(kv) = event.kv() else { continue };
                     match event.event_type() {
@@ -366,6 +381,7 @@ impl EtcdSource {
                     }
                     at = at.max(kv.mod_revision());
                 }
+                *held_at = at;
             }
             self.refused_now(&refused);
             self.stats.revision.store(at, Ordering::Release);
@@ -409,10 +425,36 @@ impl Backoff {
 /// What this node registers: its own pods' rows, written under one lease it keeps alive.
 #[derive(Debug)]
 pub struct Registration {
-    desired: watch::Sender<Arc<Vec<Row>>>,
-    /// Keys this node holds in the store now, for `/model` and the tests.
-    pub written: Arc<AtomicU64>,
+    desired: watch::Sender<Arc<Desired>>,
+    /// Keys this node holds in the store now, and which of its [`Registration::set`] calls is
+    /// written (for `/model` and the lab's settling).
+    pub state: Arc<RegistrationState>,
     task: tokio::task::JoinHandle<()>,
+}
+
+/// Rows to register, numbered by [`Registration::set`].
+#[derive(Debug, Default)]
+struct Desired {
+    generation: u64,
+    rows: Vec<Row>,
+}
+
+/// How far the registration is.
+#[derive(Debug, Default)]
+pub struct RegistrationState {
+    /// Keys this node holds in the store.
+    pub keys: AtomicU64,
+    /// The last [`Registration::set`] call's number.
+    pub asked: AtomicU64,
+    /// The number of the last call whose rows are all written.
+    pub written: AtomicU64,
+}
+
+impl RegistrationState {
+    /// Whether the rows last set are all written.
+    pub fn settled(&self) -> bool {
+        self.written.load(Ordering::Acquire) == self.asked.load(Ordering::Acquire)
+    }
 }
 
 impl Drop for Registration {
@@ -427,19 +469,21 @@ impl Registration {
     /// Starts registering. The lease of an earlier run, recorded in `lease_file`, is revoked once
     /// this run's rows are written (its keys that this run did not write again go with it).
     pub fn start(settings: EtcdSettings, lease_file: PathBuf, stats: Arc<EtcdSource>) -> Self {
-        let (desired, rx) = watch::channel(Arc::new(Vec::new()));
-        let written = Arc::new(AtomicU64::new(0));
-        let task = tokio::spawn(register(settings, lease_file, rx, stats, written.clone()));
+        let (desired, rx) = watch::channel(Arc::new(Desired::default()));
+        let state = Arc::new(RegistrationState::default());
+        let task = tokio::spawn(register(settings, lease_file, rx, stats, state.clone()));
         Self {
             desired,
-            written,
+            state,
             task,
         }
     }
 
     /// This node's rows now: written when they differ from what is held.
     pub fn set(&self, rows: Vec<Row>) {
-        self.desired.send_replace(Arc::new(rows));
+        let generation = self.state.asked.fetch_add(1, Ordering::AcqRel) + 1;
+        self.desired
+            .send_replace(Arc::new(Desired { generation, rows }));
     }
 }
 
@@ -449,14 +493,16 @@ const TXN_OPS: usize = 64;
 async fn register(
     settings: EtcdSettings,
     lease_file: PathBuf,
-    mut desired: watch::Receiver<Arc<Vec<Row>>>,
+    mut desired: watch::Receiver<Arc<Desired>>,
     source: Arc<EtcdSource>,
-    written_count: Arc<AtomicU64>,
+    state: Arc<RegistrationState>,
 ) {
     let mut earlier = std::fs::read_to_string(&lease_file)
         .ok()
         .and_then(|t| t.trim().parse::<i64>().ok());
     let mut backoff = Backoff::default();
+    // The lease this run last recorded in `lease_file`.
+    let mut ours: Option<i64> = None;
     // (pod, reason) refused on write already logged and counted.
     let mut told: BTreeMap<(String, String, std::net::IpAddr), &'static str> = BTreeMap::new();
     loop {
@@ -467,6 +513,7 @@ async fn register(
                 .await??
                 .id();
             source.stats.leases.fetch_add(1, Ordering::Relaxed);
+            ours = Some(lease);
             if let Err(e) = std::fs::write(&lease_file, lease.to_string()) {
                 warn!(file = %lease_file.display(), error = %e, "etcd: cannot record the lease; a restart will leave its keys to expire");
             }
@@ -484,10 +531,16 @@ async fn register(
                         if r.is_err() {
                             return Ok(());
                         }
-                        let rows = desired.borrow_and_update().clone();
-                        let want = desired_keys(&settings.prefix, &rows, &mut told, &source);
+                        let asked = desired.borrow_and_update().clone();
+                        if asked.generation == 0 {
+                            // Nothing asked yet: an empty write would revoke the earlier run's
+                            // rows before this run knows its pods.
+                            continue;
+                        }
+                        let want = desired_keys(&settings.prefix, &asked.rows, &mut told, &source);
                         sync(&mut client, &settings, lease, &mut written, want).await?;
-                        written_count.store(written.len() as u64, Ordering::Release);
+                        state.keys.store(written.len() as u64, Ordering::Release);
+                        state.written.store(asked.generation, Ordering::Release);
                         backoff.reset();
                         if let Some(old) = earlier.take().filter(|&old| old != lease) {
                             // Keys of the old lease this run wrote again are this lease's now.
@@ -512,12 +565,32 @@ async fn register(
         match result {
             Ok(()) => return,
             Err(e) => {
+                if successor_holds(&lease_file, ours) {
+                    info!(
+                        "etcd: a later run of this node holds its registration; this run stops registering"
+                    );
+                    return;
+                }
                 warn!(error = %crate::DisplayChain(&e), "etcd: registration interrupted; this node's rows are written again under a new lease");
                 backoff.wait().await;
                 desired.mark_changed();
             }
         }
     }
+}
+
+/// Whether `lease_file` records a lease other than `ours`, the last this run recorded: a later
+/// run of this node (an upgrade's successor) has taken the registration over, and revoked this
+/// run's lease once its own rows were written. Granting another lease would take the keys back
+/// from the successor, and they would expire when this run exits.
+fn successor_holds(lease_file: &Path, ours: Option<i64>) -> bool {
+    let Some(ours) = ours else {
+        return false;
+    };
+    std::fs::read_to_string(lease_file)
+        .ok()
+        .and_then(|t| t.trim().parse::<i64>().ok())
+        .is_some_and(|recorded| recorded != ours)
 }
 
 /// The keys and values of `rows`; a row refused on write is logged and counted once.

@@ -271,7 +271,14 @@ async fn a_row_problem_is_not_written_and_is_counted_once() {
     rows_until(&source, "the good row", |r| r.len() == 1).await;
     // Set again (a reload): not counted again.
     registration.set(vec![bad, good]);
-    tokio::time::sleep(Duration::from_millis(300)).await;
+    for _ in 0..200 {
+        if registration.state.settled() {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert!(registration.state.settled());
+    assert_eq!(registration.state.keys.load(Ordering::Acquire), 1);
     let mut client = connect(&s).await.unwrap();
     let held = keys_under(&mut client, "/aether/").await;
     assert_eq!(held.len(), 1, "{held:?}");
