@@ -366,7 +366,7 @@ pub async fn up_until(opts: &DemoOptions, stop: &Stop) -> Result<Running, DemoEr
         Err(e) => return Err(e.into()),
     };
     let started = start(&mut lab, opts, &planned, stop).await;
-    let (sockets, argvs) = match started {
+    let (sockets, argvs, etcd) = match started {
         Ok(s) => s,
         Err(e) => {
             let run_dir = run_dir.clone();
@@ -385,7 +385,7 @@ pub async fn up_until(opts: &DemoOptions, stop: &Stop) -> Result<Running, DemoEr
     let mut clients = std::collections::BTreeMap::new();
     for pod in &planned.plan.pods {
         if (pod.name.starts_with("mp-client")
-            || ["ext-http-0", "mp-cni-0"].contains(&pod.name.as_str()))
+            || ["ext-http-0", "mp-cni-0", "mp-multi-1"].contains(&pod.name.as_str()))
             && let Some(ns) = lab.pod_netns(&pod.namespace, &pod.name)
         {
             clients.insert(pod.name.clone(), ns);
@@ -402,6 +402,7 @@ pub async fn up_until(opts: &DemoOptions, stop: &Stop) -> Result<Running, DemoEr
     let lab = Arc::new(tokio::sync::Mutex::new(Some(lab)));
     let upgrade = upgrade_hook(lab.clone(), argvs.clone());
     let restart = restart_hook(lab.clone(), argvs);
+    let kill = kill_hook(lab.clone());
     let env = Env {
         home,
         clients,
@@ -413,11 +414,12 @@ pub async fn up_until(opts: &DemoOptions, stop: &Stop) -> Result<Running, DemoEr
             admin_sockets: sockets.into_iter().map(|(_, s)| s).collect(),
             apiserver: (opts.registry_source == RegistrySource::Kube)
                 .then(|| run_dir.join(APISERVER_CONTROL)),
-            etcd: opts.registry_source == RegistrySource::Etcd,
+            etcd,
         }),
         ca_dir: Some(ca_dir),
         restart: Some(restart),
         upgrade: Some(upgrade),
+        kill: Some(kill),
         missing: Default::default(),
     };
     Ok(Running {
@@ -521,18 +523,28 @@ async fn start(
     opts: &DemoOptions,
     planned: &crate::lab::PlannedDir,
     stop: &Stop,
-) -> Result<(Sockets, Argvs), DemoError> {
+) -> Result<(Sockets, Argvs, Option<Arc<crate::lab::etcd::EtcdControl>>), DemoError> {
     let run_dir = &opts.run_dir;
     let registry = run_dir.join("registry");
     let ca_dir = run_dir.join("ca");
     let mut sockets = Vec::new();
     let mut argvs = std::collections::BTreeMap::new();
+    let mut etcd = None;
     let env = match opts.registry_source {
         RegistrySource::File => Vec::new(),
         RegistrySource::Kube => start_apiserver(lab, opts, planned, stop).await?,
         RegistrySource::Etcd => {
-            let url = lab.start_etcd()?;
-            vec![("AETHER_ETCD_ENDPOINTS".to_owned(), url)]
+            // Three members, so that a fault leg can take the leader away.
+            let control = lab.start_etcd(ETCD_MEMBERS)?;
+            let endpoints = control.endpoints().join(",");
+            etcd = Some(Arc::new(control));
+            vec![
+                ("AETHER_ETCD_ENDPOINTS".to_owned(), endpoints),
+                (
+                    "AETHER_ETCD_LEASE_TTL_SECS".to_owned(),
+                    crate::lab::etcd::LAB_LEASE_TTL_SECS.to_string(),
+                ),
+            ]
         }
     };
     let nodes: Vec<String> = planned.plan.nodes.iter().map(|n| n.name.clone()).collect();
@@ -605,8 +617,11 @@ async fn start(
                 })?;
         }
     }
-    Ok((sockets, argvs))
+    Ok((sockets, argvs, etcd))
 }
+
+/// The members of the lab's etcd.
+const ETCD_MEMBERS: usize = 3;
 
 /// Poll a daemon's `/ready` until it answers 200, at most `bound`; the last answer otherwise.
 async fn wait_ready(sock: &Path, bound: Duration) -> Result<(), String> {
@@ -649,6 +664,23 @@ fn restart_hook(lab: Arc<tokio::sync::Mutex<Option<Lab>>>, argvs: Argvs) -> legs
             .map_err(|e| e.to_string())?;
             restarted?;
             wait_ready(&sock, Duration::from_secs(30)).await
+        })
+    }))
+}
+
+/// The EKILL leg's hook: SIGKILL a node's daemon and leave it dead.
+fn kill_hook(lab: Arc<tokio::sync::Mutex<Option<Lab>>>) -> legs::RestartHook {
+    legs::RestartHook(Arc::new(move |node: String| {
+        let lab = lab.clone();
+        Box::pin(async move {
+            let mut guard = lab.lock_owned().await;
+            tokio::task::spawn_blocking(move || {
+                let lab = guard.as_mut().ok_or("the lab is down")?;
+                lab.kill_daemon(&node);
+                Ok(())
+            })
+            .await
+            .map_err(|e| e.to_string())?
         })
     }))
 }

@@ -806,6 +806,7 @@ async fn run_probe_legs(args: &ProbeArgs) -> anyhow::Result<ExitCode> {
         ca_dir: None,
         restart: None,
         upgrade: None,
+        kill: None,
         missing: Default::default(),
     };
     let only = (!args.leg.is_empty()).then_some(args.leg.as_slice());

@@ -16,6 +16,11 @@ use nix::unistd::Pid;
 /// The program this module runs.
 pub const ETCD: &str = "etcd";
 
+/// The daemons' lease TTL in the lab (the default): a killed daemon's rows leave within it (leg
+/// EKILL). It must outlast the daemons' longest reconnection wait (5 s): after an outage etcd
+/// gives every lease its whole TTL again, and a daemon renews at its next attempt.
+pub const LAB_LEASE_TTL_SECS: u64 = 10;
+
 /// Why etcd could not be started.
 #[derive(Debug, thiserror::Error)]
 pub enum EtcdServerError {
@@ -129,6 +134,15 @@ impl EtcdServer {
             .collect()
     }
 
+    /// The client URLs of the members running now.
+    pub fn running_endpoints(&self) -> Vec<String> {
+        self.members
+            .iter()
+            .filter(|m| m.child.is_some())
+            .map(|m| self.url(m.client_port))
+            .collect()
+    }
+
     /// The client URL of member `i`.
     pub fn endpoint(&self, i: usize) -> String {
         self.url(self.members[i].client_port)
@@ -236,6 +250,28 @@ impl EtcdServer {
         self.wait_ready(i, Duration::from_secs(20))
     }
 
+    /// Stops every member (SIGTERM, then SIGKILL after 5 s each), keeping their data.
+    pub fn stop_all(&mut self) {
+        for i in 0..self.members.len() {
+            self.stop(i);
+        }
+    }
+
+    /// Starts every stopped member again on its data, then waits until each answers (a member
+    /// alone cannot answer before a quorum has a leader, so they start together).
+    pub fn start_stopped(&mut self) -> Result<(), EtcdServerError> {
+        let stopped: Vec<usize> = (0..self.members.len())
+            .filter(|&i| self.members[i].child.is_none())
+            .collect();
+        for &i in &stopped {
+            self.spawn(i)?;
+        }
+        for &i in &stopped {
+            self.wait_ready(i, Duration::from_secs(20))?;
+        }
+        Ok(())
+    }
+
     /// The leader's index: each running member is asked over etcd's JSON gateway
     /// (`/v3/maintenance/status`) whether it leads.
     pub fn leader(&self) -> Option<usize> {
@@ -302,4 +338,149 @@ fn http(host: IpAddr, port: u16, request: &str) -> Option<String> {
     s.take(1 << 20).read_to_string(&mut out).ok()?;
     let (head, body) = out.split_once("\r\n\r\n")?;
     head.starts_with("HTTP/1.").then(|| body.to_owned())
+}
+
+/// A job run on an [`EtcdControl`]'s thread, with its members and its runtime.
+type Job = Box<dyn FnOnce(&mut EtcdServer, &tokio::runtime::Runtime) + Send>;
+
+/// An etcd whose members live in another network namespace (the lab's underlay), run by a thread
+/// of its own that entered it: the members are started there, and every job (a stop, a restart,
+/// a client call on the thread's own runtime) runs there, so its sockets are the namespace's.
+/// Dropping it stops the members.
+#[derive(Debug)]
+pub struct EtcdControl {
+    jobs: Option<std::sync::mpsc::Sender<Job>>,
+    endpoints: Vec<String>,
+    thread: Option<std::thread::JoinHandle<()>>,
+}
+
+impl EtcdControl {
+    /// Starts `members` members on `host` inside the namespace `netns` (a name under
+    /// `/var/run/netns` or a path), their data and logs under `dir`.
+    pub fn start(
+        netns: &str,
+        dir: &Path,
+        members: usize,
+        host: IpAddr,
+    ) -> Result<Self, EtcdServerError> {
+        let start = |source: std::io::Error| EtcdServerError::Start {
+            member: "(all)".into(),
+            source,
+        };
+        let there = crate::netns::Netns::named(netns)
+            .map_err(|e| start(std::io::Error::other(crate::DisplayChain(&e).to_string())))?;
+        let home = crate::netns::Netns::current()
+            .map_err(|e| start(std::io::Error::other(crate::DisplayChain(&e).to_string())))?;
+        let (jobs, queue) = std::sync::mpsc::channel::<Job>();
+        let (ready_tx, ready_rx) = std::sync::mpsc::channel();
+        let dir = dir.to_owned();
+        let thread = std::thread::Builder::new()
+            .name("lab-etcd".into())
+            .spawn(move || {
+                let entered = there.run(&home, || {
+                    let runtime = tokio::runtime::Builder::new_current_thread()
+                        .enable_all()
+                        .build()
+                        .map_err(start);
+                    let server = runtime.and_then(|rt| {
+                        EtcdServer::start(&dir, members, Some(host)).map(|s| (s, rt))
+                    });
+                    let (mut server, runtime) = match server {
+                        Ok(s) => {
+                            let _ = ready_tx.send(Ok(s.0.endpoints()));
+                            s
+                        }
+                        Err(e) => {
+                            let _ = ready_tx.send(Err(e));
+                            return;
+                        }
+                    };
+                    for job in queue {
+                        job(&mut server, &runtime);
+                    }
+                });
+                if let Err(e) = entered {
+                    let _ = ready_tx.send(Err(start(std::io::Error::other(
+                        crate::DisplayChain(&e).to_string(),
+                    ))));
+                }
+            })
+            .map_err(start)?;
+        let endpoints = ready_rx
+            .recv()
+            .map_err(|_| start(std::io::Error::other("the etcd thread ended")))??;
+        Ok(Self {
+            jobs: Some(jobs),
+            endpoints,
+            thread: Some(thread),
+        })
+    }
+
+    /// The members' client URLs.
+    pub fn endpoints(&self) -> &[String] {
+        &self.endpoints
+    }
+
+    /// Runs `f` on the control thread (inside the namespace) and returns what it returned.
+    pub async fn with<R: Send + 'static>(
+        &self,
+        f: impl FnOnce(&mut EtcdServer, &tokio::runtime::Runtime) -> R + Send + 'static,
+    ) -> Result<R, String> {
+        let (tx, rx) = tokio::sync::oneshot::channel();
+        let job: Job = Box::new(move |server, runtime| {
+            let _ = tx.send(f(server, runtime));
+        });
+        self.jobs
+            .as_ref()
+            .ok_or("the lab's etcd is stopped")?
+            .send(job)
+            .map_err(|_| "the lab's etcd thread has ended")?;
+        rx.await
+            .map_err(|_| "the lab's etcd job did not finish".to_owned())
+    }
+
+    /// Runs `f` with a client of the running members, on the control thread's runtime. A call
+    /// that fails is made again on a new client, for up to 10 s (a member killed a moment ago,
+    /// a leader being elected), so `f` must be safe to repeat.
+    pub async fn client<R, F>(
+        &self,
+        f: impl Fn(etcd_client::Client) -> F + Send + 'static,
+    ) -> Result<R, String>
+    where
+        R: Send + 'static,
+        F: Future<Output = Result<R, etcd_client::Error>>,
+    {
+        self.with(move |server, runtime| {
+            let endpoints = server.running_endpoints();
+            runtime.block_on(async move {
+                let until = crate::time::now() + Duration::from_secs(10);
+                loop {
+                    let options = etcd_client::ConnectOptions::new()
+                        .with_connect_timeout(Duration::from_secs(2))
+                        .with_timeout(Duration::from_secs(5));
+                    let done = match etcd_client::Client::connect(&endpoints, Some(options)).await {
+                        Ok(client) => f(client).await,
+                        Err(e) => Err(e),
+                    };
+                    match done {
+                        Ok(r) => return Ok(r),
+                        Err(e) if crate::time::now() > until => return Err(e),
+                        Err(_) => tokio::time::sleep(Duration::from_millis(200)).await,
+                    }
+                }
+            })
+        })
+        .await?
+        .map_err(|e| format!("etcd: {e}"))
+    }
+}
+
+impl Drop for EtcdControl {
+    fn drop(&mut self) {
+        // The thread ends with its queue, dropping the members (which kills them).
+        self.jobs = None;
+        if let Some(thread) = self.thread.take() {
+            let _ = thread.join();
+        }
+    }
 }

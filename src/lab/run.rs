@@ -73,6 +73,9 @@ impl UpOptions {
 /// A lab operation failed.
 #[derive(Debug, thiserror::Error)]
 pub enum LabError {
+    /// The lab's etcd could not be started.
+    #[error(transparent)]
+    Etcd(#[from] crate::lab::etcd::EtcdServerError),
     /// The manifests do not make a lab.
     #[error(transparent)]
     Invalid(#[from] InvalidLab),
@@ -587,36 +590,37 @@ impl Lab {
         Ok(underlay)
     }
 
-    /// Starts one etcd member (`etcd` on `PATH`: Debian's etcd-server) in the underlay's
-    /// namespace on [`APISERVER_IP`]`:2379`, its data under `<run>/etcd`, its output in
-    /// `<run>/logs/etcd.log`, for daemons on the etcd source. Returns its client URL.
-    pub fn start_etcd(&mut self) -> Result<String, LabError> {
+    /// Starts etcd (`etcd` on `PATH`: Debian's etcd-server) in the underlay's namespace on
+    /// [`APISERVER_IP`], `members` members (1 or 3) on ports of their own, their data and logs
+    /// under `<run>/etcd`, for daemons on the etcd source. The members are the returned
+    /// control's: the fault legs stop, kill and restart them through it, and dropping it stops
+    /// them.
+    pub fn start_etcd(
+        &mut self,
+        members: usize,
+    ) -> Result<crate::lab::etcd::EtcdControl, LabError> {
         let underlay = self.registry_address()?;
         let data = self.opts.run_dir.join("etcd");
-        let client = format!("http://{APISERVER_IP}:2379");
-        let argv: Vec<String> = [
-            crate::lab::etcd::ETCD,
-            "--name",
-            "lab",
-            "--data-dir",
-            &data.display().to_string(),
-            "--listen-client-urls",
-            &client,
-            "--advertise-client-urls",
-            &client,
-            "--listen-peer-urls",
-            "http://127.0.0.1:2380",
-            "--initial-advertise-peer-urls",
-            "http://127.0.0.1:2380",
-            "--initial-cluster",
-            "lab=http://127.0.0.1:2380",
-        ]
-        .iter()
-        .map(|s| (*s).to_owned())
-        .collect();
-        let log = self.opts.run_dir.join("logs").join("etcd.log");
-        self.spawn("etcd".to_owned(), &underlay, &argv, None, &[], log)?;
-        Ok(client)
+        let _ = fs::remove_dir_all(&data);
+        Ok(crate::lab::etcd::EtcdControl::start(
+            &underlay,
+            &data,
+            members,
+            std::net::IpAddr::V4(APISERVER_IP),
+        )?)
+    }
+
+    /// Kills node `node`'s daemon at once (SIGKILL), as a crash would; its exit is expected
+    /// (never reported by [`Lab::exited`]). [`Lab::restart_daemon`] starts it again.
+    pub fn kill_daemon(&mut self, node: &str) {
+        let what = format!("node {node}");
+        for s in &mut self.started {
+            if s.record.what == what && matches!(s.child.try_wait(), Ok(None)) {
+                s.reported = true;
+                signal_group(s.record.pid, Signal::SIGKILL);
+                let _ = s.child.wait();
+            }
+        }
     }
 
     /// Stops node `node`'s daemon (SIGTERM, SIGKILL after the stop grace) and starts `argv` in

@@ -245,7 +245,7 @@ async fn cni_served(env: &Env, netns: &std::path::Path) -> Result<bool, String> 
         // is no endpoint at all (spec/model.md §3.5, §14).
         (false, false, Some(503))
             if hop.reason() == Some("no-endpoints")
-                && env.registry.as_ref().is_some_and(|r| r.etcd) =>
+                && env.registry.as_ref().is_some_and(|r| r.etcd.is_some()) =>
         {
             Ok(false)
         }

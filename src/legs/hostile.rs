@@ -462,7 +462,7 @@ async fn zt_l4(env: &Env) -> Check {
 
 /// One request of the UPGRADE load: a new connection each, captured (mp-client) or on the
 /// loopback proxy port (mp-client-nocapture), both served by node-a's daemon.
-async fn one_request(env: &Env, captured: bool) -> Check {
+pub(super) async fn one_request(env: &Env, captured: bool) -> Check {
     let host = format!("{}:8080", env.mesh("mp-multi"));
     let (pod, p) = if captured {
         (
@@ -493,19 +493,7 @@ async fn upgrade(env: &Env) -> Check {
         return Err(env.not_here(Need::DaemonProcesses));
     };
     // A raw stream through node-a's daemon, open across the upgrade.
-    let mixed = SocketAddr::new(env.cluster_ip("mp", "mp-mixed")?, 9000);
-    let netns = env.client_netns(CLIENT)?;
-    let socket = Connector::in_netns(netns.clone(), env.home.clone())
-        .tcp_socket(mixed)
-        .map_err(|e| e.to_string())?;
-    let mut raw = tokio::time::timeout(Duration::from_secs(3), socket.connect(mixed))
-        .await
-        .map_err(|_| "raw stream: connect hung".to_owned())?
-        .map_err(|e| format!("raw stream: {e}"))?;
-    raw.write_all(b"before\n")
-        .await
-        .map_err(|e| e.to_string())?;
-    read_echo(&mut raw, "before").await?;
+    let mut raw = raw_stream(env).await?;
     // Load: new connections, captured and loopback, while node-a's daemon is upgraded.
     let stop = std::sync::atomic::AtomicBool::new(false);
     let load = async {
@@ -566,8 +554,26 @@ async fn upgrade(env: &Env) -> Check {
     ))
 }
 
+/// A raw stream from mp-client to mp-mixed:9000 (through node-a's daemon), echoed once.
+pub(super) async fn raw_stream(env: &Env) -> Result<TcpStream, String> {
+    let mixed = SocketAddr::new(env.cluster_ip("mp", "mp-mixed")?, 9000);
+    let netns = env.client_netns(CLIENT)?;
+    let socket = Connector::in_netns(netns.clone(), env.home.clone())
+        .tcp_socket(mixed)
+        .map_err(|e| e.to_string())?;
+    let mut raw = tokio::time::timeout(Duration::from_secs(3), socket.connect(mixed))
+        .await
+        .map_err(|_| "raw stream: connect hung".to_owned())?
+        .map_err(|e| format!("raw stream: {e}"))?;
+    raw.write_all(b"before\n")
+        .await
+        .map_err(|e| e.to_string())?;
+    read_echo(&mut raw, "before").await?;
+    Ok(raw)
+}
+
 /// Read until a line holding `want` arrives (bounded).
-async fn read_echo(s: &mut TcpStream, want: &str) -> Result<(), String> {
+pub(super) async fn read_echo(s: &mut TcpStream, want: &str) -> Result<(), String> {
     let mut got = Vec::new();
     let mut buf = [0u8; 1024];
     let deadline = tokio::time::Instant::now() + Duration::from_secs(3);

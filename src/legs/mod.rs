@@ -38,6 +38,7 @@ macro_rules! leg {
 }
 
 mod catalogue;
+mod etcd;
 mod explain;
 mod extra;
 mod hostile;
@@ -59,6 +60,7 @@ use crate::workload::probe::{
 };
 
 pub use catalogue::LEGS;
+pub use etcd::ETCD;
 pub use explain::EXPLAIN;
 pub use extra::EXTRA;
 pub use hostile::HOSTILE;
@@ -87,6 +89,9 @@ pub struct Env {
     /// Upgrades a node's daemon: starts a new one beside it, which takes its listening sockets;
     /// resolves once the new one serves (the UPGRADE leg).
     pub upgrade: Option<RestartHook>,
+    /// Kills a node's daemon at once (SIGKILL), as a crash would, and leaves it dead; `restart`
+    /// starts it again (the EKILL leg).
+    pub kill: Option<RestartHook>,
     /// What the running leg found missing ([`Env::not_here`]); the runner takes it.
     pub missing: arc_swap::ArcSwapOption<Need>,
 }
@@ -117,9 +122,10 @@ pub struct RegistryControl {
     /// The lab API server's control socket when the daemons run on the Kubernetes source: the
     /// directory is loaded into that server, and [`Env::settle`] waits for its objects.
     pub apiserver: Option<PathBuf>,
-    /// The daemons run on the etcd source: the rows are etcd's, each pod's readiness its
-    /// node's delegated probe (spec/model.md §3.5).
-    pub etcd: bool,
+    /// The lab's etcd when the daemons run on the etcd source: the rows are etcd's, each pod's
+    /// readiness its node's delegated probe (spec/model.md §3.5); the etcd legs read and write
+    /// its keys and stop, kill and restart its members.
+    pub etcd: Option<Arc<crate::lab::etcd::EtcdControl>>,
 }
 
 /// What one leg got.
@@ -298,7 +304,9 @@ impl Env {
         let want = crate::registry::file::fingerprint(&reg.dir)
             .map_err(|e| crate::DisplayChain(&e).to_string())?
             .to_string();
-        let deadline = crate::time::now() + Duration::from_secs(10);
+        // A daemon on etcd that has just been restarted probes its pods before it settles.
+        let bound = Duration::from_secs(if reg.etcd.is_some() { 30 } else { 10 });
+        let deadline = crate::time::now() + bound;
         // On the etcd source the directory is not all: every daemon must also have written its
         // own pods' rows (each probed once) and hold the same store revision with nothing newer
         // seen, twice 200 ms apart.
@@ -328,7 +336,9 @@ impl Env {
                 _ => agreed_on = None,
             }
             if crate::time::now() > deadline {
-                return Err("daemons did not publish the registry within 10 s".into());
+                return Err(format!(
+                    "daemons did not publish the registry within {bound:?}"
+                ));
             }
             let pause = if on_etcd { 200 } else { 50 };
             tokio::time::sleep(Duration::from_millis(pause)).await;
@@ -511,6 +521,11 @@ pub async fn run(env: &Env, filter: Option<&[String]>) -> Vec<LegResult> {
         }) => KUBE,
         _ => &[],
     };
+    // So are the etcd source's.
+    let etcd: &[Leg] = match &env.registry {
+        Some(RegistryControl { etcd: Some(_), .. }) => ETCD,
+        _ => &[],
+    };
     for leg in LEGS
         .iter()
         .chain(EXTRA)
@@ -519,6 +534,7 @@ pub async fn run(env: &Env, filter: Option<&[String]>) -> Vec<LegResult> {
         .chain(HOSTILE)
         .chain(EXPLAIN)
         .chain(kube)
+        .chain(etcd)
     {
         if let Some(f) = filter
             && !f.iter().any(|id| id.eq_ignore_ascii_case(leg.id))
@@ -696,11 +712,11 @@ pub fn within(o: &Outcome, bound: Duration) -> Check {
     }
 }
 
-fn get(path: &str) -> Send {
+pub(super) fn get(path: &str) -> Send {
     Send::Http(HttpRequest::get(path))
 }
 
-fn get_host(path: &str, host: &str) -> Send {
+pub(super) fn get_host(path: &str, host: &str) -> Send {
     Send::Http(HttpRequest {
         host: Host::Values(vec![host.to_owned()]),
         ..HttpRequest::get(path)

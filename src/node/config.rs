@@ -479,13 +479,28 @@ impl NodeConfig {
                 "required with registry_source etcd (flag --etcd-endpoints or AETHER_ETCD_ENDPOINTS)".into(),
             );
         }
+        // The client speaks TLS to every endpoint or to none, and trusts only `etcd_ca_cert`
+        // (the build carries no system roots): a scheme that disagrees could never connect.
+        let tls = self.etcd_ca_cert.is_some();
         for e in &self.etcd_endpoints {
-            if !(e.starts_with("http://") || e.starts_with("https://")) {
-                return invalid(
-                    "etcd_endpoints",
-                    format!("{e:?} is not an http:// or https:// URL"),
-                );
-            }
+            let message = if !(e.starts_with("http://") || e.starts_with("https://")) {
+                format!("{e:?} is not an http:// or https:// URL")
+            } else if tls && e.starts_with("http://") {
+                format!("{e:?} is plain http://, but etcd_ca_cert is given: use https://")
+            } else if !tls && e.starts_with("https://") {
+                format!(
+                    "{e:?} is https://: give etcd_ca_cert, the CA that signed the members' certificates"
+                )
+            } else {
+                continue;
+            };
+            return invalid("etcd_endpoints", message);
+        }
+        if self.etcd_client_cert.is_some() && !tls {
+            return invalid(
+                "etcd_client_cert",
+                "a client certificate is sent over TLS only: give etcd_ca_cert and https:// endpoints".into(),
+            );
         }
         if let Err(message) = crate::registry::etcd::keys::check_prefix(&self.etcd_prefix) {
             return invalid("etcd_prefix", message);
@@ -494,6 +509,15 @@ impl NodeConfig {
             return invalid(
                 "etcd_lease_ttl_secs",
                 format!("{} is not from 2 to 3600", self.etcd_lease_ttl_secs),
+            );
+        }
+        if self.etcd_timeout_ms >= self.etcd_lease_ttl_secs.saturating_mul(1000) {
+            return invalid(
+                "etcd_timeout_ms",
+                format!(
+                    "{} ms is not below the lease TTL ({} s): a renewal could wait past the lease's expiry",
+                    self.etcd_timeout_ms, self.etcd_lease_ttl_secs
+                ),
             );
         }
         if self.etcd_user.is_some() != self.etcd_password_file.is_some() {
@@ -701,6 +725,58 @@ mod tests {
             break_it(&mut c);
             let err = c.validate().unwrap_err().to_string();
             assert!(err.contains(setting), "{err}");
+        }
+    }
+
+    #[test]
+    fn etcd_settings_that_could_never_connect_or_keep_a_lease_are_refused() {
+        let ok = NodeConfig {
+            node_name: "n".into(),
+            registry_source: RegistrySource::Etcd,
+            etcd_endpoints: vec!["http://10.0.0.5:2379".into()],
+            ..NodeConfig::default()
+        };
+        ok.validate().unwrap();
+        let tls = NodeConfig {
+            etcd_endpoints: vec!["https://10.0.0.5:2379".into()],
+            etcd_ca_cert: Some("/etc/etcd/ca.pem".into()),
+            etcd_client_cert: Some("/etc/etcd/client.pem".into()),
+            etcd_client_key: Some("/etc/etcd/client-key.pem".into()),
+            ..ok.clone()
+        };
+        tls.validate().unwrap();
+        type Break = fn(&mut NodeConfig);
+        let cases: [(&str, &str, Break); 8] = [
+            ("etcd_endpoints", "required", |c| c.etcd_endpoints.clear()),
+            ("etcd_endpoints", "not an http", |c| {
+                c.etcd_endpoints = vec!["10.0.0.5:2379".into()];
+            }),
+            ("etcd_endpoints", "give etcd_ca_cert", |c| {
+                c.etcd_endpoints = vec!["https://10.0.0.5:2379".into()];
+            }),
+            ("etcd_endpoints", "use https://", |c| {
+                c.etcd_ca_cert = Some("/ca.pem".into());
+            }),
+            ("etcd_client_cert", "over TLS only", |c| {
+                c.etcd_client_cert = Some("/c.pem".into());
+                c.etcd_client_key = Some("/k.pem".into());
+            }),
+            ("etcd_timeout_ms", "lease TTL", |c| {
+                c.etcd_timeout_ms = 10_000
+            }),
+            ("etcd_lease_ttl_secs", "from 2 to 3600", |c| {
+                c.etcd_lease_ttl_secs = 1
+            }),
+            ("etcd_prefix", "", |c| c.etcd_prefix = "aether".into()),
+        ];
+        for (setting, says, break_it) in cases {
+            let mut c = ok.clone();
+            break_it(&mut c);
+            let err = c.validate().unwrap_err().to_string();
+            assert!(
+                err.contains(setting) && err.contains(says),
+                "{setting}: {err}"
+            );
         }
     }
 }

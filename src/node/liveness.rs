@@ -7,8 +7,10 @@
 //!   A UDP or reserved liveness port is not probed: the pod counts as Ready.
 //! - The probe leaves from inside the pod's network namespace with the daemon's mark, to the
 //!   pod's own address: it is the application's answer, not the capture's.
-//! - A pod is Ready from its first success until `failure_threshold` failures in a row; before
-//!   its first success it is not Ready. Every probe has a deadline (`timeout`).
+//! - A pod is Ready from a success until `failure_threshold` failures in a row. A pod this run
+//!   has not probed yet starts from the readiness its rows hold in the store (an earlier run's
+//!   answer: a restarted daemon does not make its pods flap), not Ready when the store has none.
+//!   Every probe has a deadline (`timeout`).
 
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
@@ -80,6 +82,9 @@ pub struct Target {
     pub probe: Probe,
     /// The pod's sockets.
     pub net: Option<SocketFactory>,
+    /// The readiness the pod's rows hold in the store, where this run starts from: an earlier
+    /// run's last answer (false when the store has no row of it).
+    pub held: bool,
 }
 
 impl Liveness {
@@ -125,14 +130,25 @@ impl Liveness {
                         .unwrap_or(false)
                 }
             };
-            (t.pod, ok)
+            (t.pod, t.held, ok)
         });
         let results = futures_util::future::join_all(probes).await;
         let mut pods = self.pods.lock();
         let mut changed = false;
         let mut next = BTreeMap::new();
-        for (pod, ok) in results {
-            let mut p = pods.remove(&pod).unwrap_or_default();
+        for (pod, held, ok) in results {
+            // A pod's first answer is always registered: until then its rows held the store's.
+            let (mut p, first) = match pods.remove(&pod) {
+                Some(p) => (p, false),
+                None => (
+                    Probed {
+                        ready: held,
+                        failures: 0,
+                    },
+                    true,
+                ),
+            };
+            changed |= first;
             let was = p.ready;
             if ok {
                 p = Probed {
@@ -283,7 +299,49 @@ mod tests {
             net: Some(SocketFactory::Loopback(
                 crate::proxy::socket::LoopbackNet::new(std::net::Ipv4Addr::LOCALHOST),
             )),
+            held: false,
         }
+    }
+
+    #[tokio::test]
+    async fn a_pod_not_probed_yet_starts_from_the_stores_readiness_and_its_first_answer_is_registered()
+     {
+        let settings = ProbeSettings {
+            interval: Duration::from_millis(10),
+            timeout: Duration::from_millis(500),
+            failure_threshold: 2,
+        };
+        let r = row(8080, &[(8080, PortProtocol::Http)]);
+        let failing = serve("HTTP/1.1 503 Unavailable\r\ncontent-length: 0\r\n\r\n").await;
+        // Ready in the store (an earlier run's answer): one failure is under the threshold, and
+        // the first answer is reported for registration all the same.
+        let live = Liveness::default();
+        let held = Target {
+            held: true,
+            ..target(failing, Probe::Http)
+        };
+        assert!(live.round(vec![held], &settings).await);
+        assert!(
+            live.ready(&r),
+            "the store's Ready holds under the threshold"
+        );
+        assert!(
+            live.round(vec![target(failing, Probe::Http)], &settings)
+                .await
+        );
+        assert!(!live.ready(&r), "the threshold reached");
+        // Not in the store: not Ready, and that first answer is reported too.
+        let live = Liveness::default();
+        assert!(
+            live.round(vec![target(failing, Probe::Http)], &settings)
+                .await
+        );
+        assert!(!live.ready(&r));
+        assert!(
+            !live
+                .round(vec![target(failing, Probe::Http)], &settings)
+                .await
+        );
     }
 
     #[tokio::test]

@@ -137,6 +137,38 @@ impl EtcdNode {
         })
     }
 
+    /// Copies the source's counts into the node's metrics (called at each reload and probe
+    /// round: the counts are kept by the source's tasks).
+    fn export(&self, metrics: &NodeStats) {
+        use std::sync::atomic::Ordering::{Acquire, Relaxed};
+        let counts = &self.source.stats;
+        for (reason, n) in counts.refused.lock().iter() {
+            stats::catch_up(
+                &metrics
+                    .etcd_keys_refused
+                    .get_or_create(&[("reason", *reason)]),
+                *n,
+            );
+        }
+        for (reason, n) in counts.refused_on_write.lock().iter() {
+            stats::catch_up(
+                &metrics
+                    .etcd_rows_not_registered
+                    .get_or_create(&[("reason", *reason)]),
+                *n,
+            );
+        }
+        stats::catch_up(&metrics.etcd_listings, counts.listings.load(Relaxed));
+        stats::catch_up(&metrics.etcd_watches, counts.watches.load(Relaxed));
+        stats::catch_up(&metrics.etcd_leases, counts.leases.load(Relaxed));
+        metrics
+            .etcd_connected
+            .set(i64::from(counts.connected.load(Acquire)));
+        metrics
+            .etcd_keys_registered
+            .set(i64::try_from(self.registration.state.keys.load(Acquire)).unwrap_or(i64::MAX));
+    }
+
     /// Registers this node's rows with the readiness their probes give. A pod this run has not
     /// probed yet keeps the readiness its row holds in the store (the last probe is an earlier
     /// run's: a restarted or upgraded daemon does not make its pods flap), and is not Ready
@@ -363,6 +395,7 @@ fn load(
                 return Err(NodeError::NotSynced);
             };
             etcd.register();
+            etcd.export(stats);
             snapshot.rows = rows;
             etcd_revision = Some(revision);
             (snapshot, Read::File { fingerprint })
@@ -645,7 +678,7 @@ pub async fn run_with_logs(
 
     let pods = Arc::new(Mutex::new(Pods::default()));
     if let Source::Etcd(_) = &*source {
-        spawn_probes(&config, source.clone(), pods.clone());
+        spawn_probes(&config, source.clone(), pods.clone(), node_stats.clone());
     }
     // The pods a CNI ADD told an earlier run of the daemon about, whose namespaces are still
     // there: served again without a new ADD (issue #9 §4, `cni_records`).
@@ -988,7 +1021,12 @@ pub async fn run_with_logs(
 
 /// Delegated liveness on the etcd source (spec/model.md §14): this node's pods are probed every
 /// `probe_interval_ms`, and their rows registered again when a readiness changes.
-fn spawn_probes(config: &NodeConfig, source: Arc<Source>, pods: Arc<Mutex<Pods>>) {
+fn spawn_probes(
+    config: &NodeConfig,
+    source: Arc<Source>,
+    pods: Arc<Mutex<Pods>>,
+    metrics: Arc<NodeStats>,
+) {
     let settings = liveness::ProbeSettings {
         interval: Duration::from_millis(config.probe_interval_ms),
         timeout: Duration::from_millis(config.probe_timeout_ms),
@@ -1001,6 +1039,18 @@ fn spawn_probes(config: &NodeConfig, source: Arc<Source>, pods: Arc<Mutex<Pods>>
         loop {
             tick.tick().await;
             let local = etcd.local.lock().clone();
+            // The store's readiness of the pods not probed yet, where their probes start.
+            let held: BTreeMap<(String, String, std::net::IpAddr), bool> =
+                if etcd.liveness.all_probed(&local) {
+                    BTreeMap::new()
+                } else {
+                    etcd.source
+                        .rows()
+                        .unwrap_or_default()
+                        .iter()
+                        .map(|r| ((r.namespace.clone(), r.service.clone(), r.address), r.ready))
+                        .collect()
+                };
             let targets = {
                 let pods = pods.lock().await;
                 local
@@ -1008,6 +1058,10 @@ fn spawn_probes(config: &NodeConfig, source: Arc<Source>, pods: Arc<Mutex<Pods>>
                     .filter_map(|r| {
                         let name = r.pod.clone()?;
                         Some(liveness::Target {
+                            held: held
+                                .get(&(r.namespace.clone(), r.service.clone(), r.address))
+                                .copied()
+                                .unwrap_or(false),
                             net: pods.net_of(&r.namespace, &name),
                             pod: (r.namespace.clone(), name),
                             addr: std::net::SocketAddr::new(r.address, u16::try_from(r.port).ok()?),
@@ -1019,6 +1073,7 @@ fn spawn_probes(config: &NodeConfig, source: Arc<Source>, pods: Arc<Mutex<Pods>>
             if etcd.liveness.round(targets, &settings).await {
                 etcd.register();
             }
+            etcd.export(&metrics);
         }
     });
 }

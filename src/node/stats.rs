@@ -93,6 +93,30 @@ pub struct NodeStats {
     pub capture_programs: ByOne<Counter>,
     /// Pods this node serves now (`aether_pods_served`).
     pub pods_served: Gauge,
+    /// etcd source: keys refused on read, by reason, each refusal once
+    /// (`aether_etcd_keys_refused_total{reason}`).
+    pub etcd_keys_refused: ByOne<Counter>,
+    /// etcd source: this node's rows not registered, by `RowProblem` reason
+    /// (`aether_etcd_rows_not_registered_total{reason}`).
+    pub etcd_rows_not_registered: ByOne<Counter>,
+    /// etcd source: full listings of the prefix (`aether_etcd_listings_total`).
+    pub etcd_listings: Counter,
+    /// etcd source: watch streams started (`aether_etcd_watches_total`).
+    pub etcd_watches: Counter,
+    /// etcd source: leases granted to this node's registration (`aether_etcd_leases_total`).
+    pub etcd_leases: Counter,
+    /// etcd source: 1 while the watch is connected (`aether_etcd_connected`).
+    pub etcd_connected: Gauge,
+    /// etcd source: keys this node holds in the store (`aether_etcd_keys_registered`).
+    pub etcd_keys_registered: Gauge,
+}
+
+/// Raises `counter` to `total` (a count kept elsewhere, read at a scrape's pace).
+pub fn catch_up(counter: &Counter, total: u64) {
+    let had = counter.get();
+    if total > had {
+        counter.inc_by(total - had);
+    }
 }
 
 impl NodeStats {
@@ -186,6 +210,41 @@ impl NodeStats {
             "aether_registry_objects_skipped",
             "Registry objects left out of the model: they did not deserialize or convert",
             self.registry_objects_skipped.clone(),
+        );
+        registry.register(
+            "aether_etcd_keys_refused",
+            "etcd source: registry keys refused on read, by reason, each refusal once",
+            self.etcd_keys_refused.clone(),
+        );
+        registry.register(
+            "aether_etcd_rows_not_registered",
+            "etcd source: this node's rows not registered (spec/model.md 3.3), by reason",
+            self.etcd_rows_not_registered.clone(),
+        );
+        registry.register(
+            "aether_etcd_listings",
+            "etcd source: full listings of the registry prefix (the first, then one per compaction past the watch)",
+            self.etcd_listings.clone(),
+        );
+        registry.register(
+            "aether_etcd_watches",
+            "etcd source: watch streams started (the first, then one per lost connection)",
+            self.etcd_watches.clone(),
+        );
+        registry.register(
+            "aether_etcd_leases",
+            "etcd source: leases granted to this node's registration",
+            self.etcd_leases.clone(),
+        );
+        registry.register(
+            "aether_etcd_connected",
+            "etcd source: 1 while the registry watch is connected",
+            self.etcd_connected.clone(),
+        );
+        registry.register(
+            "aether_etcd_keys_registered",
+            "etcd source: keys this node holds in the store",
+            self.etcd_keys_registered.clone(),
         );
         registry.register(
             "aether_registrar_leader",

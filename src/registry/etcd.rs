@@ -200,6 +200,23 @@ impl EtcdSource {
             .unwrap_or_default()
     }
 
+    /// The keys of `written` (each with the revision that wrote it) that the table, once it
+    /// has caught up with that revision, does not hold as written: deleted, or put again by
+    /// another writer.
+    fn drifted(&self, written: &BTreeMap<String, (String, i64)>) -> Vec<String> {
+        let held = self.table.lock();
+        let Some((table, at)) = held.as_ref() else {
+            return Vec::new();
+        };
+        written
+            .iter()
+            .filter(|(key, (_, revision))| {
+                *at >= *revision && table.mod_revision(key.as_bytes()) != Some(*revision)
+            })
+            .map(|(key, _)| key.clone())
+            .collect()
+    }
+
     fn refused_now(&self, refused: &[Refused]) {
         for r in refused {
             warn!(key = %r.key, reason = r.refusal.reason(), refusal = %r.refusal,
@@ -250,7 +267,11 @@ impl EtcdSource {
                 )
                 .await
             {
-                Ok(Next::Resume(r)) => at = Some(r),
+                Ok(Next::Resume(r)) => {
+                    // Canceled by the server (a permission taken away, say): not at once again.
+                    at = Some(r);
+                    backoff.wait().await;
+                }
                 Ok(Next::Relist) => at = None,
                 Err((r, e)) => {
                     at = Some(r);
@@ -349,7 +370,11 @@ impl EtcdSource {
                 return Ok(Next::Relist);
             }
             if response.canceled() {
-                debug!(reason = response.cancel_reason(), "etcd: watch canceled");
+                warn!(
+                    reason = response.cancel_reason(),
+                    revision = at,
+                    "etcd: the server canceled the watch; it resumes from its revision"
+                );
                 return Ok(Next::Resume(at));
             }
             let events = response.events();
@@ -521,7 +546,8 @@ async fn register(
             let (mut keeper, mut renewals) =
                 deadline(settings.timeout, "the lease keep-alive", client.lease_keep_alive(lease))
                     .await??;
-            let mut written: BTreeMap<String, String> = BTreeMap::new();
+            // What this lease holds: each key's value and the revision that wrote it.
+            let mut written: BTreeMap<String, (String, i64)> = BTreeMap::new();
             let mut tick = tokio::time::interval(settings.lease_ttl / 3);
             tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
             desired.mark_changed();
@@ -538,6 +564,12 @@ async fn register(
                             continue;
                         }
                         let want = desired_keys(&settings.prefix, &asked.rows, &mut told, &source);
+                        // A key of this lease deleted or overwritten by another writer is
+                        // written again: the node's rows are its own to keep.
+                        for key in source.drifted(&written) {
+                            warn!(%key, "etcd: this node's key was deleted or overwritten by another writer; writing it again");
+                            written.remove(&key);
+                        }
                         sync(&mut client, &settings, lease, &mut written, want).await?;
                         state.keys.store(written.len() as u64, Ordering::Release);
                         state.written.store(asked.generation, Ordering::Release);
@@ -628,12 +660,12 @@ async fn sync(
     client: &mut Client,
     settings: &EtcdSettings,
     lease: i64,
-    written: &mut BTreeMap<String, String>,
+    written: &mut BTreeMap<String, (String, i64)>,
     want: BTreeMap<String, String>,
 ) -> Result<(), EtcdError> {
     let puts: Vec<(&String, &String)> = want
         .iter()
-        .filter(|(k, v)| written.get(*k) != Some(*v))
+        .filter(|(k, v)| written.get(*k).is_none_or(|(held, _)| held != *v))
         .collect();
     for chunk in puts.chunks(TXN_OPS) {
         let ops: Vec<TxnOp> = chunk
@@ -646,14 +678,15 @@ async fn sync(
                 )
             })
             .collect();
-        deadline(
+        let done = deadline(
             settings.timeout,
             "a registration write",
             client.txn(Txn::new().and_then(ops)),
         )
         .await??;
+        let revision = done.header().map_or(0, |h| h.revision());
         for (k, v) in chunk {
-            written.insert((*k).clone(), (*v).clone());
+            written.insert((*k).clone(), ((*v).clone(), revision));
         }
     }
     let gone: Vec<String> = written

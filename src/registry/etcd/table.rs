@@ -94,6 +94,11 @@ impl Table {
         refused
     }
 
+    /// The revision that last put `key`, if it is held (served or refused).
+    pub fn mod_revision(&self, key: &[u8]) -> Option<i64> {
+        self.entries.get(key).map(|e| e.mod_revision)
+    }
+
     /// A key deleted (or expired with its lease).
     pub fn delete(&mut self, key: &[u8]) {
         self.entries.remove(key);

@@ -329,6 +329,57 @@ async fn a_dead_nodes_rows_expire_with_its_lease_and_a_restarted_node_revokes_it
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_nodes_key_deleted_or_overwritten_by_another_writer_is_written_again_at_its_next_set() {
+    let test =
+        "a_nodes_key_deleted_or_overwritten_by_another_writer_is_written_again_at_its_next_set";
+    let Some(f) = fixture(test) else {
+        return;
+    };
+    let source = f.source();
+    let mixed = row(
+        "mp-mixed",
+        "10.244.1.3",
+        &[(8080, PortProtocol::Http), (9000, PortProtocol::Tcp)],
+    );
+    let node = f.register("lease", &source);
+    node.set(vec![mixed.clone()]);
+    rows_until(&source, "the row", |r| r.len() == 1).await;
+    let mut client = connect(&f.s).await.unwrap();
+    let held = keys_under(&mut client, "/aether/").await;
+    assert_eq!(held.len(), 2, "{held:?}");
+    let lease = f.lease("lease");
+    // By hand: one copy deleted, the other overwritten (not Ready, no lease).
+    let mut copies = held.iter();
+    let (deleted, _) = copies.next().unwrap();
+    let (overwritten, (value, _)) = copies.next().unwrap();
+    client.delete(deleted.as_str(), None).await.unwrap();
+    let forged = value.replace("\"ready\":true", "\"ready\":false");
+    assert_ne!(&forged, value);
+    client
+        .put(overwritten.as_str(), forged, None)
+        .await
+        .unwrap();
+    rows_until(&source, "the forged copy read", |r| {
+        r.len() == 1 && !r[0].ready
+    })
+    .await;
+    // The node's next set (a reload follows every change it reads) writes both again.
+    node.set(vec![mixed.clone()]);
+    for _ in 0..200 {
+        if keys_under(&mut client, "/aether/").await == held {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let now = keys_under(&mut client, "/aether/").await;
+    assert_eq!(
+        now, held,
+        "both copies as the node wrote them, under its lease {lease:x}"
+    );
+    rows_until(&source, "Ready again", |r| r.len() == 1 && r[0].ready).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn etcd_stopped_keeps_the_last_rows_and_the_watch_resumes_after_its_restart() {
     let test = "etcd_stopped_keeps_the_last_rows_and_the_watch_resumes_after_its_restart";
     let Some(mut f) = fixture(test) else {
