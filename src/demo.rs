@@ -44,8 +44,9 @@ pub struct DemoOptions {
     pub mesh_domain: String,
     /// Extra arguments for every daemon (e.g. `--log-format json`).
     pub daemon_args: Vec<String>,
-    /// Where the daemons read the registry: the manifest directory itself (`file`), or the
-    /// lab's API server loaded from it (`kube`, [`crate::lab::apiserver`]).
+    /// Where the daemons read the registry: the manifest directory itself (`file`), the lab's
+    /// API server loaded from it (`kube`, [`crate::lab::apiserver`]), or the lab's etcd for the
+    /// rows and the directory for the rest (`etcd`, [`crate::lab::etcd::EtcdControl`]).
     pub registry_source: RegistrySource,
 }
 

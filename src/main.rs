@@ -54,7 +54,8 @@ struct NodeArgs {
     /// This node's name.
     #[arg(long, env = "AETHER_NODE_NAME")]
     node_name: Option<String>,
-    /// Where the registry is read from: a manifest directory (file) or the API server (kube).
+    /// Where the registry is read from: a manifest directory (file), the API server (kube), or
+    /// etcd for the rows and the manifest directory for the rest (etcd).
     #[arg(long, env = "AETHER_REGISTRY_SOURCE", value_enum)]
     registry_source: Option<aether::node::config::RegistrySource>,
     /// The manifest directory (file registry).
@@ -374,9 +375,10 @@ struct DemoArgs {
     /// Write the leg results as JSON to this file.
     #[arg(long)]
     json: Option<PathBuf>,
-    /// Where the daemons read the registry: the manifest directory (`file`), or the lab's API
+    /// Where the daemons read the registry: the manifest directory (`file`), the lab's API
     /// server loaded from it (`kube`: the daemons on the Kubernetes source; issue #9 calls it
-    /// `--registry kube`).
+    /// `--registry kube`), or a three-member etcd the demo starts, for the rows (`etcd`; issue
+    /// #12 calls it `--registry etcd`).
     #[arg(long, value_enum, default_value = "file")]
     registry_source: aether::node::config::RegistrySource,
 }

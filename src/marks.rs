@@ -18,3 +18,8 @@ pub const ROUTE_TABLE: u32 = 18001;
 
 /// The priority of the `ip rule` that selects [`ROUTE_TABLE`].
 pub const RULE_PRIORITY: u32 = 18001;
+
+/// The `User-Agent` of the daemon's delegated liveness probes (`node::liveness`, spec/model.md
+/// §14): the echo workload answers them but does not count them as the traffic its counters
+/// show (leg MIR counts the requests mp-authz echoed).
+pub const LIVENESS_USER_AGENT: &str = "aether-liveness";

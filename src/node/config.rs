@@ -49,8 +49,8 @@ pub enum RegistrySource {
 pub struct NodeConfig {
     /// This node's name: the daemon's pods are those whose `spec.nodeName` is this.
     pub node_name: String,
-    /// Where the registry is read from: `file` (the directory `registry`) or `kube` (the API
-    /// server).
+    /// Where the registry is read from: `file` (the directory `registry`), `kube` (the API
+    /// server) or `etcd` (every node's rows from etcd, the rest from `registry`).
     pub registry_source: RegistrySource,
     /// The file registry: a directory of Kubernetes manifests, watched for changes.
     pub registry: PathBuf,

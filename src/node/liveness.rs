@@ -195,7 +195,7 @@ async fn probe_once(net: &SocketFactory, addr: SocketAddr, probe: Probe) -> bool
 
 fn probe_request(addr: SocketAddr, http1: bool) -> Option<hyper::Request<Empty<Bytes>>> {
     let mut r = hyper::Request::get(format!("http://{addr}/"))
-        .header(hyper::header::USER_AGENT, "aether-liveness");
+        .header(hyper::header::USER_AGENT, crate::marks::LIVENESS_USER_AGENT);
     if http1 {
         r = r
             .header(hyper::header::HOST, addr.to_string())

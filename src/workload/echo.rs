@@ -22,7 +22,8 @@
 //!   `Upgrade` value is answered like a plain request (no switch).
 //! - **Count.** `GET /echo-count` answers `<n>\n`: the number of requests this process has
 //!   answered as the HTTP echo so far (on every listener; `/echo-count` itself, authorization
-//!   checks and `/count` are not counted). Leg MIR reads it on mp-authz to see a mirror's copy
+//!   checks, `/count` and a node's liveness probes, `User-Agent: aether-liveness`, are not
+//!   counted). Leg MIR reads it on mp-authz to see a mirror's copy
 //!   arrive.
 //!
 //! The HTTP echo validates nothing: a request without `Host`, with two `Host` fields, in
@@ -608,7 +609,14 @@ fn answer_http<B>(ctx: &Ctx, port: u16, peer: IpAddr, req: &Request<B>) -> Respo
             format!("{}\n", ctx.echoes.load(Ordering::SeqCst)),
         );
     }
-    ctx.echoes.fetch_add(1, Ordering::SeqCst);
+    // A node's liveness probe is answered, not counted: it is the mesh's, not traffic.
+    let probe = req
+        .headers()
+        .get(http::header::USER_AGENT)
+        .is_some_and(|v| v.as_bytes() == crate::marks::LIVENESS_USER_AGENT.as_bytes());
+    if !probe {
+        ctx.echoes.fetch_add(1, Ordering::SeqCst);
+    }
     let headers: Vec<(String, String)> = req
         .headers()
         .iter()
@@ -765,6 +773,9 @@ mod tests {
             body(&get(addr, "/mirrored", "").await),
             format!("mp-authz:{port}\n")
         );
+        assert_eq!(body(&get(addr, ECHO_COUNT_PATH, "").await), "1\n");
+        let probe = format!("user-agent: {}\r\n", crate::marks::LIVENESS_USER_AGENT);
+        assert!(get(addr, "/", &probe).await.starts_with("HTTP/1.1 200"));
         assert_eq!(body(&get(addr, ECHO_COUNT_PATH, "").await), "1\n");
     }
 }
