@@ -284,41 +284,66 @@ impl EtcdSource {
         }
     }
 
-    /// Lists the whole prefix: the table becomes the listing. Returns its revision.
+    /// Lists the whole prefix, in pages of [`LIST_PAGE`] keys all read at the first page's
+    /// revision (one consistent listing; a response of every key at once would pass the gRPC
+    /// message limit, 4 MiB, at about 18,000 keys): the table becomes the listing. Returns its
+    /// revision.
     async fn list(
         &self,
         client: &mut Client,
         prefix: &str,
         settings: &EtcdSettings,
     ) -> Result<i64, EtcdError> {
-        let options = GetOptions::new().with_prefix();
-        let listing = deadline(
-            settings.timeout,
-            "the listing",
-            client.get(prefix, Some(options)),
-        )
-        .await??;
-        let revision = listing.header().map_or(0, |h| h.revision());
+        let end = range_end(prefix.as_bytes());
+        let mut from = prefix.as_bytes().to_vec();
+        let mut revision = 0;
+        let mut kvs: Vec<(Vec<u8>, Vec<u8>, i64)> = Vec::new();
+        loop {
+            let mut options = GetOptions::new()
+                .with_range(end.clone())
+                .with_limit(LIST_PAGE);
+            if revision > 0 {
+                options = options.with_revision(revision);
+            }
+            let page = deadline(
+                settings.timeout,
+                "the listing",
+                client.get(from.clone(), Some(options)),
+            )
+            .await??;
+            if revision == 0 {
+                revision = page.header().map_or(0, |h| h.revision());
+            }
+            kvs.extend(
+                page.kvs()
+                    .iter()
+                    .map(|kv| (kv.key().to_vec(), kv.value().to_vec(), kv.mod_revision())),
+            );
+            match page.kvs().last() {
+                Some(last) if page.more() => {
+                    // The next page starts just after the last key.
+                    from = last.key().to_vec();
+                    from.push(0);
+                }
+                _ => break,
+            }
+        }
+        let listing = kvs;
         let refused = {
             let mut held = self.table.lock();
             let (table, at) = held.get_or_insert_with(|| (Table::new(&settings.prefix), 0));
             *at = revision;
             table.replace(
                 listing
-                    .kvs()
                     .iter()
-                    .map(|kv| (kv.key(), kv.value(), kv.mod_revision())),
+                    .map(|(k, v, r)| (k.as_slice(), v.as_slice(), *r)),
             )
         };
         self.refused_now(&refused);
         self.stats.listings.fetch_add(1, Ordering::Relaxed);
         self.stats.revision.store(revision, Ordering::Release);
         self.stats.connected.store(true, Ordering::Release);
-        info!(
-            revision,
-            keys = listing.kvs().len(),
-            "etcd: registry listed"
-        );
+        info!(revision, keys = listing.len(), "etcd: registry listed");
         Ok(revision)
     }
 
@@ -340,7 +365,10 @@ impl EtcdSource {
         let mut stream = deadline(
             settings.timeout,
             "the watch",
-            client.watch(prefix, Some(options)),
+            client
+                .watch_client()
+                .max_decoding_message_size(WATCH_MESSAGE_MAX)
+                .watch(prefix, Some(options)),
         )
         .await
         .and_then(|r| r.map_err(EtcdError::from))
@@ -413,6 +441,28 @@ impl EtcdSource {
             let _ = changed.try_send(());
         }
     }
+}
+
+/// The largest watch response read. A watch that catches up (after a lost connection) gets
+/// up to 1,000 revisions' events in one response, which passes gRPC's default 4 MiB with large
+/// transactions; a response over the limit would fail the watch at the same revision for good.
+const WATCH_MESSAGE_MAX: usize = 64 << 20;
+
+/// Keys per page of a listing: about 200 KiB of rows, well under the gRPC message limit.
+const LIST_PAGE: i64 = 1_000;
+
+/// The end of the range of every key that starts with `prefix` (etcd's prefix range: the
+/// prefix with its last byte below 0xff incremented, and what follows it dropped).
+fn range_end(prefix: &[u8]) -> Vec<u8> {
+    let mut end = prefix.to_vec();
+    while let Some(last) = end.pop() {
+        if last < 0xff {
+            end.push(last + 1);
+            return end;
+        }
+    }
+    // Every byte 0xff (or no prefix): to the end of the key space.
+    vec![0]
 }
 
 enum Next {

@@ -380,6 +380,49 @@ async fn a_nodes_key_deleted_or_overwritten_by_another_writer_is_written_again_a
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_listing_longer_than_a_page_is_read_whole_at_one_revision() {
+    let test = "a_listing_longer_than_a_page_is_read_whole_at_one_revision";
+    let Some(f) = fixture(test) else {
+        return;
+    };
+    let mut client = connect(&f.s).await.unwrap();
+    let n = usize::try_from(LIST_PAGE).unwrap() * 2 + 500;
+    let kvs: Vec<(String, String)> = (0..n)
+        .flat_map(|i| {
+            let address = format!("10.244.{}.{}", i / 250, i % 250 + 1);
+            keys::encode(
+                "/aether",
+                &row("mp-a", &address, &[(8080, PortProtocol::Http)]),
+            )
+            .unwrap()
+        })
+        .collect();
+    for chunk in kvs.chunks(64) {
+        let ops: Vec<TxnOp> = chunk
+            .iter()
+            .map(|(k, v)| TxnOp::put(k.as_str(), v.as_str(), None))
+            .collect();
+        client.txn(Txn::new().and_then(ops)).await.unwrap();
+    }
+    // A key just past the prefix's range is not read.
+    client
+        .put("/aether/v1/endpoints0", "not a row", None)
+        .await
+        .unwrap();
+    let source = f.source();
+    let rows = rows_until(&source, "every page", |r| !r.is_empty()).await;
+    assert_eq!(rows.len(), n);
+    assert!(source.refused().is_empty(), "{:?}", source.refused());
+    assert_eq!(source.stats.listings.load(Ordering::Relaxed), 1);
+    assert_eq!(
+        range_end(b"/aether/v1/endpoints/"),
+        b"/aether/v1/endpoints0"
+    );
+    assert_eq!(range_end(b"a\xff"), b"b");
+    assert_eq!(range_end(b"\xff"), [0]);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn etcd_stopped_keeps_the_last_rows_and_the_watch_resumes_after_its_restart() {
     let test = "etcd_stopped_keeps_the_last_rows_and_the_watch_resumes_after_its_restart";
     let Some(mut f) = fixture(test) else {
