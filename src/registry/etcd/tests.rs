@@ -423,6 +423,57 @@ async fn a_listing_longer_than_a_page_is_read_whole_at_one_revision() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn with_etcds_authentication_a_node_reads_and_registers_as_its_user_and_nobody_else_does() {
+    let test =
+        "with_etcds_authentication_a_node_reads_and_registers_as_its_user_and_nobody_else_does";
+    let Some(f) = fixture(test) else {
+        return;
+    };
+    // docs/etcd.md: a role with readwrite on the rows' range, a user with that role, auth on.
+    let mut admin = connect(&f.s).await.unwrap();
+    admin.user_add("root", "root-password", None).await.unwrap();
+    admin.user_grant_role("root", "root").await.unwrap();
+    admin.role_add("aether").await.unwrap();
+    admin
+        .role_grant_permission(
+            "aether",
+            etcd_client::Permission::read_write("/aether/v1/endpoints/").with_prefix(),
+        )
+        .await
+        .unwrap();
+    admin.user_add("aether", "node-password", None).await.unwrap();
+    admin.user_grant_role("aether", "aether").await.unwrap();
+    admin.auth_enable().await.unwrap();
+
+    let as_user = EtcdSettings {
+        auth: Some(("aether".into(), "node-password".into())),
+        ..f.s.clone()
+    };
+    let (tx, _rx) = mpsc::channel(1);
+    let source = EtcdSource::start(as_user.clone(), tx);
+    let node = Registration::start(as_user, f.dir.path().join("lease"), source.clone());
+    node.set(vec![row("mp-a", "10.244.1.1", &[(8080, PortProtocol::Http)])]);
+    let rows = rows_until(&source, "the row, read and written as the user", |r| r.len() == 1).await;
+    assert_eq!(services(&rows), ["mp-a@10.244.1.1"]);
+
+    // Without credentials, and with a wrong password, nothing is ever listed.
+    let (tx, _rx) = mpsc::channel(1);
+    let anonymous = EtcdSource::start(f.s.clone(), tx);
+    let (tx, _rx) = mpsc::channel(1);
+    let wrong = EtcdSource::start(
+        EtcdSettings {
+            auth: Some(("aether".into(), "not-the-password".into())),
+            ..f.s.clone()
+        },
+        tx,
+    );
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    assert!(anonymous.rows().is_none(), "listed without credentials");
+    assert!(wrong.rows().is_none(), "listed with a wrong password");
+    assert_eq!(source.stats.listings.load(Ordering::Relaxed), 1);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn etcd_stopped_keeps_the_last_rows_and_the_watch_resumes_after_its_restart() {
     let test = "etcd_stopped_keeps_the_last_rows_and_the_watch_resumes_after_its_restart";
     let Some(mut f) = fixture(test) else {
