@@ -386,7 +386,14 @@ pub async fn up_until(opts: &DemoOptions, stop: &Stop) -> Result<Running, DemoEr
     let mut clients = std::collections::BTreeMap::new();
     for pod in &planned.plan.pods {
         if (pod.name.starts_with("mp-client")
-            || ["ext-http-0", "mp-cni-0", "mp-multi-1"].contains(&pod.name.as_str()))
+            || [
+                "ext-http-0",
+                "mp-cni-0",
+                "mp-multi-1",
+                "mp-httponly-0",
+                "mp-httponly-1",
+            ]
+            .contains(&pod.name.as_str()))
             && let Some(ns) = lab.pod_netns(&pod.namespace, &pod.name)
         {
             clients.insert(pod.name.clone(), ns);

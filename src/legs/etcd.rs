@@ -37,6 +37,12 @@ pub static ETCD: &[Leg] = &[
     ),
     leg!("X6", "as M6, for mp-tcpfirst", None, x6),
     leg!(
+        "U10",
+        "delegated liveness: mp-httponly's probes fail, so its pods are not Ready: a request by name is held and answered 503 no-endpoints, a pod-IP dial is delivered; the probes pass again, it is served",
+        None,
+        u10
+    ),
+    leg!(
         "EBAD",
         "a malformed key, a malformed value and a RowProblem value written by hand: each refused and counted once, the rest served",
         None,
@@ -681,5 +687,118 @@ async fn killed(env: &Env) -> Check {
         gone.as_secs_f64(),
         crate::lab::etcd::LAB_LEASE_TTL_SECS,
         took.as_secs_f64()
+    ))
+}
+
+/// Makes the delegated probes of `pod` (mp-httponly's, HTTP 8080) fail, or pass again: inside
+/// the pod's namespace, a connection from the pod's address to itself on 8080 (only the
+/// node's probe makes one: deliveries come from the client's address) is reset.
+async fn fail_probes(env: &Env, pod: &str, fail: bool) -> Result<(), String> {
+    let netns = env.client_netns(pod)?.path().to_owned();
+    let ip = env.pod_ip("mp", pod)?;
+    let script = if fail {
+        format!(
+            "table inet aether_lab_probe {{\n  chain output {{\n    type filter hook output priority -300; policy accept;\n    ip saddr {ip} ip daddr {ip} tcp dport 8080 reject with tcp reset\n  }}\n}}\n"
+        )
+    } else {
+        "delete table inet aether_lab_probe\n".to_owned()
+    };
+    tokio::task::spawn_blocking(move || {
+        use std::io::Write;
+        let mut child = std::process::Command::new("nsenter")
+            .arg(format!("--net={}", netns.display()))
+            .args(["nft", "-f", "-"])
+            .stdin(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .map_err(|e| format!("nsenter nft: {e}"))?;
+        if let Some(mut stdin) = child.stdin.take() {
+            stdin
+                .write_all(script.as_bytes())
+                .map_err(|e| format!("nft: {e}"))?;
+        }
+        let out = child.wait_with_output().map_err(|e| format!("nft: {e}"))?;
+        if out.status.success() {
+            Ok(())
+        } else {
+            Err(format!(
+                "nft: {}",
+                String::from_utf8_lossy(&out.stderr).trim()
+            ))
+        }
+    })
+    .await
+    .map_err(|e| e.to_string())?
+}
+
+/// spec/legs.md U10 on the etcd source: a failing delegated probe makes a pod not Ready.
+async fn u10(env: &Env) -> Check {
+    let pods = ["mp-httponly-0", "mp-httponly-1"];
+    let by_name = || async {
+        env.probe(
+            CLIENT,
+            &probe(name(&env.mesh("mp-httponly"), 8080), super::get("/")),
+        )
+        .await
+    };
+    echo(&by_name().await?, "mp-httponly", 8080).map_err(|e| format!("before: {e}"))?;
+    let started = crate::time::now();
+    let out = async {
+        for pod in pods {
+            fail_probes(env, pod, true).await?;
+        }
+        // Not Ready after probe_failure_threshold failures (3 × 2 s by default).
+        let held = loop {
+            let o = by_name().await?;
+            if answer(&o, 503, "no-endpoints", None).is_ok() {
+                break o;
+            }
+            echo(&o, "mp-httponly", 8080).map_err(|e| format!("while going unready: {e}"))?;
+            if started.elapsed() > Duration::from_secs(20) {
+                return Err(
+                    "mp-httponly still served by name 20 s after its probes failed".to_owned(),
+                );
+            }
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        };
+        let unready = started.elapsed();
+        let hold = held.timings.first_byte.unwrap_or_default();
+        // A pod-IP dial still reaches the pod.
+        let ip = env.pod_ip("mp", pods[0])?;
+        let o = env
+            .probe(CLIENT, &probe(super::addr(ip, 8080), super::get("/")))
+            .await?;
+        echo(&o, "mp-httponly", 8080).map_err(|e| format!("pod-IP dial to {ip}: {e}"))?;
+        Ok::<_, String>((unready, hold))
+    }
+    .await;
+    let mut restored = Ok(());
+    for pod in pods {
+        if let Err(e) = fail_probes(env, pod, false).await {
+            restored = Err(e);
+        }
+    }
+    let (unready, hold) = out?;
+    restored?;
+    let again = crate::time::now();
+    loop {
+        let o = by_name().await?;
+        if echo(&o, "mp-httponly", 8080).is_ok() {
+            break;
+        }
+        if again.elapsed() > Duration::from_secs(15) {
+            return Err(format!(
+                "mp-httponly not served again 15 s after its probes passed: {}",
+                o.summary()
+            ));
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    env.settle().await?;
+    Ok(format!(
+        "both pods not Ready {:.1} s after their probes began to fail: by name held {:.1} s, then 503 no-endpoints; a pod-IP dial delivered; Ready and served again {:.1} s after the probes passed",
+        unready.as_secs_f64(),
+        hold.as_secs_f64(),
+        again.elapsed().as_secs_f64()
     ))
 }

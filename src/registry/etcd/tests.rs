@@ -441,7 +441,10 @@ async fn with_etcds_authentication_a_node_reads_and_registers_as_its_user_and_no
         )
         .await
         .unwrap();
-    admin.user_add("aether", "node-password", None).await.unwrap();
+    admin
+        .user_add("aether", "node-password", None)
+        .await
+        .unwrap();
     admin.user_grant_role("aether", "aether").await.unwrap();
     admin.auth_enable().await.unwrap();
 
@@ -452,8 +455,15 @@ async fn with_etcds_authentication_a_node_reads_and_registers_as_its_user_and_no
     let (tx, _rx) = mpsc::channel(1);
     let source = EtcdSource::start(as_user.clone(), tx);
     let node = Registration::start(as_user, f.dir.path().join("lease"), source.clone());
-    node.set(vec![row("mp-a", "10.244.1.1", &[(8080, PortProtocol::Http)])]);
-    let rows = rows_until(&source, "the row, read and written as the user", |r| r.len() == 1).await;
+    node.set(vec![row(
+        "mp-a",
+        "10.244.1.1",
+        &[(8080, PortProtocol::Http)],
+    )]);
+    let rows = rows_until(&source, "the row, read and written as the user", |r| {
+        r.len() == 1
+    })
+    .await;
     assert_eq!(services(&rows), ["mp-a@10.244.1.1"]);
 
     // Without credentials, and with a wrong password, nothing is ever listed.
