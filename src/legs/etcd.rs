@@ -246,30 +246,34 @@ async fn cut_off(etcd: &EtcdControl, cut: bool) -> Result<(), String> {
     } else {
         "delete table inet aether_lab_etcd\n".to_owned()
     };
-    etcd.with(move |_, _| {
-        use std::io::Write;
-        let mut child = std::process::Command::new("nft")
-            .args(["-f", "-"])
-            .stdin(std::process::Stdio::piped())
-            .stderr(std::process::Stdio::piped())
-            .spawn()
+    etcd.with(move |_, _| nft(std::process::Command::new("nft"), &script))
+        .await?
+}
+
+/// Runs `command` (`nft`, or a wrapper that enters a namespace and runs it) with `-f -` and
+/// `script` on its standard input.
+fn nft(mut command: std::process::Command, script: &str) -> Result<(), String> {
+    use std::io::Write;
+    let mut child = command
+        .args(["-f", "-"])
+        .stdin(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .map_err(|e| format!("nft: {e}"))?;
+    if let Some(mut stdin) = child.stdin.take() {
+        stdin
+            .write_all(script.as_bytes())
             .map_err(|e| format!("nft: {e}"))?;
-        if let Some(mut stdin) = child.stdin.take() {
-            stdin
-                .write_all(script.as_bytes())
-                .map_err(|e| format!("nft: {e}"))?;
-        }
-        let out = child.wait_with_output().map_err(|e| format!("nft: {e}"))?;
-        if out.status.success() {
-            Ok(())
-        } else {
-            Err(format!(
-                "nft: {}",
-                String::from_utf8_lossy(&out.stderr).trim()
-            ))
-        }
-    })
-    .await?
+    }
+    let out = child.wait_with_output().map_err(|e| format!("nft: {e}"))?;
+    if out.status.success() {
+        Ok(())
+    } else {
+        Err(format!(
+            "nft: {}",
+            String::from_utf8_lossy(&out.stderr).trim()
+        ))
+    }
 }
 
 /// Runs `during` while requests (new connections, captured and loopback) are sent without a
@@ -704,28 +708,9 @@ async fn fail_probes(env: &Env, pod: &str, fail: bool) -> Result<(), String> {
         "delete table inet aether_lab_probe\n".to_owned()
     };
     tokio::task::spawn_blocking(move || {
-        use std::io::Write;
-        let mut child = std::process::Command::new("nsenter")
-            .arg(format!("--net={}", netns.display()))
-            .args(["nft", "-f", "-"])
-            .stdin(std::process::Stdio::piped())
-            .stderr(std::process::Stdio::piped())
-            .spawn()
-            .map_err(|e| format!("nsenter nft: {e}"))?;
-        if let Some(mut stdin) = child.stdin.take() {
-            stdin
-                .write_all(script.as_bytes())
-                .map_err(|e| format!("nft: {e}"))?;
-        }
-        let out = child.wait_with_output().map_err(|e| format!("nft: {e}"))?;
-        if out.status.success() {
-            Ok(())
-        } else {
-            Err(format!(
-                "nft: {}",
-                String::from_utf8_lossy(&out.stderr).trim()
-            ))
-        }
+        let mut enter = std::process::Command::new("nsenter");
+        enter.arg(format!("--net={}", netns.display())).arg("nft");
+        nft(enter, &script)
     })
     .await
     .map_err(|e| e.to_string())?
