@@ -212,14 +212,27 @@ async fn http1_answer(stream: tokio::net::TcpStream, addr: SocketAddr) -> Option
         hyper::client::conn::http1::handshake::<_, Empty<Bytes>>(TokioIo::new(stream))
             .await
             .ok()?;
-    let driver = tokio::spawn(conn);
-    let answer = match probe_request(addr, true) {
-        Some(r) => sender.send_request(r).await.ok(),
-        None => None,
+    let request = probe_request(addr, true)?;
+    Some(while_driven(conn, sender.send_request(request)).await? < 500)
+}
+
+/// The status `send` gets while `conn` (its connection) is driven in the same future, so that
+/// a probe dropped at its deadline drops its connection too (nothing is left to a task); `None`
+/// when the request failed. The head is all a probe reads.
+async fn while_driven<C, S>(conn: C, send: S) -> Option<u16>
+where
+    C: Future,
+    S: Future<Output = Result<hyper::Response<hyper::body::Incoming>, hyper::Error>>,
+{
+    let mut send = std::pin::pin!(send);
+    let answer = tokio::select! {
+        biased;
+        answer = &mut send => answer,
+        // A connection that ends (`Connection: close` after the head) has handed over any
+        // answer it read: the request resolves at once, with it or with the error.
+        _ = conn => send.await,
     };
-    // The head is all a probe reads: the connection goes with it.
-    driver.abort();
-    Some(answer?.status().as_u16() < 500)
+    answer.ok().map(|r| r.status().as_u16())
 }
 
 /// The same over HTTP/2 with prior knowledge.
@@ -231,13 +244,8 @@ async fn h2_answer(stream: tokio::net::TcpStream) -> Option<bool> {
     )
     .await
     .ok()?;
-    let driver = tokio::spawn(conn);
-    let answer = match probe_request(addr, false) {
-        Some(r) => sender.send_request(r).await.ok(),
-        None => None,
-    };
-    driver.abort();
-    Some(answer?.status().as_u16() < 500)
+    let request = probe_request(addr, false)?;
+    Some(while_driven(conn, sender.send_request(request)).await? < 500)
 }
 
 #[cfg(test)]
@@ -301,6 +309,36 @@ mod tests {
             )),
             held: false,
         }
+    }
+
+    #[tokio::test]
+    async fn a_probe_past_its_deadline_closes_its_connection() {
+        use tokio::io::AsyncReadExt;
+        let settings = ProbeSettings {
+            interval: Duration::from_millis(10),
+            timeout: Duration::from_millis(100),
+            failure_threshold: 1,
+        };
+        // An application that reads the request and never answers.
+        let l = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = l.local_addr().unwrap();
+        let live = Liveness::default();
+        let probed = live.round(vec![target(addr, Probe::Http)], &settings);
+        let closed = async {
+            let (mut s, _) = l.accept().await.unwrap();
+            let mut buf = [0u8; 1024];
+            // The request, then the end of the connection once the probe gave up.
+            while s.read(&mut buf).await.unwrap_or(0) > 0 {}
+        };
+        let (_, ()) = tokio::join!(probed, async {
+            tokio::time::timeout(Duration::from_secs(2), closed)
+                .await
+                .expect("the probe's connection is closed at its deadline");
+        });
+        assert!(!live.ready(&row(
+            addr.port().into(),
+            &[(addr.port().into(), PortProtocol::Http)]
+        )));
     }
 
     #[tokio::test]

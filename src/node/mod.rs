@@ -175,30 +175,46 @@ impl EtcdNode {
     /// when the store has no row of it.
     fn register(&self) {
         let local = self.local.lock().clone();
-        let unprobed = local.iter().any(|r| self.liveness.answer(r).is_none());
-        let held: BTreeMap<(String, String, std::net::IpAddr), bool> = if unprobed {
-            // Not listed yet: nothing is known of the earlier answers, so nothing is written.
-            let Some(rows) = self.source.rows() else {
-                return;
-            };
-            rows.iter()
-                .map(|r| ((r.namespace.clone(), r.service.clone(), r.address), r.ready))
-                .collect()
-        } else {
-            BTreeMap::new()
+        // Not listed yet: nothing is known of the earlier answers, so nothing is written.
+        let Some(held) = self.held_readiness(&local) else {
+            return;
         };
         let rows = local
             .into_iter()
             .map(|mut r| {
-                r.ready = self.liveness.answer(&r).unwrap_or_else(|| {
-                    held.get(&(r.namespace.clone(), r.service.clone(), r.address))
-                        .copied()
-                        .unwrap_or(false)
-                });
+                r.ready = self.liveness.answer(&r).unwrap_or_else(|| held.ready(&r));
                 r
             })
             .collect();
         self.registration.set(rows);
+    }
+
+    /// The store's readiness of the rows of `local` not probed yet in this run (empty when
+    /// every one has been), or `None` before the first listing.
+    fn held_readiness(&self, local: &[crate::model::snapshot::Row]) -> Option<HeldReadiness> {
+        if self.liveness.all_probed(local) {
+            return Some(HeldReadiness::default());
+        }
+        let rows = self.source.rows()?;
+        Some(HeldReadiness(
+            rows.iter()
+                .map(|r| ((r.namespace.clone(), r.service.clone(), r.address), r.ready))
+                .collect(),
+        ))
+    }
+}
+
+/// Rows' readiness as the store holds it, by (namespace, service, address).
+#[derive(Debug, Default)]
+struct HeldReadiness(BTreeMap<(String, String, std::net::IpAddr), bool>);
+
+impl HeldReadiness {
+    /// `row`'s readiness in the store; not Ready when the store has no row of it.
+    fn ready(&self, row: &crate::model::snapshot::Row) -> bool {
+        self.0
+            .get(&(row.namespace.clone(), row.service.clone(), row.address))
+            .copied()
+            .unwrap_or(false)
     }
 }
 
@@ -1040,17 +1056,7 @@ fn spawn_probes(
             tick.tick().await;
             let local = etcd.local.lock().clone();
             // The store's readiness of the pods not probed yet, where their probes start.
-            let held: BTreeMap<(String, String, std::net::IpAddr), bool> =
-                if etcd.liveness.all_probed(&local) {
-                    BTreeMap::new()
-                } else {
-                    etcd.source
-                        .rows()
-                        .unwrap_or_default()
-                        .iter()
-                        .map(|r| ((r.namespace.clone(), r.service.clone(), r.address), r.ready))
-                        .collect()
-                };
+            let held = etcd.held_readiness(&local).unwrap_or_default();
             let targets = {
                 let pods = pods.lock().await;
                 local
@@ -1058,10 +1064,7 @@ fn spawn_probes(
                     .filter_map(|r| {
                         let name = r.pod.clone()?;
                         Some(liveness::Target {
-                            held: held
-                                .get(&(r.namespace.clone(), r.service.clone(), r.address))
-                                .copied()
-                                .unwrap_or(false),
+                            held: held.ready(r),
                             net: pods.net_of(&r.namespace, &name),
                             pod: (r.namespace.clone(), name),
                             addr: std::net::SocketAddr::new(r.address, u16::try_from(r.port).ok()?),
