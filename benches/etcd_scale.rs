@@ -331,7 +331,7 @@ async fn run(pods: usize, server: &EtcdServer, dir: &std::path::Path) -> Result<
     // 3. Watch events: written while the source watches.
     while changed.try_recv().is_ok() {}
     let start_revision = source
-        .stats
+        .stats()
         .revision
         .load(std::sync::atomic::Ordering::Acquire);
     let flips: Vec<(String, String)> = all
@@ -349,7 +349,7 @@ async fn run(pods: usize, server: &EtcdServer, dir: &std::path::Path) -> Result<
     let written_at = now();
     wait_until("the source's watch", Duration::from_secs(120), || {
         source
-            .stats
+            .stats()
             .revision
             .load(std::sync::atomic::Ordering::Acquire)
             >= last

@@ -595,6 +595,11 @@ pub fn table(results: &[LegResult]) -> String {
         .count();
     let failed = results.iter().filter(|r| !r.ok).count();
     let skipped = results.iter().filter(|r| r.skipped.is_some()).count();
+    // The failures again just above the count, so a log cut to its head and tail still shows
+    // which legs failed and why.
+    for r in results.iter().filter(|r| !r.ok) {
+        s.push_str(&format!("failed: {}: {}\n", r.id, r.detail));
+    }
     s.push_str(&format!(
         "legs: {passed} passed, {failed} failed, {skipped} skipped\n"
     ));
@@ -770,4 +775,41 @@ async fn mp_authz_counter(env: &Env, path: &str) -> Result<u64, String> {
 
 async fn authz_count(env: &Env) -> Result<u64, String> {
     mp_authz_counter(env, "/count").await
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{LegResult, table};
+
+    fn result(id: &'static str, ok: bool, detail: &str) -> LegResult {
+        LegResult {
+            id,
+            title: "a leg",
+            ok,
+            skipped: None,
+            detail: detail.into(),
+            ms: 1,
+        }
+    }
+
+    /// A failed leg is named with its reason again just above the count, so the tail of a long
+    /// run's log says which leg failed.
+    #[test]
+    fn the_table_ends_with_the_failures_and_the_count() {
+        let t = table(&[
+            result("A1", true, "200"),
+            result("N7", false, "got 200, want 400 bad-request"),
+            result("A2", true, "200"),
+        ]);
+        let tail: Vec<&str> = t.lines().rev().take(2).collect();
+        assert_eq!(
+            tail,
+            [
+                "legs: 2 passed, 1 failed, 0 skipped",
+                "failed: N7: got 200, want 400 bad-request"
+            ]
+        );
+        let clean = table(&[result("A1", true, "200")]);
+        assert!(!clean.contains("failed:"), "{clean}");
+    }
 }

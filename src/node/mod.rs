@@ -118,7 +118,7 @@ impl EtcdNode {
     /// seen (the lab waits for every node to be settled at one revision).
     pub fn report(&self) -> serde_json::Value {
         use std::sync::atomic::Ordering::{Acquire, Relaxed};
-        let stats = &self.source.stats;
+        let stats = self.source.stats();
         let seen = self.source.rows_at().map_or(0, |(_, revision)| revision);
         let compiled = self.compiled.load(Acquire);
         let probed = self.liveness.all_probed(&self.local.lock());
@@ -141,7 +141,7 @@ impl EtcdNode {
     /// round: the counts are kept by the source's tasks).
     fn export(&self, metrics: &NodeStats) {
         use std::sync::atomic::Ordering::{Acquire, Relaxed};
-        let counts = &self.source.stats;
+        let counts = self.source.stats();
         for (reason, n) in counts.refused.lock().iter() {
             stats::catch_up(
                 &metrics

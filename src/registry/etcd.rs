@@ -158,24 +158,32 @@ fn count(map: &parking_lot::Mutex<BTreeMap<&'static str, u64>>, reason: &'static
     *map.lock().entry(reason).or_default() += 1;
 }
 
-/// What every node reads: the rows of the whole registry, as last listed and watched.
+/// What every node reads: the rows of the whole registry, as last listed and watched. The
+/// list/watch task ends when the source is dropped (it and the task share [`Followed`], not the
+/// source itself).
 #[derive(Debug)]
 pub struct EtcdSource {
-    /// The table and the revision it is at, `None` before the first listing.
-    table: parking_lot::Mutex<Option<(Table, i64)>>,
-    /// The counters.
-    pub stats: EtcdStats,
+    followed: Arc<Followed>,
+    task: tokio::task::AbortHandle,
+}
+
+impl Drop for EtcdSource {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
 }
 
 impl EtcdSource {
     /// Starts listing and watching `settings.prefix`; `changed` is told of every change.
     pub fn start(settings: EtcdSettings, changed: mpsc::Sender<()>) -> Arc<Self> {
-        let source = Arc::new(Self {
-            table: parking_lot::Mutex::new(None),
-            stats: EtcdStats::default(),
-        });
-        tokio::spawn(source.clone().follow(settings, changed));
-        source
+        let followed = Arc::new(Followed::default());
+        let task = tokio::spawn(followed.clone().follow(settings, changed)).abort_handle();
+        Arc::new(Self { followed, task })
+    }
+
+    /// The counters.
+    pub fn stats(&self) -> &EtcdStats {
+        &self.followed.stats
     }
 
     /// The served rows, or `None` before the first listing.
@@ -185,15 +193,13 @@ impl EtcdSource {
 
     /// The served rows and the store revision they are of, or `None` before the first listing.
     pub fn rows_at(&self) -> Option<(Vec<Arc<Row>>, i64)> {
-        self.table
-            .lock()
-            .as_ref()
-            .map(|(table, revision)| (table.rows(), *revision))
+        self.followed.rows_at()
     }
 
     /// Every key held that is not served.
     pub fn refused(&self) -> Vec<Refused> {
-        self.table
+        self.followed
+            .table
             .lock()
             .as_ref()
             .map(|(table, _)| table.refused())
@@ -204,7 +210,7 @@ impl EtcdSource {
     /// has caught up with that revision, does not hold as written: deleted, or put again by
     /// another writer.
     fn drifted(&self, written: &BTreeMap<String, (String, i64)>) -> Vec<String> {
-        let held = self.table.lock();
+        let held = self.followed.table.lock();
         let Some((table, at)) = held.as_ref() else {
             return Vec::new();
         };
@@ -215,6 +221,23 @@ impl EtcdSource {
             })
             .map(|(key, _)| key.clone())
             .collect()
+    }
+}
+
+/// What a source shares with its list/watch task: the table and the counters.
+#[derive(Debug, Default)]
+struct Followed {
+    /// The table and the revision it is at, `None` before the first listing.
+    table: parking_lot::Mutex<Option<(Table, i64)>>,
+    stats: EtcdStats,
+}
+
+impl Followed {
+    fn rows_at(&self) -> Option<(Vec<Arc<Row>>, i64)> {
+        self.table
+            .lock()
+            .as_ref()
+            .map(|(table, revision)| (table.rows(), *revision))
     }
 
     fn refused_now(&self, refused: &[Refused]) {
@@ -587,7 +610,7 @@ async fn register(
             let lease = deadline(settings.timeout, "the lease grant", client.lease_grant(ttl, None))
                 .await??
                 .id();
-            source.stats.leases.fetch_add(1, Ordering::Relaxed);
+            source.stats().leases.fetch_add(1, Ordering::Relaxed);
             ours = Some(lease);
             if let Err(e) = std::fs::write(&lease_file, lease.to_string()) {
                 warn!(file = %lease_file.display(), error = %e, "etcd: cannot record the lease; a restart will leave its keys to expire");
@@ -694,7 +717,7 @@ fn desired_keys(
                     warn!(namespace = %row.namespace, service = %row.service, address = %row.address,
                         pod = row.pod.as_deref().unwrap_or(""), %refusal,
                         "etcd: row not registered");
-                    count(&source.stats.refused_on_write, reason);
+                    count(&source.stats().refused_on_write, reason);
                 }
                 still.insert(id, reason);
             }

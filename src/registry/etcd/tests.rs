@@ -179,8 +179,8 @@ async fn a_registered_pod_is_written_once_per_protocol_and_every_node_reads_one_
     })
     .await;
     assert_eq!(services(&rows), ["mp-mixed@10.244.1.5"]);
-    assert_eq!(source.stats.listings.load(Ordering::Relaxed), 1);
-    assert_eq!(source.stats.watches.load(Ordering::Relaxed), 1);
+    assert_eq!(source.stats().listings.load(Ordering::Relaxed), 1);
+    assert_eq!(source.stats().watches.load(Ordering::Relaxed), 1);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -240,7 +240,7 @@ async fn a_bad_key_written_by_hand_is_refused_counted_once_and_the_rest_served()
         reasons,
         ["key-malformed", "port-protocols-missing", "value-malformed"]
     );
-    let counted = source.stats.refused.lock().clone();
+    let counted = source.stats().refused.lock().clone();
     assert_eq!(
         counted,
         BTreeMap::from([
@@ -283,7 +283,7 @@ async fn a_row_problem_is_not_written_and_is_counted_once() {
     let held = keys_under(&mut client, "/aether/").await;
     assert_eq!(held.len(), 1, "{held:?}");
     assert_eq!(
-        source.stats.refused_on_write.lock().clone(),
+        source.stats().refused_on_write.lock().clone(),
         BTreeMap::from([("port-without-protocol", 1)])
     );
 }
@@ -413,7 +413,7 @@ async fn a_listing_longer_than_a_page_is_read_whole_at_one_revision() {
     let rows = rows_until(&source, "every page", |r| !r.is_empty()).await;
     assert_eq!(rows.len(), n);
     assert!(source.refused().is_empty(), "{:?}", source.refused());
-    assert_eq!(source.stats.listings.load(Ordering::Relaxed), 1);
+    assert_eq!(source.stats().listings.load(Ordering::Relaxed), 1);
     assert_eq!(
         range_end(b"/aether/v1/endpoints/"),
         b"/aether/v1/endpoints0"
@@ -480,7 +480,7 @@ async fn with_etcds_authentication_a_node_reads_and_registers_as_its_user_and_no
     tokio::time::sleep(Duration::from_secs(2)).await;
     assert!(anonymous.rows().is_none(), "listed without credentials");
     assert!(wrong.rows().is_none(), "listed with a wrong password");
-    assert_eq!(source.stats.listings.load(Ordering::Relaxed), 1);
+    assert_eq!(source.stats().listings.load(Ordering::Relaxed), 1);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -504,7 +504,7 @@ async fn etcd_stopped_keeps_the_last_rows_and_the_watch_resumes_after_its_restar
         ["mp-a@10.244.1.1"],
         "the last listing stays in force while etcd is down"
     );
-    assert!(!source.stats.connected.load(Ordering::Acquire));
+    assert!(!source.stats().connected.load(Ordering::Acquire));
     // A change made while etcd is down is written once it is back.
     let b = row("mp-b", "10.244.1.2", &[(9000, PortProtocol::Tcp)]);
     registration.set(vec![a.clone(), b.clone()]);
@@ -513,8 +513,8 @@ async fn etcd_stopped_keeps_the_last_rows_and_the_watch_resumes_after_its_restar
     let rows = rows_until(&source, "the change made meanwhile", |r| r.len() == 2).await;
     assert_eq!(services(&rows), ["mp-a@10.244.1.1", "mp-b@10.244.1.2"]);
     // Resumed from its revision, not listed again.
-    assert_eq!(source.stats.listings.load(Ordering::Relaxed), 1);
-    assert!(source.stats.watches.load(Ordering::Relaxed) >= 2);
+    assert_eq!(source.stats().listings.load(Ordering::Relaxed), 1);
+    assert!(source.stats().watches.load(Ordering::Relaxed) >= 2);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -533,10 +533,8 @@ async fn a_watch_behind_a_compaction_lists_again_and_keeps_nothing_stale() {
         .await
         .unwrap();
     let (tx, _rx) = mpsc::channel(1);
-    let source = Arc::new(EtcdSource {
-        table: parking_lot::Mutex::new(None),
-        stats: EtcdStats::default(),
-    });
+    // The source's state without its task: this test lists and watches by hand.
+    let source = Followed::default();
     let prefix = keys::endpoints_prefix("/aether");
     let listed = source.list(&mut client, &prefix, &s).await.unwrap();
     // While this reader is away: b added, a deleted, history compacted past `listed`.
@@ -555,7 +553,7 @@ async fn a_watch_behind_a_compaction_lists_again_and_keeps_nothing_stale() {
     assert!(matches!(next, Next::Relist));
     source.list(&mut client, &prefix, &s).await.unwrap();
     assert_eq!(
-        services(&source.rows().unwrap()),
+        services(&source.rows_at().unwrap().0),
         ["mp-b@10.244.1.2"],
         "a's delete, lost with the history, is not left behind"
     );
@@ -585,4 +583,32 @@ fn tempdir() -> TempDir {
     ));
     std::fs::create_dir_all(&dir).unwrap();
     TempDir(dir)
+}
+
+/// A source that is dropped ends its list/watch task: the state the task shared is released and
+/// its watch is closed, so the reader is gone from etcd at once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_dropped_source_ends_its_watch() {
+    let test = "a_dropped_source_ends_its_watch";
+    let Some(f) = fixture(test) else {
+        return;
+    };
+    let source = f.source();
+    rows_until(&source, "the first listing", |_| true).await;
+    for _ in 0..200 {
+        if source.stats().connected.load(Ordering::Acquire) {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert!(source.stats().watches.load(Ordering::Relaxed) >= 1);
+    let followed = Arc::downgrade(&source.followed);
+    drop(source);
+    for _ in 0..100 {
+        if followed.upgrade().is_none() {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    panic!("the source was dropped and its task still holds its state after 5 s");
 }
