@@ -159,7 +159,7 @@ fn count(map: &parking_lot::Mutex<BTreeMap<&'static str, u64>>, reason: &'static
 }
 
 /// What every node reads: the rows of the whole registry, as last listed and watched. The
-/// list/watch task ends when the source is dropped (it and the task share [`Followed`], not the
+/// list/watch task ends when the source is dropped (it and the task share `Followed`, not the
 /// source itself).
 #[derive(Debug)]
 pub struct EtcdSource {
