@@ -392,6 +392,8 @@ pub async fn up_until(opts: &DemoOptions, stop: &Stop) -> Result<Running, DemoEr
                 "mp-multi-1",
                 "mp-httponly-0",
                 "mp-httponly-1",
+                "mp-owned-0",
+                "mp-grpc-0",
             ]
             .contains(&pod.name.as_str()))
             && let Some(ns) = lab.pod_netns(&pod.namespace, &pod.name)

@@ -57,6 +57,39 @@ async fn captured_http_is_delivered_over_the_mtls_hop_to_the_echo_with_the_autho
     assert_eq!(a.header("x-echo-host"), Some(host.as_str()));
 }
 
+/// issue #35 item 6: h2c through a user Service no route names crosses the hop as bytes to a pod
+/// this same daemon serves, which serves it as HTTP and hands it to the application. The
+/// passthrough's kept connection (an L4 hop from the client) and the delivery's (into the
+/// application, for that client) have the same two addresses: when they shared a pool entry,
+/// the delivery took the hop connection and the request went round the hop for ever.
+#[tokio::test]
+async fn h2c_through_an_unrouted_service_to_a_pod_of_the_same_daemon_is_answered() {
+    use http_body_util::{BodyExt, Empty};
+    use hyper_util::rt::{TokioExecutor, TokioIo};
+
+    let w = World::start().await;
+    let front = SocketAddr::new(w.cluster_ip("multi-front"), 80);
+    for i in 0..3 {
+        let tcp = TcpStream::connect(w.capture(front)).await.unwrap();
+        let (mut send, conn) =
+            hyper::client::conn::http2::handshake(TokioExecutor::new(), TokioIo::new(tcp))
+                .await
+                .unwrap();
+        tokio::spawn(conn);
+        let req = http::Request::get(format!("http://{front}/"))
+            .body(Empty::<bytes::Bytes>::new())
+            .unwrap();
+        let resp = tokio::time::timeout(Duration::from_secs(20), send.send_request(req))
+            .await
+            .unwrap_or_else(|_| panic!("request {i}: no answer in 20 s"))
+            .unwrap();
+        assert_eq!(resp.status(), 200, "request {i}");
+        let body = resp.into_body().collect().await.unwrap().to_bytes();
+        assert_eq!(&body[..], b"mp-multi:8080\n", "request {i}");
+    }
+    assert_eq!(w.inputs.stats.l4_hops.get(), 3);
+}
+
 #[tokio::test]
 async fn a_host_port_other_than_the_dialled_port_is_refused_421_port_mismatch() {
     let w = World::start().await;

@@ -1,7 +1,8 @@
 //! Legs for rules of the spec that spec/legs.md does not number (issue #7): consumer routes
 //! without a ReferenceGrant (routes.md §2.3, §3), authorization denials on every HTTP path
 //! (routes.md §5.2, §5.5; addressing.md §11.1), weights per request over kept connections,
-//! and gRPC through the mesh (GRPCRoute, routes.md §1).
+//! and gRPC through the mesh (GRPCRoute, routes.md §1); and HTTP/2 with no route to an
+//! endpoint on the caller's own node (issue #35, item 6).
 //!
 //! Every denial leg fails when its filter is skipped: a skipped filter delivers, and the echo's
 //! `200` is never a denial.
@@ -78,6 +79,18 @@ pub static RULES: &[Leg] = &[
         "gRPC to a raw-TCP port: bytes on a captured dial, 421 port-not-http on the proxy port",
         None,
         grpc_tcp
+    ),
+    leg!(
+        "H2C-SAME",
+        "h2c with no route to a same-node endpoint: own Service, own pod IP, another Service",
+        None,
+        h2c_same_node
+    ),
+    leg!(
+        "GRPC-SAME",
+        "gRPC with no route to a same-node endpoint: own Service, own pod IP, another Service",
+        None,
+        grpc_same_node
     ),
 ];
 
@@ -503,4 +516,89 @@ async fn grpc_tcp(env: &Env) -> Check {
     })
     .await?;
     Ok("(i) bytes to mp-mixed:9000; (ii) 421 port-not-http, grpc-status UNKNOWN; HTTP: no grpc-status".into())
+}
+
+/// New connections, one request each, to a user Service's ClusterIP with two endpoints (one
+/// on each node): every pick is fresh, so the same-node endpoint is picked at least once with
+/// probability 1 - 2^-24.
+const PICKS: Many = Many {
+    count: 24,
+    concurrency: 1,
+    keep_alive: false,
+};
+
+/// Every answer checked by `check`, and `pod` among the pods that answered.
+async fn answered_by(
+    env: &Env,
+    client: &str,
+    p: &super::Probe,
+    many: Many,
+    pod: &str,
+    check: impl Fn(&Outcome) -> Check + std::marker::Send + Sync,
+) -> Result<Summary, String> {
+    let s = env.probe_many(client, p, many, check).await?;
+    if s.answered != s.requests || !s.by_pod.contains_key(pod) {
+        return Err(format!(
+            "{client} → {}: want every request answered and {pod} among the pods, got {:?} by pod, {:?} failed",
+            p.dial.authority(),
+            s.by_pod,
+            s.by_error
+        ));
+    }
+    Ok(s)
+}
+
+/// issue #35 item 6: h2c on a declared HTTP port, no route, to an endpoint on the caller's own
+/// node. A user Service that no route names is a passthrough, carried over the hop as bytes
+/// (model.md §12.5 item 1) and served as HTTP by the destination; a pod-IP dial is a delivery
+/// (addressing.md §5.1). Both ends are one daemon's, and the passthrough's kept connection
+/// must not be taken for the delivery's (it sent the request round the hop for ever).
+async fn h2c_same_node(env: &Env) -> Check {
+    const OWNED: &str = "mp-owned-0";
+    let front = env.cluster_ip("mp", "mp-owned")?;
+    let own = env.pod_ip("mp", OWNED)?;
+    let h2c = |dial| {
+        let req = HttpRequest {
+            version: HttpVersion::H2c,
+            ..HttpRequest::get("/")
+        };
+        probe(dial, Send::Http(req))
+    };
+    let ok = |o: &Outcome| echo(o, "mp-owned", 8080);
+    // (i) Its own Service, from one of its pods: the pick lands on the caller itself too.
+    answered_by(env, OWNED, &h2c(addr(front, 80)), PICKS, OWNED, ok).await?;
+    // (ii) Its own pod IP: a delivery to itself over the hop.
+    let once = Many { count: 4, ..PICKS };
+    answered_by(env, OWNED, &h2c(addr(own, 8080)), once, OWNED, ok).await?;
+    // (iii) Another Service from another pod of the node, and on one kept connection.
+    answered_by(env, CLIENT, &h2c(addr(front, 80)), PICKS, OWNED, ok).await?;
+    let kept = Many {
+        keep_alive: true,
+        ..PICKS
+    };
+    let s = answered_by(env, OWNED, &h2c(addr(own, 8080)), kept, OWNED, ok).await?;
+    Ok(format!(
+        "{OWNED} → its Service and its pod IP, mp-client → mp-owned: every request answered, \
+         mp-owned-0 among them; {} requests on {} kept connection",
+        s.requests, s.connections
+    ))
+}
+
+/// issue #35 item 6: gRPC (h2c) on a declared HTTP port, no route, to an endpoint on the
+/// caller's own node: the user Service `mp-grpc-front` (no route names it) and the pod IP.
+async fn grpc_same_node(env: &Env) -> Check {
+    const GRPC: &str = "mp-grpc-0";
+    let front = env.cluster_ip("mp", "mp-grpc-front")?;
+    let own = env.pod_ip("mp", GRPC)?;
+    let call = |dial| probe(dial, grpc("aether.echo.v1.Echo/Echo", None, &[]));
+    let ok = |o: &Outcome| grpc_reply(o, "mp-grpc:50051").map(|_| String::new());
+    answered_by(env, GRPC, &call(addr(front, 50051)), PICKS, GRPC, ok).await?;
+    let kept = Many {
+        count: 4,
+        concurrency: 1,
+        keep_alive: true,
+    };
+    answered_by(env, GRPC, &call(addr(own, 50051)), kept, GRPC, ok).await?;
+    answered_by(env, CLIENT, &call(addr(front, 50051)), PICKS, GRPC, ok).await?;
+    Ok("mp-grpc-0 → mp-grpc-front and its pod IP, mp-client → mp-grpc-front: every call answered, mp-grpc-0 among them".into())
 }

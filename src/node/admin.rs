@@ -315,7 +315,6 @@ pub(super) mod tests {
                 tls: Arc::new(NoTls),
                 settings: ProxySettings::default(),
                 pool: Pool::default(),
-                apps: crate::proxy::app_pool::AppPool::default(),
                 drain: watch::Sender::new(false),
                 stats: Stats::default(),
                 metrics: Arc::default(),

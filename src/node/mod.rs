@@ -643,7 +643,6 @@ pub async fn run_with_logs(
             ..ProxySettings::default()
         },
         pool: crate::proxy::hop::Pool::default(),
-        apps: crate::proxy::app_pool::AppPool::default(),
         drain: watch::Sender::new(false),
         stats: crate::proxy::Stats::default(),
         metrics: {

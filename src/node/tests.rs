@@ -100,7 +100,6 @@ fn shared_with(manifests: &str) -> (NodeConfig, Shared) {
             tls: Arc::new(NoTls),
             settings: ProxySettings::default(),
             pool: crate::proxy::hop::Pool::default(),
-            apps: crate::proxy::app_pool::AppPool::default(),
             drain: watch::Sender::new(false),
             stats: Stats::default(),
             metrics: Arc::default(),

@@ -5,9 +5,18 @@
 //! opened inside the destination pod from the client pod's IP (model.md §12.4); a passthrough
 //! leaves from the client pod's own IP. Opening one connection per request costs a handshake and
 //! leaves a TIME_WAIT socket each; the data-plane benchmark showed throughput collapsing under
-//! them. So connections are kept, per (source IP, destination, HTTP version): HTTP/2 connections
-//! are shared, an HTTP/1.1 connection goes back to the pool once its response body has been read
-//! to the end.
+//! them. So connections are kept, per (purpose, source IP, destination, HTTP version): HTTP/2
+//! connections are shared, an HTTP/1.1 connection goes back to the pool once its response body
+//! has been read to the end.
+//!
+//! Each pod has a pool of its own ([`crate::proxy::PodCtx::apps`]): a kept connection lives in
+//! the network namespace of the pod it was opened for, and goes when the pod goes. Within a
+//! pod the addresses alone do not say what a connection is: a passthrough from a pod to a mesh
+//! pod's address crosses the hop, while a delivery into that pod from the same client goes
+//! straight to its application, with the same source and destination. When both pods were this
+//! node's and the pools were one, a delivery took the passthrough's hop connection and sent the
+//! request back over the hop, round and round (issue #35, item 6); the [`Purpose`] keeps them
+//! apart.
 
 use std::net::{IpAddr, SocketAddr};
 use std::pin::Pin;
@@ -27,7 +36,18 @@ use super::{Body, BoxError};
 /// The most idle HTTP/1.1 connections kept per key.
 const MAX_IDLE: usize = 32;
 
-type Key = (IpAddr, SocketAddr);
+/// What a kept connection is for: the same two addresses can name different connections.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Purpose {
+    /// Into the pod's application, for a delivery that crossed the hop to it.
+    Delivery,
+    /// From the pod to the address it dialled, in plaintext (a passthrough).
+    Passthrough,
+    /// From the pod to a mesh pod behind the address it dialled, over an L4 hop.
+    PassthroughHop,
+}
+
+type Key = (Purpose, IpAddr, SocketAddr);
 
 /// Idle HTTP/1.1 senders and shared HTTP/2 senders, by key.
 #[derive(Debug, Default, Clone)]
@@ -37,10 +57,11 @@ pub struct AppPool {
 }
 
 impl AppPool {
-    /// Send `req` to the application at `app` for a client at `client`, reusing a kept
-    /// connection when one is ready and opening one with `connect` otherwise.
+    /// Send `req` to `app` for a client at `client`, reusing a kept connection of the same
+    /// `purpose` when one is ready and opening one with `connect` otherwise.
     pub async fn send<F, Fut, S>(
         &self,
+        purpose: Purpose,
         client: IpAddr,
         app: SocketAddr,
         h2: bool,
@@ -52,7 +73,7 @@ impl AppPool {
         Fut: Future<Output = Option<S>>,
         S: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send + 'static,
     {
-        let key = (client, app);
+        let key = (purpose, client, app);
         if h2 {
             let kept = self
                 .h2
@@ -216,7 +237,7 @@ mod tests {
         let connect = || async move { tokio::net::TcpStream::connect(addr).await.ok() };
         for _ in 0..5 {
             let r = pool
-                .send(client, addr, false, get(), connect)
+                .send(Purpose::Delivery, client, addr, false, get(), connect)
                 .await
                 .unwrap();
             assert_eq!(text(r).await, "conn 0");
@@ -224,17 +245,50 @@ mod tests {
         assert_eq!(conns.load(std::sync::atomic::Ordering::SeqCst), 1);
         // Two responses held unread at once need two connections.
         let a = pool
-            .send(client, addr, false, get(), connect)
+            .send(Purpose::Delivery, client, addr, false, get(), connect)
             .await
             .unwrap();
         let b = pool
-            .send(client, addr, false, get(), connect)
+            .send(Purpose::Delivery, client, addr, false, get(), connect)
             .await
             .unwrap();
         assert_ne!(text(a).await, text(b).await);
         // Another client IP never shares a connection (its source address differs).
         let other: IpAddr = "10.0.0.2".parse().unwrap();
-        let r = pool.send(other, addr, false, get(), connect).await.unwrap();
+        let r = pool
+            .send(Purpose::Delivery, other, addr, false, get(), connect)
+            .await
+            .unwrap();
         assert_eq!(text(r).await, "conn 2");
+    }
+
+    #[tokio::test]
+    async fn a_kept_connection_serves_only_its_own_purpose() {
+        let (addr, conns) = server().await;
+        let pool = AppPool::default();
+        let client: IpAddr = "10.0.0.1".parse().unwrap();
+        let connect = || async move { tokio::net::TcpStream::connect(addr).await.ok() };
+        // The same client and destination, for three purposes: three connections, each kept
+        // and reused by its own purpose only (issue #35 item 6: a delivery into a pod took the
+        // L4 hop its own client had opened to that pod, and sent the request round again).
+        let mut seen = Vec::new();
+        for purpose in [
+            Purpose::PassthroughHop,
+            Purpose::Delivery,
+            Purpose::Passthrough,
+        ] {
+            for _ in 0..2 {
+                let r = pool
+                    .send(purpose, client, addr, false, get(), connect)
+                    .await
+                    .unwrap();
+                seen.push(text(r).await);
+            }
+        }
+        assert_eq!(
+            seen,
+            ["conn 0", "conn 0", "conn 1", "conn 1", "conn 2", "conn 2"]
+        );
+        assert_eq!(conns.load(std::sync::atomic::Ordering::SeqCst), 3);
     }
 }

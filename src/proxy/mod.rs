@@ -200,8 +200,6 @@ pub struct Inputs {
     pub settings: ProxySettings,
     /// Pooled HTTP/2 hop connections.
     pub pool: hop::Pool,
-    /// Kept connections to local applications.
-    pub apps: app_pool::AppPool,
     /// Set to `true` when the daemon drains: HTTP connections close once idle (HTTP/2 with
     /// GOAWAY), in-flight requests finish.
     pub drain: tokio::sync::watch::Sender<bool>,
@@ -512,6 +510,9 @@ pub struct PodCtx {
     retired: tokio::sync::watch::Sender<bool>,
     /// Its connections open now ([`Active`]).
     open: AtomicUsize,
+    /// Kept connections opened in its network namespace: to its application (deliveries) and
+    /// to its passthroughs' destinations. They go with the pod.
+    pub apps: app_pool::AppPool,
 }
 
 impl PodCtx {
@@ -538,6 +539,7 @@ impl PodCtx {
             caller,
             retired: tokio::sync::watch::Sender::new(false),
             open: AtomicUsize::new(0),
+            apps: app_pool::AppPool::default(),
         }
     }
 

@@ -281,7 +281,7 @@ mod tests {
     use super::*;
     use crate::model::{NodeContext, compile, registrar};
     use crate::proxy::socket::{LoopbackNet, SocketFactory};
-    use crate::proxy::{HopTls, Peer, ProxySettings, Stats, app_pool::AppPool, hop::Pool};
+    use crate::proxy::{HopTls, Peer, ProxySettings, Stats, hop::Pool};
     use crate::resolve::decision::CaptureMode;
     use crate::state::ModelHandle;
 
@@ -381,7 +381,6 @@ spec:
             tls: Arc::new(NoTls),
             settings,
             pool: Pool::default(),
-            apps: AppPool::default(),
             drain: watch::Sender::new(false),
             stats: Stats::default(),
             metrics: Arc::default(),

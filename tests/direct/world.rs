@@ -78,6 +78,7 @@ kind: Pod
 metadata:
   name: mp-multi-0
   namespace: mp
+  labels: {app: mp-multi}
   annotations:
     endpoint.aether.io/port: "8080"
     endpoint.aether.io/protocol: "http"
@@ -87,6 +88,16 @@ status:
   podIP: {B}.2
   podIPs: [{ip: {B}.2}]
   conditions: [{type: Ready, status: "True"}]
+---
+# A user Service in front of mp-multi under another name, named by no route: a dial to it is a
+# passthrough that crosses the hop as bytes (model.md §12.5 item 1).
+apiVersion: v1
+kind: Service
+metadata: {name: multi-front, namespace: mp}
+spec:
+  clusterIP: 10.96.100.12
+  selector: {app: mp-multi}
+  ports: [{name: http, port: 80, targetPort: 8080, protocol: TCP}]
 ---
 apiVersion: v1
 kind: ServiceAccount
@@ -248,7 +259,6 @@ impl World {
             tls: Arc::new(IdentityTls::new(identities)),
             settings,
             pool: aether::proxy::hop::Pool::default(),
-            apps: aether::proxy::app_pool::AppPool::default(),
             drain: tokio::sync::watch::Sender::new(false),
             stats: Stats::default(),
             metrics,
@@ -325,7 +335,7 @@ impl World {
         Ipv4Addr::new(self.block[0], self.block[1], self.block[2], host)
     }
 
-    /// The ClusterIP of a generated Service in `mp`.
+    /// The ClusterIP of a Service in `mp`.
     pub(crate) fn cluster_ip(&self, service: &str) -> IpAddr {
         self.snapshot
             .services

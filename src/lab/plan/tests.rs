@@ -160,7 +160,7 @@ fn no_generated_service_gets_a_rule() {
         "the registrar generated {}",
         generated.len()
     );
-    assert_eq!(planned.plan.services.len(), 2);
+    assert_eq!(planned.plan.services.len(), 3);
     let text = planned.plan.render_kube_proxy();
     for svc in generated {
         assert!(svc.selector.is_none());

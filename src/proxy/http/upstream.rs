@@ -15,6 +15,7 @@ use hyper::upgrade::OnUpgrade;
 use tokio::net::TcpStream;
 use tracing::debug;
 
+use crate::proxy::app_pool::Purpose;
 use crate::proxy::socket::{SocketError, Source};
 use crate::proxy::{Body, BoxError, Inputs, PodCtx, count, passthrough, respond, upgrade};
 use crate::resolve::answer::{HEADER_ERROR, Reason};
@@ -36,9 +37,16 @@ pub(super) async fn passthrough(
     // A mesh pod behind the dialled address is reached over the hop (model.md §12.5 item 1);
     // kept connections are per endpoint then.
     let target = passthrough::pick(inputs, dialled);
+    let purpose = if target.hop.is_some() {
+        Purpose::PassthroughHop
+    } else {
+        Purpose::Passthrough
+    };
     let connect = || passthrough::open(inputs, pod, &target);
     forward(
         inputs,
+        pod,
+        purpose,
         source,
         target.dst,
         h2,
@@ -51,10 +59,13 @@ pub(super) async fn passthrough(
 
 /// Send a request to `dst` — a passthrough destination, or the application on a delivery — and
 /// answer with its response, the upstream's `x-aether-error` removed (I12). The request goes on
-/// a kept connection per (`source`, `dst`) (`proxy::app_pool`); an upgrade request gets a
-/// connection of its own, which becomes the client's after `101`.
+/// a kept connection of `pod` per (`purpose`, `source`, `dst`) (`proxy::app_pool`); an upgrade
+/// request gets a connection of its own, which becomes the client's after `101`.
+#[allow(clippy::too_many_arguments)] // One request's facts, each once; no bundle repeats.
 async fn forward<F, Fut, S>(
     inputs: &Inputs,
+    pod: &PodCtx,
+    purpose: Purpose,
     source: IpAddr,
     dst: SocketAddr,
     h2: bool,
@@ -74,7 +85,7 @@ where
                 .map_err(BoxError::from),
             None => Err("the destination refused the connection".into()),
         },
-        None => inputs.apps.send(source, dst, h2, req, connect).await,
+        None => pod.apps.send(purpose, source, dst, h2, req, connect).await,
     };
     match sent {
         Ok(mut resp) => {
@@ -155,7 +166,18 @@ pub async fn to_app(
     };
     let req = if h2 { req } else { origin_form_any(req) };
     let connect = || connect_app(inputs, pod, app, client_ip);
-    forward(inputs, client_ip, app, h2, req, client_upgrade, connect).await
+    forward(
+        inputs,
+        pod,
+        Purpose::Delivery,
+        client_ip,
+        app,
+        h2,
+        req,
+        client_upgrade,
+        connect,
+    )
+    .await
 }
 
 /// Origin form for HTTP/1 toward the application, whatever form the hop carried.
