@@ -629,9 +629,11 @@ pub fn explain(
                     // An HTTP port serves HTTP bytes as HTTP, its filters per request; any
                     // other byte stream meets the connection-level verdict.
                     .filter(|e| {
-                        let tcp_port = model
-                            .pod_ports(e.address)
-                            .and_then(|(_, declared)| declared.get(&e.port).copied())
+                        let tcp_port = e
+                            .mesh
+                            .as_ref()
+                            .and_then(|m| model.hop_ports(e.address, &m.namespace, &m.name))
+                            .and_then(|declared| declared.get(&e.port).copied())
                             == Some(crate::model::port::PortProtocol::Tcp);
                         e.mesh.is_some() && (tcp_port || !http_bytes)
                     })

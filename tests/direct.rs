@@ -90,6 +90,64 @@ async fn h2c_through_an_unrouted_service_to_a_pod_of_the_same_daemon_is_answered
     assert_eq!(w.inputs.stats.l4_hops.get(), 3);
 }
 
+/// A hand-made hop to mp-multi-0 from `source` (a 127/8 address of the world) as `sa`, then one
+/// HTTP/2 request: the status, or `None` when the hop closed after the handshake.
+async fn hop_from(w: &World, source: std::net::Ipv4Addr, sa: &str) -> Option<u16> {
+    use http_body_util::Empty;
+    use hyper_util::rt::{TokioExecutor, TokioIo};
+    let socket = tokio::net::TcpSocket::new_v4().unwrap();
+    socket.bind(SocketAddr::new(IpAddr::V4(source), 0)).unwrap();
+    let tcp = socket
+        .connect(SocketAddr::new(IpAddr::V4(w.ip(world::MULTI)), 18008))
+        .await
+        .unwrap();
+    let config =
+        aether::identity::client_config(&w.identities, "mp", sa, &[aether::proxy::ALPN_HTTP])
+            .unwrap();
+    let sni = rustls::pki_types::ServerName::try_from(format!("8080.mp-multi.mp.{MESH}")).unwrap();
+    let tls = tokio_rustls::TlsConnector::from(config)
+        .connect(sni, tcp)
+        .await
+        .expect("the handshake completes: the certificate is the mesh's own");
+    let answered = async {
+        let (mut send, conn) =
+            hyper::client::conn::http2::handshake(TokioExecutor::new(), TokioIo::new(tls)).await?;
+        tokio::spawn(conn);
+        let req = http::Request::get(format!("http://{}/", name("mp-multi", Some(8080))))
+            .body(Empty::<bytes::Bytes>::new())
+            .unwrap();
+        send.send_request(req).await
+    };
+    tokio::time::timeout(Duration::from_secs(20), answered)
+        .await
+        .expect("answered or closed in 20 s")
+        .ok()
+        .map(|r| r.status().as_u16())
+}
+
+/// issue #35 item 3, model.md §14 source binding: the mesh's own certificate for an identity is
+/// served only from the address of a served pod of that identity. From mp-client's address as
+/// mp-locked (another served service), and from an address no row holds, the hop closes after
+/// the handshake, before its HTTP is read; each refusal is counted by reason.
+#[tokio::test]
+async fn a_hop_is_served_only_from_an_address_of_its_certificates_identity() {
+    let w = World::start().await;
+    let refused = |reason: &'static str| {
+        w.inputs
+            .stats
+            .hop_unbound
+            .get_or_create(&[("reason", reason)])
+            .get()
+    };
+    assert_eq!(hop_from(&w, w.ip(CLIENT), "mp-client").await, Some(200));
+    assert_eq!(hop_from(&w, w.ip(CLIENT), "mp-locked").await, None);
+    assert_eq!(refused("source-identity-mismatch"), 1);
+    // An address no row holds is waited on for one discovery hold, then refused.
+    assert_eq!(hop_from(&w, w.ip(77), "mp-client").await, None);
+    assert_eq!(refused("source-not-a-pod"), 1);
+    assert_eq!(refused("source-contested"), 0);
+}
+
 #[tokio::test]
 async fn a_host_port_other_than_the_dialled_port_is_refused_421_port_mismatch() {
     let w = World::start().await;

@@ -33,7 +33,19 @@ fn every_leg_on_the_etcd_source() {
         ],
         56,
         &[
-            "A1", "A13", "N23", "SWAP", "RET", "RESTART", "UPGRADE", "CNI", "DUMP",
+            "A1",
+            "A13",
+            "N23",
+            "SWAP",
+            "RET",
+            "RESTART",
+            "UPGRADE",
+            "CNI",
+            "DUMP",
+            "BINDING",
+            "DUP-ADDR",
+            "H2C-SAME",
+            "GRPC-SAME",
         ],
     );
 }

@@ -34,7 +34,20 @@ fn every_leg_on_the_kubernetes_source() {
         ],
         59,
         &[
-            "A1", "A13", "N23", "SWAP", "RET", "RESTART", "KWRITES", "KSTOP", "KEXPIRE", "KDASH",
+            "A1",
+            "A13",
+            "N23",
+            "SWAP",
+            "RET",
+            "RESTART",
+            "KWRITES",
+            "KSTOP",
+            "KEXPIRE",
+            "KDASH",
+            "BINDING",
+            "DUP-ADDR",
+            "H2C-SAME",
+            "GRPC-SAME",
         ],
     );
 }

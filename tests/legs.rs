@@ -1367,7 +1367,8 @@ fn every_variant_loads_without_a_problem() {
                 + s.tcp_routes.len()
                 + s.tls_routes.len()
                 + s.udp_routes.len()
-                + s.mesh_filters.len();
+                + s.mesh_filters.len()
+                + s.rows.len();
             assert!(
                 objects > 0,
                 "variant {name} holds nothing the registry reads"

@@ -1275,3 +1275,80 @@ fn the_fixture_and_each_variant_compile_alike_whole_and_by_components() {
         assert!(merge(&ctx, &parts) == whole, "{v:?}");
     }
 }
+
+/// A Pod of another service that claims mp-multi-0's address (issue #35 item 5), as a document
+/// put before the clients' file.
+const INTRUDER: &str = r#"---
+apiVersion: v1
+kind: Pod
+metadata:
+  name: mp-a-intruder-0
+  namespace: mp
+spec:
+  serviceAccountName: mp-a-intruder
+  nodeName: node-a
+status:
+  podIP: 10.244.1.12
+  podIPs:
+  - ip: 10.244.1.12
+  conditions:
+  - type: Ready
+    status: "True"
+---
+"#;
+
+#[test]
+fn an_address_two_rows_claim_keeps_every_claimants_protection_and_is_nobodys() {
+    use aether::model::Unbound;
+    use aether::resolve::classify_connection;
+    use aether::resolve::decision::ConnDecision;
+    let multi: IpAddr = "10.244.1.12".parse().unwrap();
+    let client: IpAddr = "10.244.1.101".parse().unwrap();
+    let from = caller(Some("mp"));
+    let pod_ip_dial =
+        |m: &Model, port: u16| classify_connection(m, &from, SocketAddr::new(multi, port));
+    // Without the claim: mp-multi-0's address is a pod-IP dial's, and proves mp-multi.
+    let (_, base) = fixture_model(None, None);
+    assert!(matches!(pod_ip_dial(&base, 8080), ConnDecision::Sniff(_)));
+    assert_eq!(base.source_binding(multi, "mp", "mp-multi"), Ok(()));
+    assert!(matches!(
+        base.source_binding(client, "mp", "mp-multi"),
+        Err(Unbound::OtherIdentity(k)) if &*k.name == "mp-client"
+    ));
+    assert_eq!(
+        base.source_binding("10.9.9.9".parse().unwrap(), "mp", "mp-multi"),
+        Err(Unbound::NotAPod)
+    );
+    // A Pod of mp-a-intruder (which sorts first) at the same address.
+    let first = "# aether acceptance fixture: the clients";
+    let claimed = format!("{INTRUDER}{first}");
+    let (_, m) = fixture_model(None, Some(("20-clients.yaml", first, &claimed)));
+    // Every claimant's inbound protection: mp-multi's ext_authz still refuses plaintext.
+    assert_eq!(
+        m.pod("mp", "mp-multi-0").unwrap().inbound.refused_ports,
+        vec![8080, 9090]
+    );
+    // Nobody's address: no pod-IP dial to it on any port, no hop from it proves anyone.
+    for port in [8080, 9090, 7777] {
+        assert!(
+            matches!(pod_ip_dial(&m, port), ConnDecision::Close(_)),
+            "{port}: {:?}",
+            pod_ip_dial(&m, port)
+        );
+    }
+    for sa in ["mp-multi", "mp-a-intruder"] {
+        assert_eq!(m.source_binding(multi, "mp", sa), Err(Unbound::Contested));
+    }
+    // The pod that holds the address still takes hops for its own identity and ports.
+    let ports = m.hop_ports(multi, "mp", "mp-multi").unwrap();
+    assert_eq!(ports.keys().copied().collect::<Vec<_>>(), vec![8080, 9090]);
+    assert!(m.hop_ports(multi, "mp", "mp-httponly").is_none());
+    assert!(
+        m.diagnostics
+            .iter()
+            .any(|d| d.kind.as_str() == "duplicate-address"
+                && d.subject == "10.244.1.12"
+                && d.detail.contains("mp/mp-a-intruder")
+                && d.detail.contains("mp/mp-multi"))
+    );
+}

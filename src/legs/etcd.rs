@@ -145,6 +145,30 @@ async fn delete(etcd: &EtcdControl, key: String) -> Result<i64, String> {
     .await
 }
 
+/// On the etcd source, write `row` by hand (its keys, one per protocol) and return the keys;
+/// `None` on another source, whose rows are not etcd's.
+pub(super) async fn put_row(env: &Env, row: &Row) -> Result<Option<Vec<String>>, String> {
+    let Some(etcd) = env.registry.as_ref().and_then(|r| r.etcd.as_ref()) else {
+        return Ok(None);
+    };
+    let kvs = keys::encode(PREFIX, row).map_err(|e| e.to_string())?;
+    let mut written = Vec::new();
+    for (k, v) in kvs {
+        put(etcd, k.clone(), v).await?;
+        written.push(k);
+    }
+    Ok(Some(written))
+}
+
+/// Delete keys [`put_row`] wrote.
+pub(super) async fn delete_keys(env: &Env, written: Vec<String>) -> Result<(), String> {
+    let (etcd, _) = control(env)?;
+    for k in written {
+        delete(etcd, k).await?;
+    }
+    Ok(())
+}
+
 /// The row written by hand, its key and value (one key: it declares HTTP only).
 fn extra_row() -> Result<(String, String), String> {
     let row = Row {

@@ -1,6 +1,6 @@
 //! Legs of issue #3 beyond spec/legs.md: a model swap under load, the CNI socket, and bad input
 //! on the wire (an unknown SNI on 18008, a peer of another trust domain or another CA, a request
-//! head the parser rejects).
+//! head the parser rejects); and source binding on the hop (issue #35 item 3).
 
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -56,6 +56,12 @@ pub static EXTRA: &[Leg] = &[
         "a head the parser rejects: 400 bad-request; oversized: 431",
         None,
         bad_http
+    ),
+    leg!(
+        "BINDING",
+        "18008: a valid certificate is served only from a pod of its own identity (source binding)",
+        None,
+        binding
     ),
 ];
 
@@ -334,27 +340,78 @@ fn identities(env: &Env, trust_domain: &str, ca: Option<Ca>) -> Result<Arc<Ident
     .map_err(|e| e.to_string())
 }
 
+/// Where a hand-made hop goes: from `from`'s network namespace and address, to `to`'s hop.
+#[derive(Clone, Copy, Debug)]
+struct HopPath<'a> {
+    /// The pod it leaves from. A managed pod's connection carries the daemon's socket mark, as
+    /// the daemon's own hops do, or its capture would take it: what root on the pod's node can
+    /// send ([`connect_marked`]).
+    from: &'a str,
+    /// The pod whose hop it reaches.
+    to: &'a str,
+}
+
+/// The path of the bad-input legs: from mp-client's own pod (whose identity their good
+/// certificate proves, model.md §14 source binding) to mp-multi-1, on the other node.
+const FROM_CLIENT: HopPath<'static> = HopPath {
+    from: CLIENT,
+    to: "mp-multi-1",
+};
+
+/// A TCP connection to `dst` from `pod`'s namespace and address, with the daemon's socket mark
+/// (`crate::marks::SOCKET_MARK`): capture lets it out unmarked by TPROXY, as it does the
+/// daemon's own hops (model.md §12.4).
+async fn connect_marked(env: &Env, pod: &str, dst: SocketAddr) -> Result<TcpStream, String> {
+    let netns = env.client_netns(pod)?;
+    let make = || -> std::io::Result<socket2::Socket> {
+        let s = socket2::Socket::new(
+            socket2::Domain::for_address(dst),
+            socket2::Type::STREAM,
+            Some(socket2::Protocol::TCP),
+        )?;
+        s.set_mark(crate::marks::SOCKET_MARK)?;
+        s.set_nonblocking(true)?;
+        Ok(s)
+    };
+    let socket = netns
+        .run(&env.home, make)
+        .map_err(|e| e.to_string())?
+        .map_err(|e| format!("a marked socket in {pod}: {e}"))?;
+    let socket = tokio::net::TcpSocket::from_std_stream(socket.into());
+    tokio::time::timeout(Duration::from_secs(3), socket.connect(dst))
+        .await
+        .map_err(|_| format!("connect to {dst} from {pod} timed out"))?
+        .map_err(|e| format!("connect to {dst} from {pod}: {e}"))
+}
+
 /// How one attempt on a pod's hop ended, as its client sees it.
 #[derive(Debug)]
 enum HopAttempt {
-    /// The handshake and an HTTP/2 request completed: the status.
-    Answered(u16),
+    /// The handshake and an HTTP/2 request completed: the status and the body's first line.
+    Answered(u16, String),
     /// The TLS handshake failed.
     HandshakeRefused(String),
     /// The handshake completed, then the request got no answer.
     ClosedAfterHandshake(String),
 }
 
-/// From the unmanaged pod, a TCP connection to mp-multi-1's hop and a TLS handshake under
-/// `config` and `sni`. `Err` only when the attempt could not be made (the connect failed or
-/// timed out, or the handshake hung): that is a leg's failure, never a refusal.
+/// A TCP connection along `path` (marked when it leaves a managed pod; the unmanaged pod's is
+/// not captured) and a TLS handshake under `config` and `sni`. `Err` only when the attempt
+/// could not be made (the connect failed or timed out, or the handshake hung): that is a leg's
+/// failure, never a refusal.
 async fn hop_tls(
     env: &Env,
+    path: HopPath<'_>,
     config: Arc<rustls::ClientConfig>,
     sni: &str,
 ) -> Result<Result<tokio_rustls::client::TlsStream<TcpStream>, String>, String> {
-    let ip = env.pod_ip("mp", "mp-multi-1")?;
-    let tcp = connect(env, OUTSIDE, SocketAddr::new(ip, 18008)).await?;
+    let to = env.pod_ip("mp", path.to)?;
+    let dst = SocketAddr::new(to, 18008);
+    let tcp = if path.from == OUTSIDE {
+        connect(env, OUTSIDE, dst).await?
+    } else {
+        connect_marked(env, path.from, dst).await?
+    };
     let name =
         rustls::pki_types::ServerName::try_from(sni.to_owned()).map_err(|e| e.to_string())?;
     match tokio::time::timeout(
@@ -368,13 +425,15 @@ async fn hop_tls(
     }
 }
 
-/// A TLS handshake with mp-multi-1's hop, then one HTTP/2 request.
+/// A TLS handshake along `path`, then one HTTP/2 request for `authority`.
 async fn hop_attempt(
     env: &Env,
+    path: HopPath<'_>,
     config: Arc<rustls::ClientConfig>,
     sni: &str,
+    authority: &str,
 ) -> Result<HopAttempt, String> {
-    let tls = match hop_tls(env, config, sni).await? {
+    let tls = match hop_tls(env, path, config, sni).await? {
         Ok(tls) => tls,
         Err(e) => return Ok(HopAttempt::HandshakeRefused(e)),
     };
@@ -385,18 +444,28 @@ async fn hop_attempt(
                 .await?;
         tokio::spawn(conn);
         let req = http::Request::builder()
-            .uri(format!("http://{}:8080/", env.mesh("mp-multi")))
+            .uri(format!("http://{authority}/"))
             .body(crate::proxy::respond::empty())
             .map_err(|e| std::io::Error::other(e.to_string()))?;
-        sender.send_request(req).await.map_err(Into::into)
+        let resp = sender.send_request(req).await?;
+        let status = resp.status().as_u16();
+        let body = http_body_util::BodyExt::collect(resp.into_body())
+            .await?
+            .to_bytes();
+        let first = String::from_utf8_lossy(&body)
+            .lines()
+            .next()
+            .unwrap_or("")
+            .to_owned();
+        Ok::<_, Box<dyn std::error::Error + std::marker::Send + Sync>>((status, first))
     };
-    let answered: Result<_, Box<dyn std::error::Error + std::marker::Send + Sync>> =
-        match tokio::time::timeout(Duration::from_secs(3), request).await {
-            Ok(r) => r,
-            Err(_) => return Err("the request after the handshake timed out".into()),
-        };
+    // Generous: a hop from an address the destination holds no row of is waited on for the
+    // discovery hold (2 s) before it is closed.
+    let Ok(answered) = tokio::time::timeout(Duration::from_secs(10), request).await else {
+        return Err("the request after the handshake timed out".into());
+    };
     Ok(match answered {
-        Ok(resp) => HopAttempt::Answered(resp.status().as_u16()),
+        Ok((status, first)) => HopAttempt::Answered(status, first),
         Err(e) => HopAttempt::ClosedAfterHandshake(crate::DisplayChain(&*e).to_string()),
     })
 }
@@ -418,16 +487,28 @@ enum AfterHandshake {
 
 async fn after_handshake(
     env: &Env,
+    path: HopPath<'_>,
     config: Arc<rustls::ClientConfig>,
     sni: &str,
 ) -> Result<AfterHandshake, String> {
-    let mut tls = match hop_tls(env, config, sni).await? {
+    after_handshake_within(env, path, config, sni, Duration::from_secs(2)).await
+}
+
+/// [`after_handshake`], a connection still open after `patience` counting as kept.
+async fn after_handshake_within(
+    env: &Env,
+    path: HopPath<'_>,
+    config: Arc<rustls::ClientConfig>,
+    sni: &str,
+    patience: Duration,
+) -> Result<AfterHandshake, String> {
+    let mut tls = match hop_tls(env, path, config, sni).await? {
         Ok(tls) => tls,
         Err(e) => return Ok(AfterHandshake::Refused(e)),
     };
     let mut buf = [0u8; 256];
     Ok(
-        match tokio::time::timeout(Duration::from_secs(2), tls.read(&mut buf)).await {
+        match tokio::time::timeout(patience, tls.read(&mut buf)).await {
             Err(_) | Ok(Ok(1..)) => AfterHandshake::Open,
             Ok(Ok(0)) => AfterHandshake::Closed("end of stream".into()),
             Ok(Err(e)) if e.kind() == std::io::ErrorKind::InvalidData => {
@@ -438,13 +519,14 @@ async fn after_handshake(
     )
 }
 
-/// Handshake from the unmanaged pod with mp-multi-1's hop; then one HTTP/2 request. `Ok` is the
-/// status, `Err` says where it stopped.
+/// Handshake from mp-client's pod with mp-multi-1's hop as mp-client; then one HTTP/2 request.
+/// `Ok` is the status, `Err` says where it stopped.
 async fn hop_request(env: &Env, ids: &Arc<Identities>, sni: &str) -> Result<u16, String> {
     let config = client_config(ids, "mp", "mp-client", &[crate::proxy::ALPN_HTTP])
         .map_err(|e| e.to_string())?;
-    match hop_attempt(env, config, sni).await? {
-        HopAttempt::Answered(status) => Ok(status),
+    let authority = format!("{}:8080", env.mesh("mp-multi"));
+    match hop_attempt(env, FROM_CLIENT, config, sni, &authority).await? {
+        HopAttempt::Answered(status, _) => Ok(status),
         HopAttempt::HandshakeRefused(e) => Err(format!("handshake: {e}")),
         HopAttempt::ClosedAfterHandshake(e) => Err(format!("closed: {e}")),
     }
@@ -502,19 +584,20 @@ async fn bad_peer(env: &Env) -> Check {
     // Control, on connections of its own: the mesh's own identity is kept open and answered,
     // so what follows is the peer's doing.
     let own = client_config(&mesh, "mp", "mp-client", &hop).map_err(|e| e.to_string())?;
-    match after_handshake(env, own.clone(), &good).await? {
+    match after_handshake(env, FROM_CLIENT, own.clone(), &good).await? {
         AfterHandshake::Open => {}
         other => return Err(format!("control: want the connection kept, got {other:?}")),
     }
-    match hop_attempt(env, own, &good).await? {
-        HopAttempt::Answered(200) => {}
+    let authority = format!("{}:8080", env.mesh("mp-multi"));
+    match hop_attempt(env, FROM_CLIENT, own, &good, &authority).await? {
+        HopAttempt::Answered(200, _) => {}
         other => return Err(format!("control: want 200, got {other:?}")),
     }
     // Another trust domain, the same CA: the chain verifies, so the handshake completes; the
     // hop then refuses the SPIFFE ID and closes, with no alert and nothing answered.
     let foreign_td = identities(env, "evil.example", None)?;
     let config = client_config(&foreign_td, "mp", "mp-client", &hop).map_err(|e| e.to_string())?;
-    let td = match after_handshake(env, config, &good).await? {
+    let td = match after_handshake(env, FROM_CLIENT, config, &good).await? {
         AfterHandshake::Closed(e) => e,
         other => {
             return Err(format!(
@@ -539,7 +622,7 @@ async fn bad_peer(env: &Env) -> Check {
         .with_root_certificates(roots)
         .with_client_cert_resolver(Arc::new(FixedCert(cert.key.clone())));
     config.alpn_protocols = vec![crate::proxy::ALPN_HTTP.to_vec()];
-    let ca = match after_handshake(env, Arc::new(config), &good).await? {
+    let ca = match after_handshake(env, FROM_CLIENT, Arc::new(config), &good).await? {
         AfterHandshake::Refused(e) => e,
         other => {
             return Err(format!(
@@ -549,6 +632,118 @@ async fn bad_peer(env: &Env) -> Check {
     };
     Ok(format!(
         "control kept and 200; other trust domain: closed after the handshake ({td}); other CA: handshake refused ({ca})"
+    ))
+}
+
+/// The hop refusals for source binding of every daemon, by reason
+/// (`aether_hop_source_refused_total`).
+async fn unbound_refusals(env: &Env, reason: &str) -> Result<f64, String> {
+    let reg = env
+        .registry
+        .as_ref()
+        .ok_or_else(|| env.not_here(Need::DaemonSockets))?;
+    let mut total = 0.0;
+    for socket in &reg.admin_sockets {
+        let text = super::admin_get(socket, "/metrics").await?;
+        let samples = super::parse_exposition(&text)?;
+        total += super::sum_samples(
+            &samples,
+            "aether_hop_source_refused_total",
+            &[("reason", reason)],
+        );
+    }
+    Ok(total)
+}
+
+/// issue #35 item 3, model.md §14 "Source binding": a certificate the mesh's CA issued for
+/// mp-multi, shown from a pod that is not mp-multi's, is closed after the handshake and
+/// nothing reaches the application; the same certificate from mp-multi's own pod is served.
+/// Both to a pod of the same node and to one across nodes, as HTTP/2 and as an L4 hop.
+async fn binding(env: &Env) -> Check {
+    let mesh = identities(env, "cluster.local", None)?;
+    let as_multi =
+        |alpn: &[u8]| client_config(&mesh, "mp", "mp-multi", &[alpn]).map_err(|e| e.to_string());
+    let sni = format!("8080.mp-httponly.mp.{}", env.mesh_domain);
+    let authority = format!("{}:8080", env.mesh("mp-httponly"));
+    let mismatch = unbound_refusals(env, "source-identity-mismatch").await?;
+    let not_a_pod = unbound_refusals(env, "source-not-a-pod").await?;
+    let mut refused = Vec::new();
+    // From mp-client's pod (node-a), as mp-multi: to mp-httponly-0 on its own node and
+    // mp-httponly-1 across; from the unmanaged ext-http-0 (no served row).
+    for (from, to) in [
+        (CLIENT, "mp-httponly-0"),
+        (CLIENT, "mp-httponly-1"),
+        (OUTSIDE, "mp-httponly-0"),
+    ] {
+        let path = HopPath { from, to };
+        for alpn in [crate::proxy::ALPN_HTTP, crate::proxy::ALPN_L4] {
+            // The unmanaged pod's address is no row's: the destination waits one discovery
+            // hold (2 s) for a model that holds it before it closes.
+            let patience = Duration::from_secs(10);
+            match after_handshake_within(env, path, as_multi(alpn)?, &sni, patience).await? {
+                AfterHandshake::Closed(_) => {}
+                other => {
+                    return Err(format!(
+                        "{from} → {to} as mp-multi ({}): want closed after the handshake, got {other:?}",
+                        String::from_utf8_lossy(alpn)
+                    ));
+                }
+            }
+        }
+        match hop_attempt(
+            env,
+            path,
+            as_multi(crate::proxy::ALPN_HTTP)?,
+            &sni,
+            &authority,
+        )
+        .await?
+        {
+            HopAttempt::ClosedAfterHandshake(_) => {}
+            other => {
+                return Err(format!(
+                    "{from} → {to} as mp-multi: want no answer (closed after the handshake), got {other:?}"
+                ));
+            }
+        }
+        refused.push(format!("{from} → {to}"));
+    }
+    // Counted by reason on the destinations' daemons: 2 × 3 attempts from mp-client's pod, 3
+    // from the unmanaged pod.
+    let mismatch = unbound_refusals(env, "source-identity-mismatch").await? - mismatch;
+    let not_a_pod = unbound_refusals(env, "source-not-a-pod").await? - not_a_pod;
+    if mismatch < 6.0 || not_a_pod < 3.0 {
+        return Err(format!(
+            "want the refusals counted (≥ 6 source-identity-mismatch, ≥ 3 source-not-a-pod), got {mismatch} and {not_a_pod}"
+        ));
+    }
+    // The same certificate from mp-multi's own pod (mp-multi-1, node-b): served, on its node
+    // and across.
+    for to in ["mp-httponly-1", "mp-httponly-0"] {
+        let path = HopPath {
+            from: "mp-multi-1",
+            to,
+        };
+        match hop_attempt(
+            env,
+            path,
+            as_multi(crate::proxy::ALPN_HTTP)?,
+            &sni,
+            &authority,
+        )
+        .await?
+        {
+            HopAttempt::Answered(200, first) if first == "mp-httponly:8080" => {}
+            other => {
+                return Err(format!(
+                    "mp-multi-1 → {to} as mp-multi: want 200 from mp-httponly:8080, got {other:?}"
+                ));
+            }
+        }
+    }
+    Ok(format!(
+        "as mp-multi: {} closed after the handshake (HTTP/2 and L4), counted {mismatch} identity-mismatch, {not_a_pod} not-a-pod; from mp-multi-1: 200 mp-httponly:8080 on both nodes",
+        refused.join(", ")
     ))
 }
 

@@ -49,6 +49,12 @@ pub static HOSTILE: &[Leg] = &[
         None,
         zt_strict
     ),
+    leg!(
+        "DUP-ADDR",
+        "a row of another service claiming a pod's address: every claimant's inbound protection kept, pod-IP dials refused until it goes",
+        None,
+        dup_addr
+    ),
 ];
 
 const CLIENT: &str = "mp-client";
@@ -588,4 +594,168 @@ pub(super) async fn read_echo(s: &mut TcpStream, want: &str) -> Result<(), Strin
         got.extend_from_slice(&buf[..n]);
     }
     Ok(())
+}
+
+/// The address mp-a-intruder's row claims: mp-multi-0's.
+const CLAIMED_POD: &str = "mp-multi-0";
+
+/// Whether every daemon's `/model` lists a `duplicate-address` diagnostic for `ip`.
+async fn claimed_everywhere(env: &Env, ip: std::net::IpAddr, want: bool) -> Result<(), String> {
+    let Some(reg) = &env.registry else {
+        return Err(env.not_here(Need::RegistryControl));
+    };
+    let deadline = crate::time::now() + Duration::from_secs(30);
+    loop {
+        let mut agree = true;
+        for socket in &reg.admin_sockets {
+            let body = admin_get(socket, "/model").await?;
+            let v: serde_json::Value = serde_json::from_str(&body).map_err(|e| e.to_string())?;
+            let listed = v["diagnostics"].as_array().is_some_and(|ds| {
+                ds.iter().any(|d| {
+                    d["kind"] == "duplicate-address" && d["subject"] == ip.to_string().as_str()
+                })
+            });
+            agree &= listed == want;
+        }
+        if agree {
+            return Ok(());
+        }
+        if crate::time::now() > deadline {
+            return Err(format!(
+                "the daemons did not {} the duplicate-address diagnostic for {ip} within 30 s",
+                if want { "list" } else { "drop" }
+            ));
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+/// The row that claims mp-multi-0's address: mp-a-intruder (which sorts before mp-multi, so
+/// the first row in sort order would have taken the address), on a node no daemon runs.
+fn intruder_row(ip: std::net::IpAddr) -> crate::model::snapshot::Row {
+    use crate::model::port::PortProtocol;
+    use crate::model::snapshot::ProtocolValue;
+    crate::model::snapshot::Row {
+        namespace: "mp".into(),
+        service: "mp-a-intruder".into(),
+        address: ip,
+        port: 8080,
+        ports: vec![8080],
+        port_protocols: Some(std::collections::BTreeMap::from([(
+            8080,
+            ProtocolValue::Known(PortProtocol::Http),
+        )])),
+        ready: true,
+        pod: Some("mp-a-intruder-0".into()),
+        node: Some("node-c".into()),
+    }
+}
+
+/// Make the claim (or take it away): on the etcd source a row written by hand, elsewhere the
+/// overlay `variants/dup-addr` (the same row as a Pod document); then wait until every daemon
+/// (does not) list the conflict.
+async fn claim(env: &Env, on: bool, keys: &mut Option<Vec<String>>) -> Result<(), String> {
+    let ip = env.pod_ip("mp", CLAIMED_POD)?;
+    if on {
+        *keys = super::etcd::put_row(env, &intruder_row(ip)).await?;
+        if keys.is_none() {
+            env.overlay(Some("dup-addr")).await?;
+        }
+    } else {
+        match keys.take() {
+            Some(written) => super::etcd::delete_keys(env, written).await?,
+            None => env.overlay(None).await?,
+        }
+    }
+    claimed_everywhere(env, ip, on).await
+}
+
+/// A pod-IP dial from mp-client to `dst` over HTTP: `Ok(true)` when mp-multi answered,
+/// `Ok(false)` when the connection was closed with no answer at all (refused at accept).
+async fn pod_ip_dial(env: &Env, dst: SocketAddr) -> Result<bool, String> {
+    let o = env
+        .probe(
+            CLIENT,
+            &probe(
+                super::addr(dst.ip(), dst.port()),
+                Send::Http(HttpRequest::get("/")),
+            ),
+        )
+        .await?;
+    if o.status == Some(200) && o.ident().as_deref() == Some(&format!("mp-multi:{}", dst.port())) {
+        return Ok(true);
+    }
+    if o.status.is_none() && o.ident().is_none() && !o.timed_out && o.connected {
+        return Ok(false);
+    }
+    Err(format!(
+        "{CLIENT} → {dst}: want mp-multi's answer or the connection closed, got {}",
+        o.summary()
+    ))
+}
+
+/// issue #35 item 5: a registry row of another service that claims mp-multi-0's address (a Pod
+/// document, or on etcd a row written by hand). Before, the first row in sort order took the
+/// address: mp-multi's ext_authz no longer refused plaintext to mp-multi-0, and the pod-IP
+/// dial went to whoever sorted first. Now every claimant's protection applies, nothing is
+/// dialled at the address, the intruder's name never reaches mp-multi-0's application, and
+/// all of it ends with the claim.
+async fn dup_addr(env: &Env) -> Check {
+    let ip = env.pod_ip("mp", CLAIMED_POD)?;
+    let http = SocketAddr::new(ip, 8080);
+    let mut keys = None;
+    env.overlay(None).await?;
+    // Before: a pod-IP dial is delivered; plaintext from outside the mesh is refused
+    // (mp-multi's service-level ext_authz guards the pod).
+    if !pod_ip_dial(env, http).await? {
+        return Err(format!("before the claim: {http} refused"));
+    }
+    plaintext_refused(env, OUTSIDE, http).await?;
+    claim(env, true, &mut keys).await?;
+    let during = async {
+        plaintext_refused(env, OUTSIDE, http)
+            .await
+            .map_err(|e| format!("during the claim: {e}"))?;
+        for port in [8080, 9090] {
+            if pod_ip_dial(env, SocketAddr::new(ip, port)).await? {
+                return Err(format!("during the claim: {ip}:{port} was delivered"));
+            }
+        }
+        // The intruder's own name sends its hop to the address; the pod there is mp-multi's
+        // and refuses a hop for another service: 503, and no application answers.
+        let host = format!("{}:8080", env.mesh("mp-a-intruder"));
+        let o = env
+            .probe(
+                "mp-client-nocapture",
+                &probe(
+                    super::loopback(),
+                    Send::Http(HttpRequest {
+                        host: crate::workload::probe::Host::Values(vec![host.clone()]),
+                        ..HttpRequest::get("/")
+                    }),
+                ),
+            )
+            .await?;
+        if o.ident().is_some() || o.status != Some(503) {
+            return Err(format!(
+                "during the claim: {host} reached an application or was not refused 503: {}",
+                o.summary()
+            ));
+        }
+        Ok::<_, String>(())
+    }
+    .await;
+    // The claim goes whatever the checks said, so that the next legs see the fixture.
+    let ended = claim(env, false, &mut keys).await;
+    during?;
+    ended?;
+    if !pod_ip_dial(env, http).await? {
+        return Err(format!("after the claim: {http} still refused"));
+    }
+    plaintext_refused(env, OUTSIDE, http)
+        .await
+        .map_err(|e| format!("after the claim: {e}"))?;
+    Ok(format!(
+        "claimed by mp-a-intruder: plaintext from {OUTSIDE} still refused, pod-IP dials to {ip}:8080 and :9090 closed, mp-a-intruder's name 503 with no application; claim gone: delivered again"
+    ))
 }

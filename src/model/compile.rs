@@ -39,8 +39,8 @@ use crate::model::target::{
 };
 use crate::model::vote::{Tally, legacy_target, vote};
 use crate::model::{
-    ClusterIpEntry, FrontPort, InboundFacts, Model, NameEntry, NameKind, NamedFilter, NodeContext,
-    PodFacts, PodIpEntry,
+    Claim, ClusterIpEntry, FrontPort, InboundFacts, Model, NameEntry, NameKind, NamedFilter,
+    NodeContext, PodFacts, PodIpEntry,
 };
 
 mod l4;
@@ -152,8 +152,9 @@ struct Compiler<'s> {
     services: HashMap<(&'s str, &'s str), MeshService<'s>>,
     /// The one-truth class of each mesh service's ports (the model's `classes`).
     classes: BTreeMap<ServiceKey, BTreeMap<u16, PortProtocol>>,
-    /// Served rows by pod address: (mesh service, protocols, row).
-    by_address: BTreeMap<IpAddr, (&'s str, &'s str, &'s Row)>,
+    /// Served rows by pod address: every row that claims it, (mesh service, row), in row
+    /// order. More than one is a conflict (issue #35 item 5): no claimant owns the address.
+    by_address: BTreeMap<IpAddr, Vec<(&'s str, &'s str, &'s Row)>>,
 }
 
 impl<'s> Compiler<'s> {
@@ -213,19 +214,20 @@ impl<'s> Compiler<'s> {
                 ));
             }
             match self.by_address.entry(row.address) {
-                Entry::Occupied(e) => {
-                    let (ns, svc, _) = e.get();
+                Entry::Occupied(mut e) => {
+                    let (ns, svc, _) = e.get()[0];
                     self.diagnostics.push(Diagnostic::new(
                         DiagnosticKind::DuplicateAddress,
                         row.address.to_string(),
                         format!(
-                            "already a row of {ns}/{svc}; {}/{} ignored for pod-IP dials",
+                            "claimed by rows of {ns}/{svc} and {}/{}: until one goes, pod-IP dials to it are refused, hops from it are refused, and every claimant's inbound protection applies to it",
                             row.namespace, row.service
                         ),
                     ));
+                    e.get_mut().push((&row.namespace, &row.service, row));
                 }
                 Entry::Vacant(e) => {
-                    e.insert((&row.namespace, &row.service, row));
+                    e.insert(vec![(&row.namespace, &row.service, row)]);
                 }
             }
             let sk = (row.namespace.as_str(), row.service.as_str());
@@ -389,6 +391,9 @@ impl<'s> Compiler<'s> {
                 .into_iter()
                 .flatten()
                 .filter_map(|ip| self.by_address.get(ip))
+                // Every row at a listed address, a contested one's claimants each: the hop to
+                // the address is accepted only for the identity of the pod that holds it.
+                .flatten()
                 .filter_map(|(mns, msvc, row)| {
                     self.services
                         .get(&(*mns, *msvc))
@@ -619,29 +624,36 @@ impl<'s> Compiler<'s> {
             }
         }
         let mut pod_ips = HashMap::with_capacity(self.by_address.len());
-        for (&ip, &(ns, svc, row)) in &self.by_address {
-            let Some(m) = self.services.get(&(ns, svc)) else {
-                continue;
-            };
-            let Some(served) = m.rows.iter().find(|r| std::ptr::eq(r.row, row)) else {
-                continue;
-            };
-            // Filled by insertion: these maps hold a few ports, and `collect` into a B-tree
-            // buffers and sorts its input first, which costs more than the inserts.
-            let ep = served.endpoint.clone();
-            let mut declared = BTreeMap::new();
-            let mut tcp = BTreeMap::new();
-            for (&p, &proto) in &served.protocols {
-                if m.classes.get(&p) != Some(&proto) {
+        for (&ip, claims) in &self.by_address {
+            // Each claimant's row as served, with the ports it declares with its service's
+            // winning protocol.
+            let mut served_claims = Vec::with_capacity(claims.len());
+            for &(ns, svc, row) in claims {
+                let Some(m) = self.services.get(&(ns, svc)) else {
                     continue;
+                };
+                let Some(served) = m.rows.iter().find(|r| std::ptr::eq(r.row, row)) else {
+                    continue;
+                };
+                // Filled by insertion: these maps hold a few ports, and `collect` into a
+                // B-tree buffers and sorts its input first, which costs more than the inserts.
+                let mut declared = BTreeMap::new();
+                for (&p, &proto) in &served.protocols {
+                    if m.classes.get(&p) == Some(&proto) {
+                        declared.insert(p, proto);
+                    }
                 }
-                declared.insert(p, proto);
-                if proto == PortProtocol::Tcp {
-                    tcp.insert(p, pod_tcp(&ep, p));
-                }
+                served_claims.push((&served.endpoint, declared));
             }
-            let own = ep.mesh_service.clone();
-            let guarded_by: Vec<ServiceKey> = std::iter::once(own.clone())
+            let Some((first, _)) = served_claims.first() else {
+                continue;
+            };
+            let ep = (*first).clone();
+            // Its own mesh service (every claimant's), then the user Services whose slices
+            // hold the address.
+            let guarded_by: Vec<ServiceKey> = served_claims
+                .iter()
+                .map(|(e, _)| e.mesh_service.clone())
                 .chain(backs.get(&ip).into_iter().flatten().cloned())
                 .fold(Vec::new(), |mut v, k| {
                     if !v.contains(&k) {
@@ -649,15 +661,46 @@ impl<'s> Compiler<'s> {
                     }
                     v
                 });
-            pod_ips.insert(
-                ip,
-                Arc::new(PodIpEntry {
+            let entry = if served_claims.len() == 1 {
+                let declared = served_claims.pop().map(|(_, d)| d).unwrap_or_default();
+                let tcp = declared
+                    .iter()
+                    .filter(|(_, proto)| **proto == PortProtocol::Tcp)
+                    .map(|(&p, _)| (p, pod_tcp(&ep, p)))
+                    .collect();
+                PodIpEntry {
                     endpoint: ep,
                     declared,
                     tcp,
                     guarded_by: guarded_by.into(),
-                }),
-            );
+                    contested: None,
+                }
+            } else {
+                // Every claimant's ports, so that plaintext to any of them is refused where
+                // one claimant's protection asks it; no raw-TCP entry: a pod-IP dial to a
+                // contested address is refused (issue #35 item 5).
+                let mut declared = BTreeMap::new();
+                for (_, d) in &served_claims {
+                    for (&p, &proto) in d {
+                        declared.entry(p).or_insert(proto);
+                    }
+                }
+                let claims: Vec<Claim> = served_claims
+                    .into_iter()
+                    .map(|(e, d)| Claim {
+                        service: e.mesh_service.clone(),
+                        declared: d,
+                    })
+                    .collect();
+                PodIpEntry {
+                    endpoint: ep,
+                    declared,
+                    tcp: BTreeMap::new(),
+                    guarded_by: guarded_by.into(),
+                    contested: Some(claims.into()),
+                }
+            };
+            pod_ips.insert(ip, Arc::new(entry));
         }
 
         self.ext_authz_on_tcp(&pod_ips, &filters);

@@ -217,8 +217,71 @@ pub(crate) struct PodIpEntry {
     pub(crate) tcp: BTreeMap<u16, TcpChoice>,
     /// Every Service whose service-level filters apply to a connection the hop delivers to
     /// this pod without naming one (raw TCP and L4, model.md §12.5 item 2): its own mesh
-    /// service, then the user Services whose EndpointSlices hold its address.
+    /// service, then the user Services whose EndpointSlices hold its address. For a contested
+    /// address, every claimant's mesh service.
     pub(crate) guarded_by: Arc<[ServiceKey]>,
+    /// Set when rows of more than one mesh service claim the address (issue #35 item 5): every
+    /// claimant with the ports it declares. Until the conflict ends, no claimant owns the
+    /// address: a pod-IP dial to it is refused, a hop from it proves no one, and `declared`
+    /// and `guarded_by` hold every claimant's ports and Services, so that each claimant's
+    /// inbound protection applies.
+    pub(crate) contested: Option<Arc<[Claim]>>,
+}
+
+/// One of the rows that claim a contested address.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub(crate) struct Claim {
+    /// Its mesh service.
+    pub(crate) service: ServiceKey,
+    /// Ports its row declares with its service's winning protocol.
+    pub(crate) declared: BTreeMap<u16, PortProtocol>,
+}
+
+/// Why the source address of a mesh hop does not prove the identity of its certificate
+/// (model.md §14, "Source binding"). Each has a stable code, the label of
+/// `aether_hop_source_refused_total` and the access log's reason.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Unbound {
+    /// The address is no served row's.
+    NotAPod,
+    /// Rows of more than one mesh service claim the address (issue #35 item 5).
+    Contested,
+    /// The address is a served pod of another identity.
+    OtherIdentity(ServiceKey),
+}
+
+impl Unbound {
+    /// The stable code.
+    pub fn code(&self) -> &'static str {
+        match self {
+            Self::NotAPod => "source-not-a-pod",
+            Self::Contested => "source-contested",
+            Self::OtherIdentity(_) => "source-identity-mismatch",
+        }
+    }
+
+    /// Every code, for the metric's series.
+    pub const CODES: [&'static str; 3] = [
+        "source-not-a-pod",
+        "source-contested",
+        "source-identity-mismatch",
+    ];
+}
+
+impl std::fmt::Display for Unbound {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Self::NotAPod => f.write_str("the source address is no served pod's"),
+            Self::Contested => {
+                f.write_str("the source address is claimed by rows of more than one service")
+            }
+            Self::OtherIdentity(k) => write!(
+                f,
+                "the source address is a pod of {}/{}",
+                k.namespace, k.name
+            ),
+        }
+    }
 }
 
 /// A pod as a caller.
@@ -273,12 +336,50 @@ pub struct InboundFacts {
 }
 
 impl Model {
-    /// The ports a served pod's row declares, with their protocol (the mesh hop's check,
-    /// model.md §14), and the pod's own mesh service.
-    pub fn pod_ports(&self, ip: IpAddr) -> Option<(&ServiceKey, &BTreeMap<u16, PortProtocol>)> {
-        self.pod_ips
-            .get(&ip)
-            .map(|e| (&e.endpoint.mesh_service, &e.declared))
+    /// The ports the row of the pod at `ip` of the mesh service `namespace`/`service_account`
+    /// declares, with their protocol: the mesh hop's check at the destination (model.md §14),
+    /// asked with the identity of the local pod that holds the address. `None` when no such
+    /// row claims the address: the model does not hold the pod as that service's.
+    pub fn hop_ports(
+        &self,
+        ip: IpAddr,
+        namespace: &str,
+        service_account: &str,
+    ) -> Option<&BTreeMap<u16, PortProtocol>> {
+        let e = self.pod_ips.get(&ip)?;
+        let is = |k: &ServiceKey| &*k.namespace == namespace && &*k.name == service_account;
+        match &e.contested {
+            Some(claims) => claims.iter().find(|c| is(&c.service)).map(|c| &c.declared),
+            None => is(&e.endpoint.mesh_service).then_some(&e.declared),
+        }
+    }
+
+    /// Source binding (model.md §14): whether a hop from `ip` may speak as
+    /// `namespace`/`service_account`, the identity its certificate proves. Only when `ip` is
+    /// the address of a served row (in any state) of that mesh service, and of no other.
+    pub fn source_binding(
+        &self,
+        ip: IpAddr,
+        namespace: &str,
+        service_account: &str,
+    ) -> Result<(), Unbound> {
+        let Some(e) = self.pod_ips.get(&ip) else {
+            return Err(Unbound::NotAPod);
+        };
+        if e.contested.is_some() {
+            return Err(Unbound::Contested);
+        }
+        let k = &e.endpoint.mesh_service;
+        if &*k.namespace == namespace && &*k.name == service_account {
+            Ok(())
+        } else {
+            Err(Unbound::OtherIdentity(k.clone()))
+        }
+    }
+
+    /// Whether rows of more than one mesh service claim `ip` (issue #35 item 5).
+    pub fn contested(&self, ip: IpAddr) -> bool {
+        self.pod_ips.get(&ip).is_some_and(|e| e.contested.is_some())
     }
 
     /// Whether any UDPRoute has a parent address (the UDP listener on 18082 is opened only
@@ -378,13 +479,18 @@ impl Model {
     /// Where a captured connection to `dialled` that would be passed through goes instead
     /// (model.md §12.5 item 1): the endpoints to pick from, a mesh pod's bytes carried over the
     /// hop. A user Service's ClusterIP and port with a mesh pod behind it gives its Ready
-    /// endpoints; a served pod's IP on a port it declares gives that pod. `None` is the plain
-    /// passthrough to `dialled`.
+    /// endpoints; a served pod's IP on a port it declares gives that pod; the IP of a pod that
+    /// rows of more than one service claim gives no endpoint at all: nothing may go there.
+    /// `None` is the plain passthrough to `dialled`.
     pub fn passthrough_over_hop(&self, dialled: SocketAddr) -> Option<Arc<[L4Endpoint]>> {
         if let Some(eps) = self.l4.get(&dialled) {
             return Some(eps.clone());
         }
         let pod = self.pod_ips.get(&dialled.ip())?;
+        if pod.contested.is_some() {
+            // No claimant owns the address: nothing goes to it (the caller refuses).
+            return Some(Arc::from([]));
+        }
         matches!(
             pod.declared.get(&dialled.port()),
             Some(PortProtocol::Http | PortProtocol::Tcp)

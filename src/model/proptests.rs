@@ -1137,6 +1137,32 @@ proptest! {
         check_connections(&s)?;
     }
 
+    /// issue #35 item 5 (reference R4): a row of another mesh service at a served pod's
+    /// address (a document that claims another pod's IP). Every connection and request equals
+    /// the reference's: no pod-IP dial to the address, whichever claimant sorts first.
+    #[test]
+    fn a_contested_address_compiles_as_the_reference_says(
+        w in world(),
+        which in any::<prop::sample::Index>(),
+        before in any::<bool>(),
+    ) {
+        let mut s = build(&w);
+        if !s.rows.is_empty() {
+            let mut claim = Row::clone(&s.rows[which.index(s.rows.len())]);
+            // A name that sorts before or after the claimed row's own.
+            claim.service = if before {
+                format!("a-{}", claim.service)
+            } else {
+                format!("{}-z", claim.service)
+            };
+            claim.pod = Some("claimant".into());
+            s.rows.push(Arc::new(claim));
+            complete_snapshot(&mut s, "10.96.0.0/16".parse().unwrap());
+        }
+        check_connections(&s)?;
+        check_requests(&s)?;
+    }
+
     /// Determinism and order independence (STYLE.md §6.6).
     #[test]
     fn compile_is_deterministic_and_order_independent(

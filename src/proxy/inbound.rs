@@ -99,7 +99,7 @@ async fn inbound_connection(
     // The handshake and each branch are boxed: the connection's task keeps only the branch it
     // runs, so an idle raw stream does not hold room for a handshake or an HTTP server (issue
     // #8, finding 13).
-    let Some(hop) = Box::pin(accept(&inputs, &pod, tcp, local)).await else {
+    let Some(hop) = Box::pin(accept(&inputs, &pod, tcp, peer_addr, local)).await else {
         return;
     };
     let client_ip = peer_addr.ip();
@@ -133,11 +133,13 @@ async fn inbound_connection(
 }
 
 /// The hop's TLS handshake, with the SNI checked against the pod's row before the handshake
-/// goes on and the peer's certificate after; `None` (counted) refuses the hop.
+/// goes on, and the peer's certificate and its source address after; `None` (counted)
+/// refuses the hop.
 async fn accept(
     inputs: &Inputs,
     pod: &PodCtx,
     tcp: TcpStream,
+    peer_addr: SocketAddr,
     local: SocketAddr,
 ) -> Option<Accepted> {
     // One deadline for the whole handshake: a peer that sends nothing, or drips its
@@ -154,7 +156,9 @@ async fn accept(
     let l4 = alpn.as_deref() == Some(ALPN_L4);
     let checked = sni.as_deref().and_then(|sni| {
         let (port, svc, ns) = parse_server_name(sni, &inputs.settings.mesh_domain)?;
-        let (own, declared) = model.pod_ports(local.ip())?;
+        // The row of this very pod (its identity, at its address): where rows of several
+        // services claim the address, only the one of the pod that holds it.
+        let declared = model.hop_ports(local.ip(), &pod.namespace, &pod.service_account)?;
         let declared = declared.get(&port).copied()?;
         // An L4 hop carries bytes to any TCP port the pod declares (model.md §12.5 item 1).
         let fits = if l4 {
@@ -162,7 +166,7 @@ async fn accept(
         } else {
             class == Some(declared)
         };
-        let ok = &*own.name == svc && &*own.namespace == ns && fits;
+        let ok = pod.service_account == svc && pod.namespace == ns && fits;
         ok.then_some((port, declared))
     });
     drop(model);
@@ -190,6 +194,31 @@ async fn accept(
         inputs.metrics.handshake(Side::Server, Handshake::Identity);
         return None;
     };
+    // model.md §14, source binding: the certificate speaks for its identity only from the
+    // address of a served pod of that identity. Checked after the handshake (the identity is
+    // known only then), before a byte is read or delivered.
+    if let Err(why) = bound_source(inputs, peer_addr.ip(), &peer).await {
+        count(&inputs.stats.hop_refused);
+        inputs
+            .stats
+            .hop_unbound
+            .get_or_create(&[("reason", why.code())])
+            .inc();
+        inputs.metrics.handshake(Side::Server, Handshake::Identity);
+        debug!(source = %peer_addr.ip(), peer = %peer.id, pod = %pod.name, %why, "inbound hop refused: source binding");
+        if let Some(left_out) = inputs.stats.hop_unbound_log.pass() {
+            tracing::warn!(
+                source = %peer_addr.ip(),
+                peer = %peer.id,
+                pod = %pod.name,
+                reason = why.code(),
+                %why,
+                left_out,
+                "inbound hop refused: its source address does not prove its certificate's identity (source binding)"
+            );
+        }
+        return None;
+    }
     inputs.metrics.handshake(Side::Server, Handshake::Ok);
     Some(Accepted {
         tls,
@@ -199,6 +228,33 @@ async fn accept(
         l4,
         h1: alpn.as_deref() == Some(ALPN_H1),
     })
+}
+
+/// Source binding (model.md §14) on the model of now. A source this node holds no row of may be
+/// a pod too new for its model (its own node serves it already): it is waited for as a name the
+/// node does not know yet is, one discovery hold at most (addressing.md §8), then refused. A
+/// source of another identity, or one that rows of several services claim, is refused at once.
+async fn bound_source(
+    inputs: &Inputs,
+    source: IpAddr,
+    peer: &Peer,
+) -> Result<(), crate::model::Unbound> {
+    let deadline = tokio::time::Instant::now() + inputs.settings.hold;
+    loop {
+        let seen = inputs.model.generation();
+        match inputs
+            .model
+            .load()
+            .source_binding(source, &peer.namespace, &peer.service_account)
+        {
+            Err(crate::model::Unbound::NotAPod) => {}
+            done => return done,
+        }
+        let left = deadline.saturating_duration_since(tokio::time::Instant::now());
+        if left.is_zero() || !inputs.model.newer_than(seen, left).await {
+            return Err(crate::model::Unbound::NotAPod);
+        }
+    }
 }
 
 /// Serve the HTTP of one inbound hop connection (HTTP/2, or HTTP/1.1 for an [`ALPN_H1`] hop)

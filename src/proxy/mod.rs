@@ -14,6 +14,7 @@ pub mod filters;
 pub mod hop;
 pub mod http;
 pub mod inbound;
+pub mod log_gate;
 pub mod mesh_call;
 pub mod metrics;
 pub mod outbound;
@@ -274,6 +275,16 @@ pub struct Stats {
     pub tcp_idle_closed: Counter,
     /// `ext_authz` answers whose body was over [`ProxySettings::ext_authz_max_body_bytes`].
     pub ext_authz_body_over_limit: Counter,
+    /// Connections to a pod address that rows of more than one service claim, refused: a
+    /// pod-IP dial closed at accept, a passthrough not opened (docs/decisions.md, "An address
+    /// two rows claim").
+    pub contested_refused: Counter,
+    /// Inbound hops closed after the handshake because their source address does not prove
+    /// their certificate's identity (model.md §14, source binding), by reason
+    /// ([`crate::model::Unbound::code`]).
+    pub hop_unbound: Family<[(&'static str, &'static str); 1], Counter>,
+    /// The warning of a hop refused by source binding, at most once a second.
+    pub hop_unbound_log: log_gate::LogGate,
 }
 
 impl Stats {
@@ -381,6 +392,11 @@ impl Stats {
                 "ext_authz answers whose body was over ext_authz_max_body_bytes (not read)",
                 &self.ext_authz_body_over_limit,
             ),
+            (
+                "aether_contested_address_refused",
+                "Connections to a pod address claimed by rows of more than one service, refused",
+                &self.contested_refused,
+            ),
         ];
         for (name, help, c) in counters {
             registry.register(name, help, c.clone());
@@ -399,6 +415,16 @@ impl Stats {
             "aether_udp_flows_refused",
             "UDP datagrams dropped: their pod had udp_max_flows_per_pod flows open",
             self.udp_flows_refused.clone(),
+        );
+        // Every reason has its series from the start, so that a rate is defined before the
+        // first refusal.
+        for code in crate::model::Unbound::CODES {
+            let _ = self.hop_unbound.get_or_create(&[("reason", code)]);
+        }
+        registry.register(
+            "aether_hop_source_refused",
+            "Inbound mesh hops closed after the handshake: the source address does not prove the certificate's identity (source binding), by reason",
+            self.hop_unbound.clone(),
         );
         registry.register(
             "aether_accept_errors",

@@ -83,6 +83,8 @@ async fn captured(inputs: Arc<Inputs>, pod: Arc<PodCtx>, stream: TcpStream) {
                 || dialled.port() == crate::model::port::MESH_HOP_PORT
             {
                 count(&inputs.stats.reserved_dials);
+            } else if inputs.model.load().contested(dialled.ip()) {
+                count(&inputs.stats.contested_refused);
             }
             debug!(rule = why.rule, %dialled, "closed at accept");
         }

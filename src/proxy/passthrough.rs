@@ -30,6 +30,9 @@ pub struct Target {
     pub dst: SocketAddr,
     /// The endpoint's mesh service when it is a mesh pod: the bytes cross the hop to it.
     pub hop: Option<ServiceKey>,
+    /// Nothing may go there: the dialled address is a pod's that rows of more than one
+    /// service claim (docs/decisions.md, "An address two rows claim").
+    pub refused: bool,
 }
 
 /// Pick where a passthrough of a connection that dialled `dialled` goes: among the Ready
@@ -40,6 +43,7 @@ pub fn pick(inputs: &Inputs, dialled: SocketAddr) -> Target {
         return Target {
             dst: dialled,
             hop: None,
+            refused: false,
         };
     };
     match endpoints.get(fastrand::usize(..endpoints.len().max(1))) {
@@ -50,11 +54,14 @@ pub fn pick(inputs: &Inputs, dialled: SocketAddr) -> Target {
             Target {
                 dst: SocketAddr::new(e.address, e.port),
                 hop: e.mesh.clone(),
+                refused: false,
             }
         }
+        // The model lists no endpoint only for a contested pod address.
         None => Target {
             dst: dialled,
             hop: None,
+            refused: true,
         },
     }
 }
@@ -63,6 +70,11 @@ pub fn pick(inputs: &Inputs, dialled: SocketAddr) -> Target {
 /// otherwise a TCP connection from the pod's own address.
 pub async fn open(inputs: &Inputs, pod: &PodCtx, target: &Target) -> Option<BoxIo> {
     let dst = target.dst;
+    if target.refused {
+        count(&inputs.stats.contested_refused);
+        debug!(%dst, "passthrough to a contested pod address refused");
+        return None;
+    }
     if let Some(service) = &target.hop {
         let endpoint = Endpoint {
             address: dst.ip(),

@@ -66,6 +66,14 @@ pub fn classify_connection(model: &Model, caller: &Caller, dialled: SocketAddr) 
     if d != LEGACY_PORT
         && let Some(pod) = model.pod_ips.get(&a)
     {
+        if pod.contested.is_some() {
+            // docs/decisions.md, "An address two rows claim": no claimant owns it, so nothing
+            // is sent to it, over the hop or in plaintext, until the conflict ends.
+            return ConnDecision::Close(Why::new(
+                "addressing.md §3 step 0",
+                "a pod-IP dial to an address that rows of more than one service claim: refused until one goes",
+            ));
+        }
         return match pod.declared.get(&d) {
             Some(PortProtocol::Tcp) => match pod.tcp.get(&d) {
                 Some(choice) => ConnDecision::Tcp(choice.clone()),
@@ -290,6 +298,16 @@ pub fn resolve_request(model: &Model, caller: &Caller, req: &RequestFacts<'_>) -
     let mut entry = req.entry;
     if let HttpEntry::PodIp { dialled } = entry {
         match model.pod_ips.get(&dialled.ip()) {
+            Some(pod) if pod.contested.is_some() => {
+                // A later request on a connection to an address that became contested: it
+                // goes nowhere (docs/decisions.md, "An address two rows claim").
+                return refuse(
+                    Reason::UpstreamUnreachable,
+                    None,
+                    "addressing.md §5.1 Q3",
+                    "the dialled address is claimed by rows of more than one service: refused until one goes",
+                );
+            }
             Some(pod) if pod.declared.get(&dialled.port()) == Some(&PortProtocol::Http) => {
                 let backend = HttpBackend {
                     service: pod.endpoint.mesh_service.clone(),

@@ -28,6 +28,11 @@
 //! - R3. A retained entry (spec/model.md §10) counts only while the service has no served row,
 //!   its generated Service (if any) has no real port, and its grace (90 s) has not run out at
 //!   the compile time `NodeContext::now_ms`.
+//! - R4. An address that served rows of more than one mesh service claim (docs/decisions.md,
+//!   "An address two rows claim"; issue #35 item 5) is no claimant's: a captured dial to it on
+//!   a port other than 18081 and 18082 is closed at accept, and a request on a pod-IP
+//!   connection to it is answered `503 upstream-unreachable`. Every claimant is a pod behind a
+//!   user Service that lists the address.
 
 use std::net::{IpAddr, SocketAddr};
 
@@ -89,6 +94,16 @@ fn served_rows(s: &Snapshot) -> Vec<Served<'_>> {
         out.push(Served { row, ports });
     }
     out
+}
+
+/// R4: served rows of more than one mesh service claim `a`.
+fn contested(served: &[Served<'_>], a: IpAddr) -> bool {
+    let mut claims = served.iter().filter(|r| r.row.address == a);
+    claims.next().is_some_and(|first| {
+        claims.any(|r| {
+            (&r.row.namespace, &r.row.service) != (&first.row.namespace, &first.row.service)
+        })
+    })
 }
 
 fn rows_of<'a, 's>(served: &'a [Served<'s>], ns: &str, svc: &str) -> Vec<&'a Served<'s>> {
@@ -549,6 +564,10 @@ pub fn reference_connection(
     if d == PROXY {
         return sniff(EntryKind::ProxyCaptured);
     }
+    // R4: an address more than one service claims is no pod-IP dial's to make.
+    if d != LEGACY && contested(&served, a) {
+        return ConnVerdict::Close;
+    }
     // Step 0: a pod-IP dial (rows 44–47).
     if d != LEGACY
         && let Some(pod) = served.iter().find(|r| r.row.address == a)
@@ -640,6 +659,10 @@ pub fn reference_request(
     let mut entry = f.entry;
     if let HttpEntry::PodIp { dialled } = entry {
         let d = dialled.port();
+        if contested(&served, dialled.ip()) {
+            // R4.
+            return answer(503, "upstream-unreachable", None);
+        }
         if let Some(pod) = served.iter().find(|r| r.row.address == dialled.ip()) {
             let svc = rows_of(&served, &pod.row.namespace, &pod.row.service);
             if pod.declares(d) == Some(PortProtocol::Http)

@@ -187,6 +187,8 @@ pub(crate) struct World {
     pub(crate) inputs: Arc<Inputs>,
     /// The client pod `mp/mp-client`.
     pub(crate) client: Arc<PodCtx>,
+    /// The mesh's identities (its CA): a test can make any workload's certificate.
+    pub(crate) identities: Arc<Identities>,
     client_net: LoopbackNet,
     /// The registry as compiled (generated Services included).
     pub(crate) snapshot: Snapshot,
@@ -256,7 +258,7 @@ impl World {
         metrics.rebuild(&model);
         let inputs = Arc::new(Inputs {
             model: Arc::new(ModelHandle::new(model)),
-            tls: Arc::new(IdentityTls::new(identities)),
+            tls: Arc::new(IdentityTls::new(identities.clone())),
             settings,
             pool: aether::proxy::hop::Pool::default(),
             drain: tokio::sync::watch::Sender::new(false),
@@ -323,6 +325,7 @@ impl World {
         Self {
             inputs,
             client,
+            identities,
             client_net,
             snapshot,
             block,
