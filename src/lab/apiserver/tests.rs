@@ -513,6 +513,67 @@ async fn a_refused_read_is_403_an_open_watch_goes_on_until_ended_and_allow_lifts
     );
 }
 
+/// Issue #35 item 2 through the daemon's own [`KubeSource`] and real sockets: Pods refused
+/// (403) after the source synced, once its open watches end. The source stays synced and keeps
+/// its pods; a pod created meanwhile arrives once the refusal is lifted, with no relist.
+#[tokio::test]
+async fn a_refusal_after_the_sync_keeps_the_source_synced_and_is_recovered_without_a_relist() {
+    let (server, _, client) = serve(Settings::default(), None).await;
+    let shop: Api<Pod> = Api::namespaced(client.clone(), "shop");
+    shop.create(&PostParams::default(), &pod("web-0", "node-a"))
+        .await
+        .unwrap();
+    let source = synced_source_of_node_a(&client).await;
+    let refused = |s: &KubeSource| {
+        s.kinds()
+            .iter()
+            .filter(|k| k.kind.starts_with("Pod") && k.is_forbidden())
+            .count()
+    };
+    // Ended until both pod watches were open to see it, then refused at their next watch.
+    server.forbid(pods_resource(), ReadVerb::ALL);
+    within("both pod watches are refused", async {
+        while refused(&source) < 2 {
+            server.end_watches(pods_resource());
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    })
+    .await;
+    assert!(
+        source.synced(),
+        "a refusal after the sync unsynced the source"
+    );
+    assert_eq!(
+        pod_names(&source),
+        ["web-0"],
+        "the last store stays in force"
+    );
+    // Created while the daemon may not read pods: not seen.
+    shop.create(&PostParams::default(), &pod("web-1", "node-a"))
+        .await
+        .unwrap();
+    server.allow(pods_resource());
+    until(&source, "web-1 arrives", |s| {
+        pod_names(s) == ["web-0", "web-1"]
+    })
+    .await;
+    until(&source, "both refusals end", |s| refused(s) == 0).await;
+    for k in source.kinds().iter().filter(|k| k.kind.starts_with("Pod")) {
+        assert_eq!(
+            k.relists.load(std::sync::atomic::Ordering::Relaxed),
+            0,
+            "{}",
+            k.kind
+        );
+        assert!(
+            k.recoveries.load(std::sync::atomic::Ordering::Relaxed) >= 1,
+            "{}",
+            k.kind
+        );
+    }
+    assert_eq!(fingerprint(&source.objects().0), server.fingerprint());
+}
+
 #[tokio::test]
 async fn a_stopped_server_refuses_requests_and_serves_again_once_started() {
     let (server, _, client) = serve(Settings::default(), None).await;
