@@ -120,7 +120,7 @@ impl KindState {
     /// What `/ready` and `aether debug` say of the kind at `now_ms` (Unix milliseconds), or
     /// `None` when it is synced. Names the kind and its state only: `/ready` is served on the
     /// node's network, so the server's error text (which names the daemon's account) stays in
-    /// the log.
+    /// the log and in `aether debug` ([`KindState::last_error`]).
     pub fn report(&self, now_ms: u64) -> Option<String> {
         let kind = self.kind;
         match self.phase() {
