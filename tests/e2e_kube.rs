@@ -1,9 +1,9 @@
 //! The local e2e suite on the Kubernetes source (issue #9): the same fixture, pods and legs as
 //! `tests/e2e_local.rs`, but the daemons watch the lab's API server (`aether lab-apiserver`,
 //! loaded from the manifest directory and started in the underlay namespace) instead of the
-//! directory. Every leg must pass, the Kubernetes source's own fault legs (KSTOP, KEXPIRE)
-//! included, and the registrar and the route-status writer must be seen writing through the
-//! server. It runs `aether demo --check --registry-source kube`.
+//! directory. Every leg must pass, the Kubernetes source's own fault legs (KSTOP, KEXPIRE,
+//! K-FORBID) included, and the registrar and the route-status writer must be seen writing
+//! through the server. It runs `aether demo --check --registry-source kube`.
 //!
 //! Root, `ip`, `nft` and `nsenter` are needed, as for the file-registry run; without them it
 //! prints SKIPPED, and fails under `AETHER_REQUIRE_NETNS=1` (`src/test_util/needs_root.rs`).
@@ -32,7 +32,7 @@ fn every_leg_on_the_kubernetes_source() {
             "--netns-prefix",
             "e2k-",
         ],
-        59,
+        60,
         &[
             "A1",
             "A13",
@@ -44,6 +44,7 @@ fn every_leg_on_the_kubernetes_source() {
             "KSTOP",
             "KEXPIRE",
             "KDASH",
+            "K-FORBID",
             "BINDING",
             "DUP-ADDR",
             "H2C-SAME",

@@ -290,26 +290,47 @@ async fn json_call(
 /// The note for an answer from a daemon that is not ready: which pods it could not serve,
 /// when the answer says (`aether debug pods`).
 fn readiness(v: &Value) -> Vec<String> {
-    if v["ready"].as_bool() != Some(false) {
-        return Vec::new();
-    }
     let node = v["node"].as_str().unwrap_or("?");
+    let stale = stale_kinds(v);
+    let mut notes = Vec::new();
+    if !stale.is_empty() {
+        notes.push(format!(
+            "warning: the daemon of node {node} is degraded: the API server refuses to let it read {} (403); it serves its last store of them, and their changes are not seen until it may read them again",
+            stale.join(", ")
+        ));
+    }
+    if v["ready"].as_bool() != Some(false) {
+        return notes;
+    }
     let failed: Vec<String> = v["not_served"]
         .as_array()
         .into_iter()
         .flatten()
         .map(|p| format!("{}/{}", s(&p["namespace"]), s(&p["pod"])))
         .collect();
-    if failed.is_empty() {
-        vec![format!(
+    let unlisted: Vec<String> = v["registry"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter(|k| k["state"] != "forbidden-stale")
+        .map(|k| s(&k["detail"]))
+        .collect();
+    notes.push(if !unlisted.is_empty() {
+        format!(
+            "warning: the daemon of node {node} is not ready: its registry is not read whole ({}); this is what it holds now",
+            unlisted.join("; ")
+        )
+    } else if failed.is_empty() {
+        format!(
             "warning: the daemon of node {node} is not ready (a pod is not served yet, or the registry is not read whole); this is what it holds now"
-        )]
+        )
     } else {
-        vec![format!(
+        format!(
             "warning: the daemon of node {node} is not ready: it could not serve {} (the NOT SERVED rows, or `not_served` in -o json, say why); this is what it holds now",
             failed.join(", ")
-        )]
-    }
+        )
+    });
+    notes
 }
 
 fn structured(v: &Value, output: Output) -> Result<String, DebugError> {
@@ -479,15 +500,31 @@ fn columns(rows: &[Vec<String>]) -> String {
 
 fn header(v: &Value) -> String {
     format!(
-        "node {}  generation {}{}\n",
+        "node {}  generation {}{}{}\n",
         s(&v["node"]),
         s(&v["generation"]),
         if v["ready"].as_bool() == Some(false) {
             "  NOT READY"
         } else {
             ""
+        },
+        if stale_kinds(v).is_empty() {
+            ""
+        } else {
+            "  DEGRADED"
         }
     )
+}
+
+/// The kinds whose last store the daemon serves while the API server refuses it them (403).
+fn stale_kinds(v: &Value) -> Vec<String> {
+    v["registry"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter(|k| k["state"] == "forbidden-stale")
+        .map(|k| s(&k["kind"]))
+        .collect()
 }
 
 fn pods(v: &Value) -> String {
@@ -783,6 +820,39 @@ mod tests {
         let v = serde_json::json!({"node": "node-x", "generation": 1, "ready": false, "pods": [], "not_served": []});
         assert!(!pods(&v).contains("NOT SERVED"));
         assert!(readiness(&v)[0].contains("registry is not read whole"));
+    }
+
+    /// A kind refused after its list: every answer's header says DEGRADED and a note names
+    /// the kind; a kind not listed yet is named in the not-ready note.
+    #[test]
+    fn a_degraded_daemon_says_so_and_names_the_kinds() {
+        let v = serde_json::json!({
+            "node": "node-x", "generation": 4, "ready": true, "pods": [], "not_served": [],
+            "registry": [{"kind": "HTTPRoute", "state": "forbidden-stale", "detail": "HTTPRoute: may not be read (403) for 9 s"}],
+        });
+        assert!(
+            pods(&v).starts_with("node node-x  generation 4  DEGRADED\n"),
+            "{}",
+            pods(&v)
+        );
+        let notes = readiness(&v);
+        assert_eq!(notes.len(), 1, "{notes:?}");
+        assert!(
+            notes[0].contains("degraded") && notes[0].contains("read HTTPRoute (403)"),
+            "{notes:?}"
+        );
+        let v = serde_json::json!({
+            "node": "node-x", "generation": 1, "ready": false, "pods": [], "not_served": [],
+            "registry": [{"kind": "MeshFilter", "state": "forbidden-unlisted", "detail": "MeshFilter: may not be read (403) and was never listed: no pod is served until it is"}],
+        });
+        assert!(pods(&v).starts_with("node node-x  generation 1  NOT READY\n"));
+        let notes = readiness(&v);
+        assert_eq!(notes.len(), 1, "{notes:?}");
+        assert!(
+            notes[0]
+                .contains("not read whole (MeshFilter: may not be read (403) and was never listed"),
+            "{notes:?}"
+        );
     }
 
     #[tokio::test]

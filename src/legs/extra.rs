@@ -263,7 +263,8 @@ async fn cni_served(env: &Env, netns: &std::path::Path) -> Result<bool, String> 
     }
 }
 
-async fn cni(env: &Env) -> Check {
+/// The CNI leg: also run by K-FORBID while a kind is refused (a synced node serves ADDs).
+pub(super) async fn cni(env: &Env) -> Check {
     let Some(reg) = &env.registry else {
         return Err(env.not_here(Need::DaemonSockets));
     };

@@ -5,6 +5,12 @@
 //!
 //! The answer they watch is the `swap` overlay's: mp-multi:8080 through the loopback proxy port
 //! carries `x-swap: 1` while the overlay's HTTPRoute is held, and none without it.
+//!
+//! K-FORBID takes the daemons' right to read HTTPRoutes away once they are synced (issue #35
+//! item 2): the server refuses (403) their next watch, as it refuses a ClusterRole that lost
+//! the kind. They must stay ready and serving (`degraded` on `/ready`), apply every other
+//! kind's changes and serve CNI ADDs, and once the right is back, see the route made meanwhile
+//! within the watcher's back-off bound, without a relist.
 
 use std::time::Duration;
 
@@ -41,7 +47,24 @@ pub static KUBE: &[Leg] = &[
         None,
         expired
     ),
+    leg!(
+        "K-FORBID",
+        "HTTPRoutes refused (403) on the watch after sync: the daemons stay ready (degraded), apply a MeshFilter and serve a CNI ADD, and do not see a route made meanwhile; allowed again: the route is served within the back-off bound, with no relist",
+        None,
+        forbidden
+    ),
 ];
+
+/// The resource K-FORBID refuses, as the lab API server's control API names it.
+const ROUTES: &str = "gateway.networking.k8s.io/httproutes";
+
+/// The longest a refused watch waits for its next try: kube-runtime's watcher backs off to at
+/// most 30 s, and its jitter adds up to as much again (docs/kubernetes.md, "Errors"). A lifted
+/// refusal is seen at that try.
+const RETRY_BOUND: Duration = Duration::from_secs(60);
+
+/// How long the daemons get to see a refusal, or a change that does not wait for a retry.
+const SEEN_BOUND: Duration = Duration::from_secs(30);
 
 const CLIENT: &str = "mp-client-nocapture";
 
@@ -71,18 +94,20 @@ async fn x_swap(env: &Env) -> Result<Option<String>, String> {
     Ok(o.header("x-swap").map(str::to_owned))
 }
 
-/// Runs `steps` with the server to be started again and the overlay removed afterwards,
-/// whatever `steps` returned: a failed leg never leaves the next one a stopped server.
+/// Runs `steps`, then the control request `POST undo` (`/lab/start`, `/lab/allow?…`) and the
+/// overlay's removal, whatever `steps` returned: a failed leg never leaves the next one a
+/// stopped server or a refused resource.
 async fn restoring(
     env: &Env,
     control: &std::path::Path,
+    undo: &str,
     steps: impl Future<Output = Check>,
 ) -> Check {
     let out = steps.await;
-    let started = control_request(control, "POST", "/lab/start").await;
+    let undone = control_request(control, "POST", undo).await;
     let reset = env.overlay(None).await;
     let out = out?;
-    started?;
+    undone?;
     reset.map_err(|e| format!("removing the overlay: {e}"))?;
     Ok(out)
 }
@@ -95,7 +120,7 @@ async fn stopped(env: &Env) -> Check {
     }
     let held = fingerprints(admin).await?;
     control_request(control, "POST", "/lab/stop").await?;
-    restoring(env, control, async {
+    restoring(env, control, "/lab/start", async {
         // The change is made while no watch is open: the server holds it, no daemon sees it.
         env.swap_overlay_files(Some("swap"))?;
         control_request(control, "POST", "/lab/reload").await?;
@@ -130,7 +155,7 @@ async fn expired(env: &Env) -> Check {
         return Err("with the swap overlay: no x-swap: 1".into());
     }
     control_request(control, "POST", "/lab/stop").await?;
-    restoring(env, control, async {
+    restoring(env, control, "/lab/start", async {
         // The routes are deleted while no watch is open, then the history that holds their
         // deletion is dropped: a watch that resumes gets 410 Gone, and only a relist can show
         // that they are gone.
@@ -147,6 +172,160 @@ async fn expired(env: &Env) -> Check {
                 "after the relist: x-swap {v:?}: a deleted route is still held"
             )),
         }
+    })
+    .await
+}
+
+/// The HTTPRoute watch's series of a daemon's `/metrics`: (forbidden, relists, recoveries).
+async fn route_watch(socket: &std::path::Path) -> Result<(f64, f64, f64), String> {
+    let text = super::admin_get(socket, "/metrics").await?;
+    let samples = super::parse_exposition(&text)?;
+    let kind = [("kind", "HTTPRoute")];
+    let get = |name: &str| super::sum_samples(&samples, name, &kind);
+    Ok((
+        get("aether_registry_watch_forbidden"),
+        get("aether_registry_watch_relists_total"),
+        get("aether_registry_watch_recoveries_total"),
+    ))
+}
+
+/// Whether every daemon's HTTPRoute watch reads `forbidden` (1: refused, 0: read).
+async fn routes_forbidden_everywhere(
+    admin: &[std::path::PathBuf],
+    forbidden: f64,
+) -> Result<bool, String> {
+    for socket in admin {
+        if route_watch(socket).await?.0 != forbidden {
+            return Ok(false);
+        }
+    }
+    Ok(true)
+}
+
+/// Polls `check` until it holds (`Ok(true)`), at most `bound`; `what` names it in the error.
+async fn until<F: Future<Output = Result<bool, String>>>(
+    what: &str,
+    bound: Duration,
+    check: impl Fn() -> F,
+) -> Result<Duration, String> {
+    let started = crate::time::now();
+    loop {
+        let last = check().await;
+        if let Ok(true) = last {
+            return Ok(started.elapsed());
+        }
+        if started.elapsed() > bound {
+            return Err(match last {
+                Err(e) => format!("{what}: not within {bound:?}: {e}"),
+                Ok(_) => format!("{what}: not within {bound:?}"),
+            });
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+}
+
+/// mp-httponly's rbac (the `deny-rbac` overlay's MeshFilter) as each node's daemon applies it:
+/// from mp-client to each replica's IP (replica 0 on node-a, 1 on node-b), so that each answer
+/// is its own node's.
+async fn httponly_denied_on_every_node(env: &Env) -> Result<bool, String> {
+    for replica in ["mp-httponly-0", "mp-httponly-1"] {
+        let ip = env.pod_ip("mp", replica)?;
+        let o = env
+            .probe("mp-client", &probe(super::addr(ip, 8080), super::get("/")))
+            .await?;
+        if super::answer(&o, 403, "authz-denied", None).is_err() {
+            return Ok(false);
+        }
+    }
+    Ok(true)
+}
+
+async fn forbidden(env: &Env) -> Check {
+    let (control, admin) = sockets(env)?;
+    env.overlay(None).await?;
+    if let Some(v) = x_swap(env).await? {
+        return Err(format!("before: x-swap {v:?}, want none"));
+    }
+    if httponly_denied_on_every_node(env).await? {
+        return Err("before: mp-httponly already denies mp-client".into());
+    }
+    let mut before = Vec::new();
+    for socket in admin {
+        before.push(route_watch(socket).await?);
+    }
+    let query = format!("?resource={ROUTES}");
+    control_request(control, "POST", &format!("/lab/forbid{query}")).await?;
+    restoring(env, control, &format!("/lab/allow{query}"), async {
+        // As a watch's timeout ends it: the next one is refused.
+        control_request(control, "POST", &format!("/lab/end-watches{query}")).await?;
+        until("every daemon sees HTTPRoute refused", SEEN_BOUND, || {
+            routes_forbidden_everywhere(admin, 1.0)
+        })
+        .await?;
+        for socket in admin {
+            let ready = super::admin_get(socket, "/ready")
+                .await
+                .map_err(|e| format!("refused: {} not ready: {e}", socket.display()))?;
+            if !ready.lines().any(|l| l.starts_with("degraded: HTTPRoute: may not be read (403)")) {
+                return Err(format!(
+                    "refused: {} /ready says {ready:?}, want a degraded: HTTPRoute line",
+                    socket.display()
+                ));
+            }
+        }
+        // A MeshFilter (another kind) and a route (the refused kind) are made together.
+        env.swap_overlays_files(&["swap", "deny-rbac"])?;
+        control_request(control, "POST", "/lab/reload").await?;
+        until(
+            "every node applies the MeshFilter made while HTTPRoutes are refused",
+            SEEN_BOUND,
+            || httponly_denied_on_every_node(env),
+        )
+        .await?;
+        if let Some(v) = x_swap(env).await? {
+            return Err(format!(
+                "refused: x-swap {v:?}: a route made while HTTPRoutes may not be read is served"
+            ));
+        }
+        super::extra::cni(env)
+            .await
+            .map_err(|e| format!("CNI while refused: {e}"))?;
+        control_request(control, "POST", &format!("/lab/allow{query}")).await?;
+        let ended = until(
+            "every daemon reads HTTPRoutes again",
+            RETRY_BOUND + SEEN_BOUND / 2,
+            || routes_forbidden_everywhere(admin, 0.0),
+        )
+        .await?;
+        env.settle()
+            .await
+            .map_err(|e| format!("allowed again: {e}"))?;
+        if x_swap(env).await?.as_deref() != Some("1") {
+            return Err("allowed again: no x-swap: 1".into());
+        }
+        for (socket, (_, relists, recoveries)) in admin.iter().zip(&before) {
+            let (forbidden, relists_now, recoveries_now) = route_watch(socket).await?;
+            if relists_now != *relists {
+                return Err(format!(
+                    "{}: HTTPRoute relisted ({relists} → {relists_now}); the watch should have resumed",
+                    socket.display()
+                ));
+            }
+            if recoveries_now <= *recoveries || forbidden != 0.0 {
+                return Err(format!(
+                    "{}: HTTPRoute forbidden {forbidden}, recoveries {recoveries} → {recoveries_now}",
+                    socket.display()
+                ));
+            }
+            let ready = super::admin_get(socket, "/ready").await?;
+            if ready.contains("degraded") {
+                return Err(format!("allowed again: {} /ready {ready:?}", socket.display()));
+            }
+        }
+        Ok(format!(
+            "refused: ready (degraded), MeshFilter applied on both nodes, CNI ADD served, new route not seen; allowed: read again after {:.1}s (bound {RETRY_BOUND:?}), route served, no relist",
+            ended.as_secs_f64()
+        ))
     })
     .await
 }

@@ -348,6 +348,12 @@ impl Env {
     /// Swap the overlay files in the watched directory (see [`Env::overlay`]) without waiting;
     /// whether anything changed.
     pub fn swap_overlay_files(&self, variant: Option<&str>) -> Result<bool, String> {
+        self.swap_overlays_files(variant.as_slice())
+    }
+
+    /// As [`Env::swap_overlay_files`], with the files of every one of `variants` (which must
+    /// not replace each other's manifests).
+    pub fn swap_overlays_files(&self, variants: &[&str]) -> Result<bool, String> {
         let Some(reg) = &self.registry else {
             return Err("no registry control".into());
         };
@@ -360,7 +366,7 @@ impl Env {
                 changed = true;
             }
         }
-        if let Some(v) = variant {
+        for v in variants {
             let dir = reg.variants.join(v);
             let entries = std::fs::read_dir(&dir).map_err(|e| format!("{}: {e}", dir.display()))?;
             for e in entries.flatten() {

@@ -23,7 +23,7 @@ pub const ENDPOINTS: &[(&str, &str)] = &[
     ("/live", "200 while the process runs"),
     (
         "/ready",
-        "200 once the first model is published and every local pod reconciled, else 503",
+        "200 once the first model is published and every local pod reconciled, else 503; the body names each Kubernetes kind not synced, and a kind refused (403) after its first list leaves it 200 with a `degraded:` line",
     ),
     ("/metrics", "Prometheus text exposition"),
     ("/pods", "the pods this node serves, JSON"),
@@ -87,8 +87,7 @@ fn status(code: StatusCode, text: &'static str) -> Response<Body> {
 async fn handle(admin: &Admin, path: &str) -> Response<Body> {
     match path {
         "/live" => status(StatusCode::OK, "live\n"),
-        "/ready" if *admin.ready.borrow() => status(StatusCode::OK, "ready\n"),
-        "/ready" => status(StatusCode::SERVICE_UNAVAILABLE, "not ready\n"),
+        "/ready" => ready(admin),
         "/metrics" => {
             let mut registry = prometheus_client::registry::Registry::default();
             admin.inputs.stats.register(&mut registry);
@@ -138,6 +137,34 @@ async fn handle(admin: &Admin, path: &str) -> Response<Body> {
         "/access-log" => Response::new(respond::full(format!("{}\n", admin.inputs.access.mode()))),
         _ => status(StatusCode::NOT_FOUND, "unknown admin path\n"),
     }
+}
+
+/// `/ready`: 200 once the node serves, else 503 (the probes read the status alone). The body
+/// names each kind of the Kubernetes source that is not synced. A kind the API server refuses
+/// (403) after its first list leaves the node ready, with a `degraded:` line: the node does
+/// serve, its last store of that kind in force and every other kind applied (issue #35), and a
+/// 503 would tell the DaemonSet's rollout and the operator's probes otherwise while protecting
+/// no request (no traffic is routed by this pod's readiness).
+fn ready(admin: &Admin) -> Response<Body> {
+    let now = crate::time::wall_ms();
+    let kinds = admin.control.kinds.iter().filter_map(|k| k.report(now));
+    let (code, mut text, prefix) = if *admin.ready.borrow() {
+        (StatusCode::OK, "ready\n".to_owned(), "degraded: ")
+    } else {
+        (
+            StatusCode::SERVICE_UNAVAILABLE,
+            "not ready\n".to_owned(),
+            "",
+        )
+    };
+    for kind in kinds {
+        text.push_str(prefix);
+        text.push_str(&kind);
+        text.push('\n');
+    }
+    let mut r = Response::new(respond::full(text));
+    *r.status_mut() = code;
+    r
 }
 
 /// The largest body `PUT /access-log` reads.
@@ -518,5 +545,63 @@ pub(super) mod tests {
             handle(&admin(false), "/ready").await.status(),
             StatusCode::SERVICE_UNAVAILABLE
         );
+    }
+
+    async fn ready_answer(admin: &Admin) -> (StatusCode, String) {
+        use http_body_util::BodyExt;
+        let r = handle(admin, "/ready").await;
+        let status = r.status();
+        let body = r.into_body().collect().await.unwrap().to_bytes();
+        (status, String::from_utf8_lossy(&body).into_owned())
+    }
+
+    /// The four states of a kind, as `/ready` tells them: listing and refused before its list
+    /// keep the node at 503 and are named; refused after its list leaves it 200, degraded.
+    #[tokio::test]
+    async fn ready_names_each_kind_not_synced_and_a_kind_refused_after_its_list_is_degraded() {
+        use crate::registry::kube::watch::KindState;
+        use std::sync::atomic::Ordering;
+        let kind = |name, synced: bool, forbidden: bool| {
+            let k = KindState::new(name);
+            k.synced.store(synced, Ordering::Release);
+            k.forbidden.store(forbidden, Ordering::Release);
+            k.forbidden_since_ms
+                .store(crate::time::wall_ms() - 61_000, Ordering::Relaxed);
+            Arc::new(k)
+        };
+        let mut unsynced = admin(false);
+        unsynced.control = Arc::new(super::super::telemetry::ControlCollector {
+            kinds: vec![
+                kind("Pod", true, false),
+                kind("Service", false, false),
+                kind("MeshFilter", false, true),
+            ],
+            ..Default::default()
+        });
+        let (status, body) = ready_answer(&unsynced).await;
+        assert_eq!(status, StatusCode::SERVICE_UNAVAILABLE);
+        assert_eq!(
+            body,
+            "not ready\nService: not listed yet\nMeshFilter: may not be read (403) and was never listed: no pod is served until it is\n"
+        );
+
+        let mut degraded = admin(true);
+        degraded.control = Arc::new(super::super::telemetry::ControlCollector {
+            kinds: vec![kind("Pod", true, false), kind("HTTPRoute", true, true)],
+            ..Default::default()
+        });
+        let (status, body) = ready_answer(&degraded).await;
+        assert_eq!(status, StatusCode::OK);
+        let lines: Vec<&str> = body.lines().collect();
+        assert_eq!(lines.len(), 2, "{body}");
+        assert_eq!(lines[0], "ready");
+        assert!(
+            lines[1].starts_with("degraded: HTTPRoute: may not be read (403) for 6")
+                && lines[1].ends_with("its changes since are not seen"),
+            "{body}"
+        );
+
+        let (status, body) = ready_answer(&admin(true)).await;
+        assert_eq!((status, body.as_str()), (StatusCode::OK, "ready\n"));
     }
 }

@@ -5,8 +5,10 @@
 //! `debug_max_body_bytes` is answered `413` unread, a capture listing over
 //! `debug_capture_timeout_ms` is killed and answered `504`.
 //!
-//! Every JSON answer names the node, the generation of the model it was read from and whether
-//! the daemon is ready: a daemon that is not ready still answers what it holds.
+//! Every JSON answer names the node, the generation of the model it was read from, whether
+//! the daemon is ready, and (`registry`) each kind of the Kubernetes source that is not synced:
+//! a daemon that is not ready, or serves a kind's last store while the API server refuses it
+//! (403), still answers what it holds.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -127,9 +129,32 @@ fn envelope(admin: &Admin, p: &Published, key: &str, value: Value) -> Value {
         "node": admin.node,
         "generation": p.generation,
         "ready": *admin.ready.borrow(),
+        "registry": registry_kinds(admin),
     });
     v[key] = value;
     v
+}
+
+/// Each kind of the Kubernetes source that is not synced: `{"kind", "state", "detail",
+/// "error"}`, the state one of [`crate::registry::kube::watch::KindPhase`]'s names, the error
+/// the API server's last answer (null: none); empty on the other sources.
+fn registry_kinds(admin: &Admin) -> Value {
+    let now = crate::time::wall_ms();
+    admin
+        .control
+        .kinds
+        .iter()
+        .filter_map(|k| {
+            let detail = k.report(now)?;
+            let error = k.last_error.lock().clone();
+            Some(json!({
+                "kind": k.kind,
+                "state": k.phase().as_str(),
+                "detail": detail,
+                "error": error,
+            }))
+        })
+        .collect()
 }
 
 fn query(query: Option<&str>, key: &str) -> Option<String> {
@@ -666,6 +691,32 @@ mod tests {
                 .any(|r| r["kind"] == "UDPRoute" && r["name"] == "mp-udp"),
             "{v}"
         );
+    }
+
+    /// A kind refused (403) after its first list: a ready daemon's answers carry it under
+    /// `registry`, with the server's error (the admin socket is root's; `/ready` leaves it out).
+    #[tokio::test]
+    async fn a_kind_refused_after_its_list_is_in_every_answer_with_its_state_and_error() {
+        use crate::registry::kube::watch::KindState;
+        use std::sync::atomic::Ordering;
+        let (mut admin, ..) = admin(true);
+        let routes = KindState::new("HTTPRoute");
+        routes.synced.store(true, Ordering::Release);
+        routes.forbidden.store(true, Ordering::Release);
+        *routes.last_error.lock() = Some("403 Forbidden".into());
+        let pods = KindState::new("Pod");
+        pods.synced.store(true, Ordering::Release);
+        admin.control = Arc::new(crate::node::telemetry::ControlCollector {
+            kinds: vec![Arc::new(pods), Arc::new(routes)],
+            ..Default::default()
+        });
+        let (_, v) = ask(&admin, "GET", "/debug/pods", "").await;
+        assert_eq!(v["ready"], true);
+        let kinds = v["registry"].as_array().unwrap();
+        assert_eq!(kinds.len(), 1, "{v}");
+        assert_eq!(kinds[0]["kind"], "HTTPRoute");
+        assert_eq!(kinds[0]["state"], "forbidden-stale");
+        assert_eq!(kinds[0]["error"], "403 Forbidden");
     }
 
     #[test]

@@ -351,7 +351,8 @@ fn context(config: &NodeConfig) -> NodeContext {
 /// state: HTTP entries whose rows vanished with no evidence are retained (model.md §10).
 /// A file registry's `last` holds each manifest file's last content that read whole: a file
 /// read half written, or damaged, is replaced by it, so that its pods stay in the mesh (issue
-/// #8, finding 8). The Kubernetes source gives no model until every watch has listed.
+/// #8, finding 8). The Kubernetes source gives no model until every watch has listed; after
+/// that, one refused (403) gives its last store (`KubeSource::synced`).
 fn load(
     config: &NodeConfig,
     source: &Source,
@@ -729,7 +730,9 @@ pub async fn run_with_logs(
         }
     };
     // Whether the published model is the registry's: not before the Kubernetes source has
-    // listed every kind (fail closed), nor while a kind is unreadable. Ready needs it.
+    // listed every kind (fail closed). Ready and CNI ADDs need it. A kind refused (403) after
+    // its list does not unset it: its last store stays in force and the reloads go on with
+    // every other kind's changes (issue #35; `/ready` says `degraded`).
     let mut registry_ok = matches!(*source, Source::File(_));
     let mut pace = pace::Pace::new(
         match *source {
@@ -960,8 +963,8 @@ pub async fn run_with_logs(
                             offering = true;
                         }
                     }
-                    // Not every watch has listed (or one may not be read): the model stays as
-                    // it is and the node is not ready (fail closed).
+                    // Not every watch has listed (a kind refused before its first list among
+                    // them): the model stays as it is and the node is not ready (fail closed).
                     Err(NodeError::NotSynced) => {
                         debug!("registry not synced");
                         registry_ok = false;
@@ -993,7 +996,7 @@ pub async fn run_with_logs(
                 // #9 §4).
                 if !registry_ok && matches!(req.command, CniCommand::Add { .. }) {
                     node_stats.cni_try_again.inc();
-                    let reason = "the node's registry has not been read whole yet (the Kubernetes source is listing, or a kind may not be read)";
+                    let reason = "the node's registry has not been read whole yet (a kind of the Kubernetes source is not listed yet, or may not be read: /ready says which)";
                     warn!(reason, "CNI ADD refused");
                     let _ = req.reply.send(Err(CniRefusal::TryAgain(reason.to_owned())));
                     continue;

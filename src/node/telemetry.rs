@@ -72,10 +72,26 @@ impl ControlCollector {
         per_kind(
             e,
             "aether_registry_watch_synced",
-            "1 once the kind's watch has had its first complete list (and the kind may be read), else 0",
+            "1 once the kind's watch has had its first complete list (its store stays in force after), else 0",
             None,
             kinds,
             |k| ConstGauge::new(i64::from(k.is_synced())),
+        )?;
+        per_kind(
+            e,
+            "aether_registry_watch_forbidden",
+            "1 while the API server refuses to let the daemon list or watch the kind (403), until it answers one again",
+            None,
+            kinds,
+            |k| ConstGauge::new(i64::from(k.is_forbidden())),
+        )?;
+        per_kind(
+            e,
+            "aether_registry_watch_recoveries",
+            "Refusals (403) of the kind that ended by themselves: a list or watch of it was answered again",
+            None,
+            kinds,
+            |k| ConstCounter::new(k.recoveries.load(Ordering::Relaxed)),
         )?;
         per_kind(
             e,
@@ -316,6 +332,9 @@ mod tests {
         pods.errors.store(3, Ordering::Relaxed);
         pods.last_event_ms
             .store(1_700_000_000_500, Ordering::Relaxed);
+        // Listed, then refused (403) once, and now again: still listed, forbidden.
+        pods.forbidden.store(true, Ordering::Release);
+        pods.recoveries.store(1, Ordering::Relaxed);
         let routes = Arc::new(KindState::new("HTTPRoute"));
         let now = crate::time::wall();
         let ca = Arc::new(crate::identity::Ca::generate(now).unwrap());
@@ -341,6 +360,9 @@ mod tests {
         for line in [
             "aether_registry_watch_synced{kind=\"Pod\"} 1",
             "aether_registry_watch_synced{kind=\"HTTPRoute\"} 0",
+            "aether_registry_watch_forbidden{kind=\"Pod\"} 1",
+            "aether_registry_watch_forbidden{kind=\"HTTPRoute\"} 0",
+            "aether_registry_watch_recoveries_total{kind=\"Pod\"} 1",
             "aether_registry_watch_errors_total{kind=\"Pod\"} 3",
             "aether_registry_watch_relists_total{kind=\"HTTPRoute\"} 0",
             "aether_registry_watch_last_event_timestamp_seconds{kind=\"Pod\"} 1700000000.5",

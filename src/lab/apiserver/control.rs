@@ -7,6 +7,9 @@
 //! | `POST /lab/expire` | every open watch gets `410 Gone` and the history is dropped: the next watch relists |
 //! | `POST /lab/stop` | closes every connection (every watch) and refuses new ones |
 //! | `POST /lab/start` | serves again |
+//! | `POST /lab/forbid?resource=<group or core>/<plural>[&verbs=get,list,watch]` | those reads of the resource (all three by default) are answered `403 Forbidden` from now on; open watches go on, as on the real server |
+//! | `POST /lab/allow?resource=<group or core>/<plural>` | lifts `forbid` |
+//! | `POST /lab/end-watches?resource=<group or core>/<plural>` | the resource's open watches end, as the server's watch timeout ends them; the clients watch again |
 //! | `GET /lab/objects/<group or core>/<plural>[?namespace=ns]` | the stored objects, a JSON array |
 //! | `GET /lab/writes` | `[{"verb", "resource", "field_manager", "count"}]`: the API writes so far |
 //!
@@ -21,9 +24,9 @@ use hyper_util::rt::{TokioIo, TokioTimer};
 use prometheus_client::metrics::counter::Counter;
 use serde_json::{Value, json};
 
-use super::ApiServer;
 use super::http::{Query, json_response};
-use super::resources::by_plural;
+use super::resources::{ResourceType, by_plural};
+use super::{ApiServer, ReadVerb};
 use crate::accept::Acceptor;
 use crate::proxy::Body;
 
@@ -34,6 +37,9 @@ pub const CONTROL_ENDPOINTS: &[(&str, &str)] = &[
     ("POST", "/lab/expire"),
     ("POST", "/lab/stop"),
     ("POST", "/lab/start"),
+    ("POST", "/lab/forbid"),
+    ("POST", "/lab/allow"),
+    ("POST", "/lab/end-watches"),
     ("GET", "/lab/objects/"),
     ("GET", "/lab/writes"),
 ];
@@ -57,6 +63,16 @@ pub async fn serve(server: Arc<ApiServer>, listener: tokio::net::UnixListener) {
                 .await;
         });
     }
+}
+
+/// The resource `<group or core>/<plural>` names.
+fn named_resource(name: Option<&str>) -> Result<ResourceType, String> {
+    let name = name.ok_or("no resource=<group or core>/<plural>")?;
+    let Some((group, plural)) = name.split_once('/') else {
+        return Err(format!("not a resource: {name}"));
+    };
+    let group = if group == "core" { "" } else { group };
+    by_plural(group, plural).ok_or_else(|| format!("not served: {name}"))
 }
 
 fn fingerprint(f: u64) -> Value {
@@ -93,6 +109,35 @@ pub async fn handle<B>(server: &Arc<ApiServer>, req: &Request<B>) -> Response<Bo
             server.start();
             ok(&json!({}))
         }
+        ("POST", "/lab/forbid" | "/lab/allow" | "/lab/end-watches") => {
+            let query = Query::parse(req.uri().query());
+            let resource = match named_resource(query.get("resource")) {
+                Ok(r) => r,
+                Err(e) => return fail(StatusCode::BAD_REQUEST, e),
+            };
+            match path {
+                "/lab/forbid" => {
+                    let verbs = match query.get("verbs") {
+                        None => ReadVerb::ALL.to_vec(),
+                        Some(list) => match list.split(',').map(ReadVerb::parse).collect() {
+                            Some(v) => v,
+                            None => {
+                                return fail(
+                                    StatusCode::BAD_REQUEST,
+                                    format!(
+                                        "verbs {list:?}: expected get, list or watch, comma-separated"
+                                    ),
+                                );
+                            }
+                        },
+                    };
+                    server.forbid(resource, &verbs);
+                }
+                "/lab/allow" => server.allow(resource),
+                _ => server.end_watches(resource),
+            }
+            ok(&json!({}))
+        }
         ("GET", "/lab/writes") => {
             let rows: Vec<Value> = server.read(|s| {
                 s.writes()
@@ -105,13 +150,9 @@ pub async fn handle<B>(server: &Arc<ApiServer>, req: &Request<B>) -> Response<Bo
             ok(&Value::Array(rows))
         }
         ("GET", p) if p.starts_with("/lab/objects/") => {
-            let rest = &p["/lab/objects/".len()..];
-            let Some((group, plural)) = rest.split_once('/') else {
-                return fail(StatusCode::NOT_FOUND, format!("not a resource: {rest}"));
-            };
-            let group = if group == "core" { "" } else { group };
-            let Some(resource) = by_plural(group, plural) else {
-                return fail(StatusCode::NOT_FOUND, format!("not served: {rest}"));
+            let resource = match named_resource(Some(&p["/lab/objects/".len()..])) {
+                Ok(r) => r,
+                Err(e) => return fail(StatusCode::NOT_FOUND, e),
             };
             let query = Query::parse(req.uri().query());
             let namespace = query.get("namespace");

@@ -16,10 +16,10 @@ use prometheus_client::metrics::counter::Counter;
 use serde_json::{Value, json};
 use tokio::sync::mpsc;
 
-use super::ApiServer;
 use super::resources::{ApiPath, parse_path};
 use super::select::Filter;
 use super::store::{ApiError, Key, Part};
+use super::{ApiServer, ReadVerb};
 use crate::accept::Acceptor;
 use crate::proxy::{Body, BoxError, respond};
 
@@ -157,8 +157,24 @@ async fn route(
     } else {
         Part::Main
     };
+    // Noted before the authorization: a watch let through just before its resource's watches
+    // are ended is ended with them.
+    let watches_ended = server.watches_ended(path.resource);
+    if method == http::Method::GET && !path.status {
+        let verb = match (&path.name, query.flag("watch")) {
+            (Some(_), _) => ReadVerb::Get,
+            (None, true) => ReadVerb::Watch,
+            (None, false) => ReadVerb::List,
+        };
+        server.authorize(
+            path.resource,
+            verb,
+            path.namespace.as_deref(),
+            path.name.as_deref(),
+        )?;
+    }
     match (method.as_str(), path.name.is_some()) {
-        ("GET", false) if query.flag("watch") => watch(server, &path, &query),
+        ("GET", false) if query.flag("watch") => watch(server, &path, &query, watches_ended),
         ("GET", false) => list(server, &path, &query),
         ("GET", true) => {
             let key = key(&path, None)?;
@@ -447,10 +463,13 @@ enum Start {
     After(u64),
 }
 
+/// A watch; `watches_ended` is [`ApiServer::watches_ended`] of its resource when the request
+/// arrived: it ends once that moves.
 fn watch(
     server: &Arc<ApiServer>,
     path: &ApiPath,
     query: &Query,
+    watches_ended: u64,
 ) -> Result<Response<Body>, ApiError> {
     let filter = filter(path, query)?;
     let send_initial = query.flag("sendInitialEvents");
@@ -477,6 +496,7 @@ fn watch(
         filter,
         path: path.clone(),
         bookmarks: query.flag("allowWatchBookmarks"),
+        watches_ended,
         tx,
     };
     tokio::spawn(stream.run(start, timeout));
@@ -509,6 +529,8 @@ struct Stream {
     filter: Filter,
     path: ApiPath,
     bookmarks: bool,
+    /// [`ApiServer::watches_ended`] of the resource when the watch was asked for.
+    watches_ended: u64,
     tx: mpsc::Sender<Bytes>,
 }
 
@@ -582,6 +604,10 @@ impl Stream {
                     }
                     if s.expired != expired_at_start {
                         self.gone(rv).await;
+                        return;
+                    }
+                    if self.server.watches_ended(self.path.resource) != self.watches_ended {
+                        // As its timeout ends a watch: the response just ends.
                         return;
                     }
                 }

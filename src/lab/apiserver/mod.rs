@@ -17,7 +17,9 @@
 //! - the manifest directory, loaded at start and, with `--watch-dir`, reconciled as `kubectl
 //!   apply` would on every change ([`store::Store::reconcile`]);
 //! - a control API on a unix socket ([`control`]) for tests: reload, fingerprint, expire every
-//!   watch, stop and start serving, the stored objects, the write counts.
+//!   watch, stop and start serving, refuse the reads of a resource (`403 Forbidden`, as a
+//!   ClusterRole without them gets) and lift that, end a resource's open watches (as the
+//!   server's watch timeout does), the stored objects, the write counts.
 //!
 //! Every peer is treated as hostile: each connection must send its request head within
 //! [`Settings::head_timeout`], a body over [`Settings::max_body`] is refused (413), and at most
@@ -44,7 +46,8 @@ use ipnet::IpNet;
 use parking_lot::Mutex;
 use tokio::sync::watch;
 
-use self::store::{ClusterIps, Store};
+use self::resources::ResourceType;
+use self::store::{ApiError, ClusterIps, Store};
 use crate::registry::kube::objects::{WATCHED_KINDS, fingerprint_keys};
 
 /// Events the history keeps for watches to resume from (the real server keeps a window of a
@@ -111,6 +114,46 @@ pub struct Signal {
     pub expired: u64,
     /// Set by [`ApiServer::stop`]: connections close and new ones are refused.
     pub stopped: bool,
+    /// Bumped by [`ApiServer::end_watches`]: the open watches of that resource end.
+    pub watches_ended: u64,
+}
+
+/// A read an API client may be refused, as RBAC names its verbs.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
+pub enum ReadVerb {
+    /// One object by name.
+    Get,
+    /// A collection.
+    List,
+    /// A collection's changes.
+    Watch,
+}
+
+impl ReadVerb {
+    /// Every read verb: what a ClusterRole rule without the resource leaves out.
+    pub const ALL: &[Self] = &[Self::Get, Self::List, Self::Watch];
+
+    /// The verb as RBAC spells it.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Get => "get",
+            Self::List => "list",
+            Self::Watch => "watch",
+        }
+    }
+
+    /// `get`, `list` or `watch`.
+    pub fn parse(text: &str) -> Option<Self> {
+        Self::ALL.iter().copied().find(|v| v.as_str() == text)
+    }
+}
+
+/// What the lab's authorization refuses, and how many times each resource's open watches were
+/// ended: set through the control API.
+#[derive(Debug, Default)]
+struct Access {
+    refused: BTreeMap<ResourceType, Vec<ReadVerb>>,
+    watches_ended: BTreeMap<ResourceType, u64>,
 }
 
 /// The fake API server could not start or reload.
@@ -126,7 +169,7 @@ pub enum ApiServerError {
         dir: PathBuf,
         /// What the store said.
         #[source]
-        source: store::ApiError,
+        source: ApiError,
     },
     /// A listener could not be bound.
     #[error("listen on {what}")]
@@ -161,6 +204,8 @@ pub struct ApiServer {
     dir: Option<PathBuf>,
     /// Held through a whole reload, so that two reloads never apply their reads out of order.
     reloading: Mutex<()>,
+    /// The reads refused, the watches ended.
+    access: Mutex<Access>,
 }
 
 impl ApiServer {
@@ -179,6 +224,7 @@ impl ApiServer {
             settings,
             dir,
             reloading: Mutex::new(()),
+            access: Mutex::new(Access::default()),
         })
     }
 
@@ -268,6 +314,81 @@ impl ApiServer {
     /// Serves again after [`ApiServer::stop`].
     pub fn start(&self) {
         self.signal.send_modify(|s| s.stopped = false);
+    }
+
+    /// From now on, `verbs` of `resource` are answered `403 Forbidden`, as the real server
+    /// answers a client whose roles grant none of them: a list or a new watch gets the `Status`
+    /// at once, and its body says who may not do what. As on the real server, a watch already
+    /// open goes on (authorization is checked when a request arrives): [`ApiServer::end_watches`]
+    /// ends it, as its timeout would.
+    pub fn forbid(&self, resource: ResourceType, verbs: &[ReadVerb]) {
+        self.access.lock().refused.insert(resource, verbs.to_vec());
+    }
+
+    /// Lifts [`ApiServer::forbid`] for `resource`.
+    pub fn allow(&self, resource: ResourceType) {
+        self.access.lock().refused.remove(&resource);
+    }
+
+    /// `403 Forbidden` when `verb` of `resource` is refused, worded as the real server words
+    /// it (the lab authenticates nobody: its clients are anonymous).
+    pub fn authorize(
+        &self,
+        resource: ResourceType,
+        verb: ReadVerb,
+        namespace: Option<&str>,
+        name: Option<&str>,
+    ) -> Result<(), ApiError> {
+        let refused = self
+            .access
+            .lock()
+            .refused
+            .get(&resource)
+            .is_some_and(|verbs| verbs.contains(&verb));
+        if !refused {
+            return Ok(());
+        }
+        let subject = match name {
+            Some(n) => format!("{resource} \"{n}\""),
+            None => resource.to_string(),
+        };
+        let scope = match namespace {
+            Some(ns) => format!("in the namespace \"{ns}\""),
+            None => "at the cluster scope".to_owned(),
+        };
+        Err(ApiError::new(
+            403,
+            "Forbidden",
+            format!(
+                "{subject} is forbidden: User \"system:anonymous\" cannot {} resource \"{}\" in API group \"{}\" {scope}",
+                verb.as_str(),
+                resource.plural,
+                resource.group
+            ),
+        ))
+    }
+
+    /// Ends every open watch of `resource` the way the server's watch timeout ends one: the
+    /// response ends cleanly, and the client watches again from the last version it saw.
+    pub fn end_watches(&self, resource: ResourceType) {
+        *self
+            .access
+            .lock()
+            .watches_ended
+            .entry(resource)
+            .or_default() += 1;
+        self.signal.send_modify(|s| s.watches_ended += 1);
+    }
+
+    /// How many times the open watches of `resource` were ended (a watch notes it when it
+    /// starts, and ends when it changes).
+    pub fn watches_ended(&self, resource: ResourceType) -> u64 {
+        self.access
+            .lock()
+            .watches_ended
+            .get(&resource)
+            .copied()
+            .unwrap_or(0)
     }
 }
 

@@ -361,6 +361,19 @@ fn relists(source: &KubeSource) -> u64 {
         .map_or(0, |k| k.relists.load(std::sync::atomic::Ordering::Relaxed))
 }
 
+/// The daemon's source as node-a's daemon runs it (with the node-local pod view), once every
+/// kind is listed. Its change ticks are dropped.
+async fn synced_source_of_node_a(client: &Client) -> KubeSource {
+    let (tx, _) = tokio::sync::mpsc::channel(1);
+    let settings = WatchSettings {
+        node: Some("node-a".into()),
+        ..WatchSettings::default()
+    };
+    let source = KubeSource::start(client, &settings, &tx);
+    until(&source, "every kind is listed", KubeSource::synced).await;
+    source
+}
+
 #[tokio::test]
 async fn after_an_expiry_the_daemons_source_relists_and_holds_no_deleted_object() {
     let (server, _, client) = serve(Settings::default(), None).await;
@@ -370,14 +383,7 @@ async fn after_an_expiry_the_daemons_source_relists_and_holds_no_deleted_object(
             .await
             .unwrap();
     }
-    let (tx, _rx) = tokio::sync::mpsc::channel(1);
-    // As the daemon of node-a runs it: with the node-local view, which holds both pods.
-    let settings = WatchSettings {
-        node: Some("node-a".into()),
-        ..WatchSettings::default()
-    };
-    let source = KubeSource::start(&client, &settings, &tx);
-    until(&source, "every kind is listed", KubeSource::synced).await;
+    let source = synced_source_of_node_a(&client).await;
     assert_eq!(pod_names(&source), ["web-0", "web-1"]);
     assert_eq!(
         fingerprint(&source.objects().0),
@@ -418,6 +424,153 @@ async fn after_an_expiry_the_daemons_source_relists_and_holds_no_deleted_object(
     })
     .await;
     until(&source, "web-1 is gone", |s| pod_names(s) == ["web-0"]).await;
+    assert_eq!(fingerprint(&source.objects().0), server.fingerprint());
+}
+
+fn pods_resource() -> ResourceType {
+    resources::by_plural("", "pods").unwrap()
+}
+
+/// The HTTP status of `request` sent by the client behind `api`.
+async fn client_status(api: &Api<Pod>, request: ::http::Request<kube::client::Body>) -> u16 {
+    let client: Client = api.clone().into_client();
+    client.send(request).await.unwrap().status().as_u16()
+}
+
+/// As the real server: a refused list or new watch is `403 Forbidden` with a `Status` that
+/// says who may not do what; a watch open before the refusal goes on until it ends (as its
+/// timeout ends it); `allow` lifts the refusal.
+#[tokio::test]
+async fn a_refused_read_is_403_an_open_watch_goes_on_until_ended_and_allow_lifts_it() {
+    let (server, _, client) = serve(Settings::default(), None).await;
+    let pods: Api<Pod> = Api::all(client.clone());
+    let shop: Api<Pod> = Api::namespaced(client, "shop");
+    shop.create(&PostParams::default(), &pod("web-0", "node-a"))
+        .await
+        .unwrap();
+    let rv = pods
+        .list(&ListParams::default())
+        .await
+        .unwrap()
+        .metadata
+        .resource_version
+        .unwrap();
+    let mut open = pods
+        .watch(&WatchParams::default().timeout(60), &rv)
+        .await
+        .unwrap()
+        .boxed();
+    server.forbid(pods_resource(), &[ReadVerb::List, ReadVerb::Watch]);
+    let e = pods.list(&ListParams::default()).await.unwrap_err();
+    let kube::Error::Api(status) = e else {
+        panic!("not an API error: {e}")
+    };
+    assert_eq!((status.code, status.reason.as_str()), (403, "Forbidden"));
+    assert_eq!(
+        status.message,
+        "pods is forbidden: User \"system:anonymous\" cannot list resource \"pods\" in API group \"\" at the cluster scope"
+    );
+    // A watch is refused before it starts: an HTTP 403 with the Status as its body, which the
+    // client reads as the stream's one error.
+    let raw = ::http::Request::get(format!(
+        "/api/v1/namespaces/shop/pods?watch=true&resourceVersion={rv}"
+    ))
+    .body(kube::client::Body::from(Vec::new()))
+    .unwrap();
+    assert_eq!(client_status(&shop, raw).await, 403);
+    let mut refused = shop
+        .watch(&WatchParams::default(), &rv)
+        .await
+        .unwrap()
+        .boxed();
+    match within("the refused watch's error", refused.try_next()).await {
+        Err(e) => assert_eq!(api_code(e), 403),
+        other => panic!("{other:?}"),
+    }
+    // Get was not refused.
+    assert!(shop.get("web-0").await.is_ok());
+    // The watch open before the refusal still delivers.
+    shop.create(&PostParams::default(), &pod("web-1", "node-a"))
+        .await
+        .unwrap();
+    match within("an event on the open watch", open.try_next()).await {
+        Ok(Some(WatchEvent::Added(p))) => assert_eq!(p.name_any(), "web-1"),
+        other => panic!("{other:?}"),
+    }
+    // Ended as its timeout would end it: the stream just ends.
+    server.end_watches(pods_resource());
+    loop {
+        match within("the watch ends", open.try_next()).await {
+            Ok(None) => break,
+            Ok(Some(WatchEvent::Bookmark(_))) => {}
+            other => panic!("{other:?}"),
+        }
+    }
+    server.allow(pods_resource());
+    assert_eq!(
+        pods.list(&ListParams::default()).await.unwrap().items.len(),
+        2
+    );
+}
+
+/// Issue #35 item 2 through the daemon's own [`KubeSource`] and real sockets: Pods refused
+/// (403) after the source synced, once its open watches end. The source stays synced and keeps
+/// its pods; a pod created meanwhile arrives once the refusal is lifted, with no relist.
+#[tokio::test]
+async fn a_refusal_after_the_sync_keeps_the_source_synced_and_is_recovered_without_a_relist() {
+    let (server, _, client) = serve(Settings::default(), None).await;
+    let shop: Api<Pod> = Api::namespaced(client.clone(), "shop");
+    shop.create(&PostParams::default(), &pod("web-0", "node-a"))
+        .await
+        .unwrap();
+    let source = synced_source_of_node_a(&client).await;
+    let refused = |s: &KubeSource| {
+        s.kinds()
+            .iter()
+            .filter(|k| k.kind.starts_with("Pod") && k.is_forbidden())
+            .count()
+    };
+    // Ended until both pod watches were open to see it, then refused at their next watch.
+    server.forbid(pods_resource(), ReadVerb::ALL);
+    within("both pod watches are refused", async {
+        while refused(&source) < 2 {
+            server.end_watches(pods_resource());
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    })
+    .await;
+    assert!(
+        source.synced(),
+        "a refusal after the sync unsynced the source"
+    );
+    assert_eq!(
+        pod_names(&source),
+        ["web-0"],
+        "the last store stays in force"
+    );
+    // Created while the daemon may not read pods: not seen.
+    shop.create(&PostParams::default(), &pod("web-1", "node-a"))
+        .await
+        .unwrap();
+    server.allow(pods_resource());
+    until(&source, "web-1 arrives", |s| {
+        pod_names(s) == ["web-0", "web-1"]
+    })
+    .await;
+    until(&source, "both refusals end", |s| refused(s) == 0).await;
+    for k in source.kinds().iter().filter(|k| k.kind.starts_with("Pod")) {
+        assert_eq!(
+            k.relists.load(std::sync::atomic::Ordering::Relaxed),
+            0,
+            "{}",
+            k.kind
+        );
+        assert!(
+            k.recoveries.load(std::sync::atomic::Ordering::Relaxed) >= 1,
+            "{}",
+            k.kind
+        );
+    }
     assert_eq!(fingerprint(&source.objects().0), server.fingerprint());
 }
 
@@ -542,10 +695,12 @@ async fn a_body_over_the_cap_is_413_a_slow_head_is_cut_and_connections_are_cappe
 async fn the_control_api_answers_every_listed_request() {
     let (server, _, _client) = serve(Settings::default(), None).await;
     for (method, path) in control::CONTROL_ENDPOINTS {
-        let path = if path.ends_with('/') {
-            format!("{path}core/pods")
-        } else {
-            (*path).to_owned()
+        let path = match *path {
+            p if p.ends_with('/') => format!("{p}core/pods"),
+            p @ ("/lab/forbid" | "/lab/allow" | "/lab/end-watches") => {
+                format!("{p}?resource=core/pods")
+            }
+            p => p.to_owned(),
         };
         let req = ::http::Request::builder()
             .method(*method)

@@ -10,9 +10,14 @@
 //!   spec/model.md §3.4) and is retried with backoff; a relist (after `410 Gone` or a broken
 //!   watch) replaces the store whole when it completes, so no deleted object is left behind.
 //! - A kind the API server does not serve (`404`: its CRD is not installed) counts as listed
-//!   and empty, and is retried; a kind the daemon may not read (`403`) is reported and keeps the
-//!   source unsynced (fail closed: a missing MeshFilter could drop an authorization), while the
-//!   other kinds go on.
+//!   and empty, and is retried.
+//! - A kind the daemon may not read (`403`) is reported ([`KindPhase`]) and retried, and never
+//!   stalls the other kinds. Refused before its first complete list, it keeps the source
+//!   unsynced (fail closed: a missing MeshFilter could drop an authorization). Refused after
+//!   it, its store stays as it was, whole as of its last list plus the changes seen since, and
+//!   the source stays synced: the node goes on serving and applying the other kinds (issue #35).
+//!   The refusal ends as soon as the server answers a list or watch of the kind again (seen on
+//!   the wire, `Answered`: the watcher says nothing when a watch opens), with no relist.
 //! - This node's pods are watched twice: cluster-wide with every other pod, and by themselves
 //!   (`spec.nodeName=<node>`). The node-local view is the authority for them, so a new pod of
 //!   this node is captured as soon as its own small watch brings it, however far the
@@ -57,17 +62,26 @@ use super::objects::{Objects, trim_pod, with_local_view};
 pub struct KindState {
     /// The kind's name (`Pod`, `HTTPRoute`, …).
     pub kind: &'static str,
-    /// Its first complete list has arrived (or the kind does not exist on this server).
+    /// Its first complete list has arrived (or the kind does not exist on this server): its
+    /// store is whole as of a list. Never cleared: a later refusal or failed relist leaves the
+    /// store as it was.
     pub synced: AtomicBool,
     /// The API server does not serve the kind (404): its CRD is not installed.
     pub absent: AtomicBool,
-    /// The API server refused to let the daemon read it (403).
+    /// The API server refused to let the daemon list or watch it (403), and has answered no
+    /// list or watch of it since.
     pub forbidden: AtomicBool,
+    /// When the refusal in course began, Unix time in milliseconds (0: none).
+    pub forbidden_since_ms: AtomicU64,
+    /// Refusals that ended: the server answered a list or watch of the kind again
+    /// (`aether_registry_watch_recoveries_total`).
+    pub recoveries: AtomicU64,
     /// Watch errors since start.
     pub errors: AtomicU64,
     /// Complete lists after the first (a `410 Gone`, a broken watch).
     pub relists: AtomicU64,
-    /// The last error, for `/ready` and the logs.
+    /// The last error, for `aether debug` (the root-only admin socket); `/ready`, served on the
+    /// node's network, leaves it out.
     pub last_error: Mutex<Option<String>>,
     /// When the watch last brought a change or completed a list, Unix time in milliseconds
     /// (0: never); `aether_registry_watch_last_event_timestamp_seconds`.
@@ -83,9 +97,104 @@ impl KindState {
         }
     }
 
-    /// Whether this kind lets the source be synced.
+    /// Whether this kind has had its first complete list (what the source's sync needs).
     pub fn is_synced(&self) -> bool {
-        self.synced.load(Ordering::Acquire) && !self.forbidden.load(Ordering::Acquire)
+        self.synced.load(Ordering::Acquire)
+    }
+
+    /// Whether the API server refuses to let the daemon read this kind now (403).
+    pub fn is_forbidden(&self) -> bool {
+        self.forbidden.load(Ordering::Acquire)
+    }
+
+    /// Where the kind stands.
+    pub fn phase(&self) -> KindPhase {
+        match (self.is_synced(), self.is_forbidden()) {
+            (false, false) => KindPhase::Listing,
+            (false, true) => KindPhase::ForbiddenUnlisted,
+            (true, false) => KindPhase::Synced,
+            (true, true) => KindPhase::ForbiddenStale,
+        }
+    }
+
+    /// What `/ready` and `aether debug` say of the kind at `now_ms` (Unix milliseconds), or
+    /// `None` when it is synced. Names the kind and its state only: `/ready` is served on the
+    /// node's network, so the server's error text (which names the daemon's account) stays in
+    /// the log and in `aether debug` ([`KindState::last_error`]).
+    pub fn report(&self, now_ms: u64) -> Option<String> {
+        let kind = self.kind;
+        match self.phase() {
+            KindPhase::Synced => None,
+            KindPhase::Listing => Some(format!("{kind}: not listed yet")),
+            KindPhase::ForbiddenUnlisted => Some(format!(
+                "{kind}: may not be read (403) and was never listed: no pod is served until it is"
+            )),
+            KindPhase::ForbiddenStale => {
+                let since = self.forbidden_since_ms.load(Ordering::Relaxed);
+                let secs = now_ms.saturating_sub(since) / 1000;
+                Some(format!(
+                    "{kind}: may not be read (403) for {secs} s: its last list and the changes seen before stay in force; its changes since are not seen"
+                ))
+            }
+        }
+    }
+
+    /// The API server refused a list or watch of the kind (403).
+    fn refused(&self, error: &str) {
+        if self.forbidden.swap(true, Ordering::AcqRel) {
+            return;
+        }
+        self.forbidden_since_ms
+            .store(crate::time::wall_ms(), Ordering::Relaxed);
+        if self.is_synced() {
+            warn!(kind = self.kind, %error, "may not read this kind (check the ClusterRole): its last list and the changes seen before stay in force and the node goes on serving; its changes are not seen until it may be read again");
+        } else {
+            warn!(kind = self.kind, %error, "may not read this kind (check the ClusterRole): it was never listed, so the node stays not ready");
+        }
+    }
+
+    /// The API server answered a list or watch of the kind, or its watch brought something: a
+    /// refusal in course has ended.
+    fn answered(&self) {
+        if !self.forbidden.load(Ordering::Acquire) || !self.forbidden.swap(false, Ordering::AcqRel)
+        {
+            return;
+        }
+        self.forbidden_since_ms.store(0, Ordering::Relaxed);
+        self.recoveries.fetch_add(1, Ordering::Relaxed);
+        info!(
+            kind = self.kind,
+            "may read this kind again; its watch resumes"
+        );
+    }
+}
+
+/// Where one kind's watch stands: the four states `/ready`, `/metrics`
+/// (`aether_registry_watch_synced`, `aether_registry_watch_forbidden`) and `aether debug` tell
+/// apart.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum KindPhase {
+    /// Not listed whole yet (the first list, or its retries): the node serves no pod.
+    Listing,
+    /// Refused (403) before its first complete list: the node serves no pod (fail closed).
+    ForbiddenUnlisted,
+    /// Listed, and read (or not served by this API server: 404). A kind whose refusal ended is
+    /// here again, with one more recovery counted.
+    Synced,
+    /// Refused (403) after its first complete list: its store stays as it was, the node serves
+    /// and applies the other kinds; its own changes are not seen.
+    ForbiddenStale,
+}
+
+impl KindPhase {
+    /// The state's name in `aether debug` and the docs.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Listing => "listing",
+            Self::ForbiddenUnlisted => "forbidden-unlisted",
+            Self::Synced => "synced",
+            Self::ForbiddenStale => "forbidden-stale",
+        }
     }
 }
 
@@ -201,20 +310,21 @@ impl KubeSource {
         let mut start = |kind: &'static str| {
             let state = Arc::new(KindState::new(kind));
             kinds.push(state.clone());
-            (state, changed.clone())
+            let client = Answered::client(client, &state);
+            (state, changed.clone(), client)
         };
         macro_rules! watch_kind {
             ($ty:ty, $kind:literal, $trim:expr) => {{
-                let (state, changed) = start($kind);
-                let api: Api<Stored<$ty>> = Api::all(client.clone());
+                let (state, changed, client) = start($kind);
+                let api: Api<Stored<$ty>> = Api::all(client);
                 let (store, task) = spawn_watch(api, config(settings), $trim, state, changed);
                 tasks.push(task);
                 store
             }};
         }
         let local_pods = settings.node.as_ref().map(|node| {
-            let (state, changed) = start(LOCAL_POD_KIND);
-            let api: Api<Stored<Pod>> = Api::all(client.clone());
+            let (state, changed, client) = start(LOCAL_POD_KIND);
+            let api: Api<Stored<Pod>> = Api::all(client);
             let on_node = config(settings).fields(&format!("spec.nodeName={node}"));
             let (store, task) = spawn_watch(api, on_node, trim_pod, state, changed);
             tasks.push(task);
@@ -241,7 +351,8 @@ impl KubeSource {
         }
     }
 
-    /// Whether every kind has had its first complete list (and none is forbidden).
+    /// Whether every kind has had its first complete list: from then on the node serves. A
+    /// kind refused after its list does not unsync the source (its store stays in force).
     pub fn synced(&self) -> bool {
         self.kinds.iter().all(|k| k.is_synced())
     }
@@ -395,18 +506,70 @@ where
                         info!(kind = state.kind, "listed");
                     }
                     state.absent.store(false, Ordering::Release);
-                    state.forbidden.store(false, Ordering::Release);
+                    state.answered();
                     let _ = changed.try_send(());
                 }
                 Ok(Event::Apply(_) | Event::Delete(_)) => {
+                    state.answered();
                     let _ = changed.try_send(());
                 }
-                Ok(Event::Init | Event::InitApply(_)) => {}
+                Ok(Event::InitApply(_)) => state.answered(),
+                // Sent before a list is asked for: no answer yet.
+                Ok(Event::Init) => {}
                 Err(e) => on_error(&state, &e, &changed),
             }
         }
     });
     (reader, task)
+}
+
+/// One kind's client: each request goes through the daemon's client, and a success answer to
+/// it (a list page, or a watch that opened) ends a refusal of the kind in course
+/// ([`KindState::answered`]). The watcher yields nothing when a watch opens, so without this a
+/// lifted `403` on a kind with no change to deliver would be reported forever. Only the kind's
+/// own lists and watches go through it.
+#[derive(Clone)]
+struct Answered {
+    client: Client,
+    state: Arc<KindState>,
+}
+
+impl Answered {
+    /// A client of `client` for the kind of `state`.
+    fn client(client: &Client, state: &Arc<KindState>) -> Client {
+        let answered = Self {
+            client: client.clone(),
+            state: state.clone(),
+        };
+        Client::new(answered, client.default_namespace())
+    }
+}
+
+impl tower_service::Service<http::Request<kube::client::Body>> for Answered {
+    type Response = http::Response<kube::client::Body>;
+    type Error = kube::Error;
+    type Future = std::pin::Pin<
+        Box<dyn Future<Output = Result<Self::Response, Self::Error>> + Send + 'static>,
+    >;
+
+    fn poll_ready(
+        &mut self,
+        _: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Result<(), Self::Error>> {
+        // The daemon's client waits for its own readiness in `send`.
+        std::task::Poll::Ready(Ok(()))
+    }
+
+    fn call(&mut self, request: http::Request<kube::client::Body>) -> Self::Future {
+        let (client, state) = (self.client.clone(), self.state.clone());
+        Box::pin(async move {
+            let response = client.send(request).await?;
+            if response.status().is_success() {
+                state.answered();
+            }
+            Ok(response)
+        })
+    }
 }
 
 /// The HTTP status of a watch error, when the API server answered with one.
@@ -434,9 +597,7 @@ fn on_error(state: &KindState, e: &watcher::Error, changed: &mpsc::Sender<()>) {
             let _ = changed.try_send(());
         }
         Some(403) => {
-            if !state.forbidden.swap(true, Ordering::AcqRel) {
-                warn!(kind = state.kind, error = %text, "may not read this kind: the node stays not ready (check the ClusterRole)");
-            }
+            state.refused(&text);
             let _ = changed.try_send(());
         }
         // 410 Gone and broken watches: the watcher relists by itself. Logged sparingly.

@@ -4,7 +4,11 @@
 use std::collections::BTreeMap;
 use std::time::Duration;
 
+use bytes::Bytes;
 use http::{Request, Response, StatusCode};
+use http_body::Frame;
+use http_body_util::BodyExt;
+use http_body_util::combinators::BoxBody;
 use kube::client::Body;
 use serde_json::{Value, json};
 
@@ -37,9 +41,14 @@ enum Answer {
     Status(u16, &'static str),
     /// Watch events, then the end of the stream.
     Events(Vec<Value>),
+    /// A watch that opens: these events, then nothing, and the stream stays open.
+    Open(Vec<Value>),
     /// No answer (a watch with nothing to say).
     Hold,
 }
+
+/// What the scripted server answers with: a whole body, or one that stays open.
+type ScriptBody = BoxBody<Bytes, std::convert::Infallible>;
 
 /// The script: per path, the answers to its lists and to its watches, in turn; the last one
 /// repeats. A path with no list script answers an empty list; a watch with none is held.
@@ -57,7 +66,11 @@ fn next(answers: Option<&mut Vec<Answer>>, default: Answer) -> Answer {
     }
 }
 
-fn respond(answer: &Answer) -> Option<Response<Body>> {
+fn lines(events: &[Value]) -> String {
+    events.iter().map(|e| format!("{e}\n")).collect()
+}
+
+fn respond(answer: &Answer) -> Option<Response<ScriptBody>> {
     let (code, body) = match answer {
         Answer::List(rv, items) => (
             200,
@@ -67,17 +80,25 @@ fn respond(answer: &Answer) -> Option<Response<Body>> {
             *code,
             json!({"apiVersion": "v1", "kind": "Status", "status": "Failure", "reason": reason, "message": reason, "code": code}).to_string(),
         ),
-        Answer::Events(events) => (
-            200,
-            events.iter().map(|e| format!("{e}\n")).collect::<String>(),
-        ),
+        Answer::Events(events) => (200, lines(events)),
+        Answer::Open(events) => {
+            let first = Frame::data(Bytes::from(lines(events)));
+            let open = futures_util::stream::once(async move { Ok(first) })
+                .chain(futures_util::stream::pending());
+            return Some(
+                Response::builder()
+                    .header("content-type", "application/json")
+                    .body(BodyExt::boxed(http_body_util::StreamBody::new(open)))
+                    .unwrap(),
+            );
+        }
         Answer::Hold => return None,
     };
     Some(
         Response::builder()
             .status(StatusCode::from_u16(code).unwrap())
             .header("content-type", "application/json")
-            .body(Body::from(body.into_bytes()))
+            .body(BodyExt::boxed(http_body_util::Full::new(Bytes::from(body))))
             .unwrap(),
     )
 }
@@ -94,7 +115,7 @@ fn start_with(
     script: Script,
     settings: &WatchSettings,
 ) -> (KubeSource, mpsc::Receiver<()>, Arc<Mutex<Vec<String>>>) {
-    let (service, mut handle) = tower_test::mock::pair::<Request<Body>, Response<Body>>();
+    let (service, mut handle) = tower_test::mock::pair::<Request<Body>, Response<ScriptBody>>();
     let seen = Arc::new(Mutex::new(Vec::new()));
     let log = seen.clone();
     tokio::spawn(async move {
@@ -164,16 +185,18 @@ fn kind<'a>(source: &'a KubeSource, name: &str) -> &'a KindState {
     source.kinds().iter().find(|k| k.kind == name).unwrap()
 }
 
-fn pod_names(source: &KubeSource) -> Vec<String> {
-    let mut names: Vec<_> = source
-        .objects()
-        .0
-        .pods
+/// The names of `objects`, sorted.
+fn sorted_names<K: Resource>(objects: &[Arc<K>]) -> Vec<String> {
+    let mut names: Vec<_> = objects
         .iter()
-        .map(|p| p.metadata.name.clone().unwrap())
+        .map(|o| o.meta().name.clone().unwrap())
         .collect();
     names.sort();
     names
+}
+
+fn pod_names(source: &KubeSource) -> Vec<String> {
+    sorted_names(&source.objects().0.pods)
 }
 
 #[tokio::test]
@@ -352,6 +375,149 @@ async fn a_kind_the_daemon_may_not_read_keeps_it_unsynced_and_does_not_stall_the
     assert_eq!(pod_names(&source), ["web-0"], "the other kinds went on");
     let last = kind(&source, "MeshFilter").last_error.lock().clone();
     assert!(last.is_some_and(|e| e.contains("403") || e.contains("Forbidden")));
+}
+
+const HTTP_ROUTES: &str = "/apis/gateway.networking.k8s.io/v1/httproutes";
+const REFERENCE_GRANTS: &str = "/apis/gateway.networking.k8s.io/v1/referencegrants";
+
+fn route(name: &str, rv: &str) -> Value {
+    json!({
+        "apiVersion": "gateway.networking.k8s.io/v1", "kind": "HTTPRoute",
+        "metadata": {"name": name, "namespace": "shop", "resourceVersion": rv},
+        "spec": {"parentRefs": [{"group": "", "kind": "Service", "name": "web", "port": 8080}]}
+    })
+}
+
+fn route_names(source: &KubeSource) -> Vec<String> {
+    sorted_names(&source.objects().0.http_routes)
+}
+
+/// Issue #35 item 2: a watch refused (403) after the kind's first list, as a role that lost the
+/// kind gets it once the open watch ends. The source stays synced (the node goes on serving and
+/// reloading with the other kinds), the kind says it is refused with its last store in force,
+/// and once the server answers its watch again, the change made meanwhile arrives from the
+/// version the watch had: no relist.
+#[tokio::test(start_paused = true)]
+async fn a_watch_refused_after_the_list_keeps_the_source_synced_and_resumes_without_a_relist() {
+    let mut script = Script::default();
+    script.lists.insert(
+        HTTP_ROUTES,
+        vec![Answer::List("3", vec![route("r-0", "3")])],
+    );
+    script.watches.insert(
+        HTTP_ROUTES,
+        vec![
+            // The open watch ends (its timeout) and the next ones are refused.
+            Answer::Events(vec![]),
+            Answer::Status(403, "Forbidden"),
+            Answer::Status(403, "Forbidden"),
+            // The role is back: the watch resumes with what changed meanwhile.
+            Answer::Events(vec![json!({"type": "ADDED", "object": route("r-1", "7")})]),
+            Answer::Hold,
+        ],
+    );
+    let (source, _changed, seen) = start(script);
+    until(&source, "HTTPRoute is refused", |s| {
+        kind(s, "HTTPRoute").is_forbidden()
+    })
+    .await;
+    assert!(
+        source.synced(),
+        "a kind refused after its list unsynced the source (the node would stop reloading)"
+    );
+    assert_eq!(
+        kind(&source, "HTTPRoute").phase(),
+        KindPhase::ForbiddenStale
+    );
+    assert_eq!(
+        route_names(&source),
+        ["r-0"],
+        "its last store stays in force"
+    );
+    assert!(
+        kind(&source, "HTTPRoute")
+            .report(crate::time::wall_ms())
+            .is_some_and(|r| r.starts_with("HTTPRoute: may not be read (403)")),
+    );
+
+    until(&source, "the change made while refused arrives", |s| {
+        route_names(s) == ["r-0", "r-1"]
+    })
+    .await;
+    let routes = kind(&source, "HTTPRoute");
+    assert_eq!(routes.phase(), KindPhase::Synced);
+    assert!(routes.report(crate::time::wall_ms()).is_none());
+    assert!(source.synced());
+    assert_eq!(routes.relists.load(Ordering::Relaxed), 0, "relisted");
+    assert_eq!(routes.recoveries.load(Ordering::Relaxed), 1);
+    assert!(routes.errors.load(Ordering::Relaxed) >= 2);
+    let lists = seen
+        .lock()
+        .iter()
+        .filter(|r| r.starts_with(&format!("{HTTP_ROUTES}?")) && !r.contains("watch=true"))
+        .count();
+    assert_eq!(lists, 1, "the kind was listed again");
+}
+
+/// A refusal lifted on a kind with nothing to deliver ends as soon as its watch opens again:
+/// the watcher yields nothing for an open watch, the answer on the wire says it.
+#[tokio::test(start_paused = true)]
+async fn a_refusal_ends_when_the_kinds_watch_opens_again_with_nothing_to_deliver() {
+    let mut script = Script::default();
+    script.watches.insert(
+        REFERENCE_GRANTS,
+        vec![
+            Answer::Events(vec![]),
+            Answer::Status(403, "Forbidden"),
+            Answer::Open(vec![json!({"type": "BOOKMARK", "object": {
+                "apiVersion": "gateway.networking.k8s.io/v1", "kind": "ReferenceGrant",
+                "metadata": {"resourceVersion": "1"}}})]),
+        ],
+    );
+    let (source, _changed, _) = start(script);
+    until(&source, "ReferenceGrant is refused", |s| {
+        kind(s, "ReferenceGrant").is_forbidden()
+    })
+    .await;
+    until(&source, "the refusal ends", |s| {
+        !kind(s, "ReferenceGrant").is_forbidden()
+    })
+    .await;
+    let grants = kind(&source, "ReferenceGrant");
+    assert_eq!(grants.phase(), KindPhase::Synced);
+    assert_eq!(grants.recoveries.load(Ordering::Relaxed), 1);
+    assert_eq!(grants.relists.load(Ordering::Relaxed), 0);
+    assert_eq!(grants.forbidden_since_ms.load(Ordering::Relaxed), 0);
+}
+
+/// A list refused (403) keeps the kind, and so the source, unsynced; once the server answers
+/// the list, the kind is listed and the refusal counted as ended.
+#[tokio::test(start_paused = true)]
+async fn a_list_refused_before_the_first_list_keeps_the_source_unsynced_until_it_is_answered() {
+    let mut script = Script::default();
+    script.lists.insert(
+        HTTP_ROUTES,
+        vec![
+            Answer::Status(403, "Forbidden"),
+            Answer::Status(403, "Forbidden"),
+            Answer::List("4", vec![route("r-0", "4")]),
+        ],
+    );
+    let (source, _changed, _) = start(script);
+    until(&source, "HTTPRoute is refused", |s| {
+        kind(s, "HTTPRoute").is_forbidden()
+    })
+    .await;
+    assert_eq!(
+        kind(&source, "HTTPRoute").phase(),
+        KindPhase::ForbiddenUnlisted
+    );
+    assert!(!source.synced(), "fail closed before the first list");
+    until(&source, "every kind is listed", KubeSource::synced).await;
+    let routes = kind(&source, "HTTPRoute");
+    assert_eq!(routes.phase(), KindPhase::Synced);
+    assert_eq!(routes.recoveries.load(Ordering::Relaxed), 1);
+    assert_eq!(route_names(&source), ["r-0"]);
 }
 
 #[tokio::test]
