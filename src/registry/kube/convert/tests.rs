@@ -21,6 +21,9 @@ use crate::model::snapshot::{
 };
 use crate::registry::kube::mesh_filter::MeshFilterResource;
 
+// The CRD's schema against the converter, on charts/aether/tests/invalid-meshfilters.yaml.
+mod crd;
+
 macro_rules! fixture {
     ($name:literal) => {
         include_str!(concat!(
