@@ -67,6 +67,10 @@ struct NodeArgs {
     /// The state directory (admin.sock, cni.sock, the demo CA).
     #[arg(long, env = "AETHER_STATE_DIR")]
     state_dir: Option<PathBuf>,
+    /// A directory of this daemon's own (not shared with a successor): `started` is written
+    /// there once the running daemon's sockets are taken, or none runs.
+    #[arg(long, env = "AETHER_POD_DIR")]
+    pod_dir: Option<PathBuf>,
     /// CA certificate (PEM), with --ca-key.
     #[arg(long, env = "AETHER_CA_CERT")]
     ca_cert: Option<PathBuf>,
@@ -1020,6 +1024,7 @@ fn node_config(args: &NodeArgs) -> anyhow::Result<aether::node::NodeConfig> {
         ca_dir,
         admin_addr,
         metrics_addr,
+        pod_dir,
         etcd_user,
         etcd_password_file,
         etcd_ca_cert,
