@@ -866,6 +866,8 @@ async fn run_probe_legs(args: &ProbeArgs) -> anyhow::Result<ExitCode> {
         restart: None,
         upgrade: None,
         kill: None,
+        retire: None,
+        installers: None,
         missing: Default::default(),
     };
     let only = (!args.leg.is_empty()).then_some(args.leg.as_slice());

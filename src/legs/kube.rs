@@ -1,6 +1,7 @@
 //! Legs that only the Kubernetes source has (issue #9, "How it is verified"): the lab's API
 //! server stops mid-watch, or forgets its history, and the daemons must keep the last model and
-//! then recover with no stale object left. They run only when the daemons are on the lab's API
+//! then recover with no stale object left; and a DaemonSet rollout (K-ROLLOUT, [`super::rollout`],
+//! issue #35 item 4), whose CNI installers ask the API server for their DaemonSet. They run only when the daemons are on the lab's API
 //! server ([`super::RegistryControl::apiserver`]); a file-registry run does not list them.
 //!
 //! The answer they watch is the `swap` overlay's: mp-multi:8080 through the loopback proxy port
@@ -10,6 +11,7 @@ use std::time::Duration;
 
 use crate::lab::plan::RELEASE_NAMESPACE;
 
+use super::rollout::rollout;
 use super::{
     Check, Env, Leg, apiserver_fingerprint, control_request, echo, fingerprints, get_host,
     loopback, probe,
@@ -40,6 +42,12 @@ pub static KUBE: &[Leg] = &[
         "the API server forgets its history (410 Gone): the daemons relist, and a deleted route is gone",
         None,
         expired
+    ),
+    leg!(
+        "K-ROLLOUT",
+        "a DaemonSet rollout of node-a (the new daemon beside the old, the installers stopped and started, a pod created meanwhile): no new connection fails, open ones run on, the pod waits or is captured, the conflist entry goes only on uninstall",
+        None,
+        rollout
     ),
 ];
 

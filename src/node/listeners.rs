@@ -148,7 +148,9 @@ pub struct OwnedPath {
     id: Option<(u64, u64, i64, i64)>,
 }
 
-fn file_id(path: &Path) -> Option<(u64, u64, i64, i64)> {
+/// Device, inode and change time of the file at `path`: a file made again at the same path
+/// differs (an inode number can be reused, the change time with it cannot).
+pub fn file_id(path: &Path) -> Option<(u64, u64, i64, i64)> {
     use std::os::unix::fs::MetadataExt as _;
     let m = std::fs::symlink_metadata(path).ok()?;
     Some((m.dev(), m.ino(), m.ctime(), m.ctime_nsec()))

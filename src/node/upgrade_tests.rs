@@ -6,7 +6,6 @@
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::sync::oneshot;
 
 use super::*;
@@ -73,19 +72,8 @@ fn start(root: &Path, name: &str, registry: &str, metrics: SocketAddr) -> Runnin
 /// The status of `GET path` on `addr`, as the kubelet's probe sees it (`None`: no answer).
 async fn status(addr: SocketAddr, path: &str) -> Option<u16> {
     let exchange = async {
-        let mut s = tokio::net::TcpStream::connect(addr).await.ok()?;
-        s.write_all(
-            format!("GET {path} HTTP/1.1\r\nHost: probe\r\nConnection: close\r\n\r\n").as_bytes(),
-        )
-        .await
-        .ok()?;
-        let mut got = Vec::new();
-        s.read_to_end(&mut got).await.ok()?;
-        String::from_utf8_lossy(&got)
-            .split_whitespace()
-            .nth(1)?
-            .parse()
-            .ok()
+        let s = tokio::net::TcpStream::connect(addr).await.ok()?;
+        crate::legs::probe_status(s, path).await
     };
     tokio::time::timeout(Duration::from_secs(5), exchange)
         .await
