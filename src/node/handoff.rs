@@ -50,6 +50,11 @@ pub const FDS_PER_MESSAGE: usize = 64;
 /// How long either side waits for the other at each step.
 pub const STEP_TIMEOUT: Duration = Duration::from_secs(30);
 
+/// How long the old daemon waits for `ready`: the new one lists the whole registry first (18 s
+/// of a node's CPU at 100,000 pods, docs/kubernetes.md "Scale"). A new daemon that dies closes
+/// the socket, which ends the wait at once; this bounds only one that hangs.
+pub const READY_TIMEOUT: Duration = Duration::from_secs(600);
+
 /// What one listening socket is for.
 #[derive(Clone, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
 pub struct ListenerId {
@@ -210,6 +215,7 @@ pub fn give(
         send_fds(stream, chunk)?;
     }
     // The successor serves from here on (or died trying: then this daemon keeps serving).
+    stream.set_read_timeout(Some(READY_TIMEOUT))?;
     let done = read_line(stream)?;
     if done == "ready" {
         Ok(())
