@@ -1,6 +1,7 @@
 //! Leg K-ROLLOUT (issue #35 item 4): a DaemonSet rollout of node-a played on the lab's API
 //! server, through real sockets. node-a's daemon and its CNI installer are the old pod; the DaemonSet
-//! they belong to is the `rollout` overlay's (so the installers can ask for it).
+//! they belong to (`config/examples/kube/daemonset.yaml`, copied into the lab API server's
+//! directory) is there for the installers to ask for.
 //!
 //! 1. The old installer chains `aether-cni` into node-a's conflist (the lab's own).
 //! 2. Under load (new connections, captured and on the loopback proxy port), with a raw stream
@@ -73,7 +74,7 @@ pub(super) async fn rollout(env: &Env) -> Check {
     let netns = env.client_netns(CNI_POD)?.path().to_path_buf();
     let node_ns = env.client_netns(&format!("node:{NODE}"))?.clone();
     // The DaemonSet the installers belong to.
-    env.overlay(Some("rollout")).await?;
+    daemonset(env, true).await?;
     if cni_served(env, &netns).await? {
         return Err(format!("{CNI_POD} is served before its ADD"));
     }
@@ -205,7 +206,7 @@ pub(super) async fn rollout(env: &Env) -> Check {
             return Err("the raw stream outlived the old daemon's drain deadline".into());
         }
         // The uninstall: the DaemonSet goes, then its installer stops.
-        env.overlay(None).await?;
+        daemonset(env, false).await?;
         let stopped = (installers.stop)(new.pid).await?;
         started.retain(|p| *p != new.pid);
         if stopped != EXITED_CLEANLY || chained(&new.conf_dir)? {
@@ -233,9 +234,32 @@ pub(super) async fn rollout(env: &Env) -> Check {
         for pid in started {
             let _ = (installers.stop)(pid).await;
         }
-        let _ = env.overlay(None).await;
+        let _ = daemonset(env, false).await;
     }
     outcome
+}
+
+/// Put the DaemonSet the installers belong to into the lab API server's directory, or take it
+/// out, and wait until the server holds the directory as it is.
+async fn daemonset(env: &Env, present: bool) -> Result<(), String> {
+    let reg = env
+        .registry
+        .as_ref()
+        .ok_or_else(|| env.not_here(Need::RegistryControl))?;
+    let placed = reg.dir.join("zz-kube-daemonset.yaml");
+    if present {
+        let from = reg
+            .variants
+            .parent()
+            .map(|examples| examples.join("kube").join("daemonset.yaml"))
+            .ok_or_else(|| format!("no examples directory above {}", reg.variants.display()))?;
+        std::fs::copy(&from, &placed).map_err(|e| format!("{}: {e}", from.display()))?;
+    } else if let Err(e) = std::fs::remove_file(&placed)
+        && e.kind() != std::io::ErrorKind::NotFound
+    {
+        return Err(format!("{}: {e}", placed.display()));
+    }
+    env.settle().await
 }
 
 /// The primary conflist of `conf_dir` (the lab's has one file).
