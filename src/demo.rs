@@ -337,6 +337,8 @@ pub async fn up_until(opts: &DemoOptions, stop: &Stop) -> Result<Running, DemoEr
     let registry = run_dir.join("registry");
     let _ = std::fs::remove_dir_all(&registry);
     copy_dir(&opts.registry, &registry)?;
+    // The CNI installers' conflists (K-ROLLOUT) start from the primary alone in every run.
+    let _ = std::fs::remove_dir_all(run_dir.join("cni"));
     let lab_opts = LabOptions {
         prefix: opts.prefix.clone(),
         pod_netns_prefix: opts.netns_prefix.clone(),
@@ -411,8 +413,10 @@ pub async fn up_until(opts: &DemoOptions, stop: &Stop) -> Result<Running, DemoEr
     let home = lab.home();
     let lab = Arc::new(tokio::sync::Mutex::new(Some(lab)));
     let upgrade = upgrade_hook(lab.clone(), argvs.clone());
+    let installers = installers_hook(lab.clone(), &argvs, &run_dir);
     let restart = restart_hook(lab.clone(), argvs);
     let kill = kill_hook(lab.clone());
+    let retire = retire_hook(lab.clone());
     let env = Env {
         home,
         clients,
@@ -430,6 +434,8 @@ pub async fn up_until(opts: &DemoOptions, stop: &Stop) -> Result<Running, DemoEr
         restart: Some(restart),
         upgrade: Some(upgrade),
         kill: Some(kill),
+        retire: Some(retire),
+        installers: Some(installers),
         missing: Default::default(),
     };
     Ok(Running {
@@ -583,6 +589,17 @@ async fn start(
             }
         }
         argv.extend([
+            // The per-node metrics endpoint and probe port, in the node's namespace, as the
+            // chart's daemon serves it on the node's network (an upgrade hands it over).
+            "--metrics-addr".to_owned(),
+            format!("0.0.0.0:{LAB_METRICS_PORT}"),
+            // The start marker (the chart's is per pod; here the daemons of a node share one,
+            // which a successor rewrites once it has taken the sockets: K-ROLLOUT waits for it).
+            "--pod-dir".to_owned(),
+            run_dir
+                .join(format!("node-{node}-pod"))
+                .display()
+                .to_string(),
             "--state-dir".to_owned(),
             state.display().to_string(),
             "--ca-dir".to_owned(),
@@ -677,6 +694,109 @@ fn restart_hook(lab: Arc<tokio::sync::Mutex<Option<Lab>>>, argvs: Argvs) -> legs
         })
     }))
 }
+
+/// Where each node's daemon serves `/metrics`, `/ready` and `/live`, in the node's namespace
+/// (the chart's `ports.metrics`).
+pub const LAB_METRICS_PORT: u16 = 15020;
+
+/// The UPGRADE and K-ROLLOUT legs' hook: SIGTERM every daemon of a node but the newest.
+fn retire_hook(lab: Arc<tokio::sync::Mutex<Option<Lab>>>) -> legs::RestartHook {
+    legs::RestartHook(Arc::new(move |node: String| {
+        let lab = lab.clone();
+        Box::pin(async move {
+            let mut guard = lab.lock().await;
+            let lab = guard.as_mut().ok_or("the lab is down")?;
+            match lab.retire_daemons(&node) {
+                0 => Err(format!("node {node} runs one daemon: none to retire")),
+                _ => Ok(()),
+            }
+        })
+    }))
+}
+
+/// The K-ROLLOUT leg's CNI installers: `aether cni install --watch --daemonset aether` in a
+/// node's namespace (where the lab's API server is reachable), with the daemon's environment
+/// (its kubeconfig and release namespace), on `<run>/cni/<node>/net.d` (a primary conflist is
+/// written there the first time) and `<run>/cni/<node>/bin`, the plugin told the node's
+/// `cni.sock`.
+fn installers_hook(
+    lab: Arc<tokio::sync::Mutex<Option<Lab>>>,
+    argvs: &Argvs,
+    run_dir: &Path,
+) -> legs::Installers {
+    let daemons = Arc::new(argvs.clone());
+    let run_dir = run_dir.to_path_buf();
+    let starting = lab.clone();
+    let start = Arc::new(
+        move |node: String| -> legs::InstallerFuture<legs::Installer> {
+            let (lab, daemons, run_dir) = (starting.clone(), daemons.clone(), run_dir.clone());
+            Box::pin(async move {
+                let daemon = daemons
+                    .get(&node)
+                    .cloned()
+                    .ok_or_else(|| format!("no daemon of node {node}"))?;
+                let dir = run_dir.join("cni").join(&node);
+                let (conf_dir, bin_dir) = (dir.join("net.d"), dir.join("bin"));
+                for d in [&conf_dir, &bin_dir] {
+                    std::fs::create_dir_all(d).map_err(|e| format!("{}: {e}", d.display()))?;
+                }
+                let primary = conf_dir.join("10-lab.conflist");
+                if !primary.exists() {
+                    std::fs::write(&primary, LAB_PRIMARY_CONFLIST)
+                        .map_err(|e| format!("{}: {e}", primary.display()))?;
+                }
+                let plugin = serde_json::json!({
+                    "socket": daemon.socket.with_file_name("cni.sock"),
+                });
+                let argv: Vec<String> = vec![
+                    "aether".into(),
+                    "cni".into(),
+                    "install".into(),
+                    "--bin-dir".into(),
+                    bin_dir.display().to_string(),
+                    "--conf-dir".into(),
+                    conf_dir.display().to_string(),
+                    "--watch".into(),
+                    "--daemonset".into(),
+                    "aether".into(),
+                    "--plugin-config".into(),
+                    plugin.to_string(),
+                ];
+                let mut guard = lab.lock().await;
+                let lab = guard.as_mut().ok_or("the lab is down")?;
+                let pid = lab
+                    .start_node_process(&node, &format!("cni {node}"), &argv, &daemon.env)
+                    .map_err(|e| crate::DisplayChain(&e).to_string())?;
+                Ok(legs::Installer {
+                    pid,
+                    conf_dir,
+                    bin_dir,
+                })
+            })
+        },
+    );
+    let stop = Arc::new(move |pid: u32| -> legs::InstallerFuture<String> {
+        let lab = lab.clone();
+        Box::pin(async move {
+            let mut guard = lab.lock_owned().await;
+            tokio::task::spawn_blocking(move || {
+                let lab = guard.as_mut().ok_or("the lab is down")?;
+                lab.stop_process(pid, Duration::from_secs(15))
+                    .map(|status| status.to_string())
+                    .ok_or_else(|| format!("no process {pid} of the lab"))
+            })
+            .await
+            .map_err(|e| e.to_string())?
+        })
+    });
+    legs::Installers { start, stop }
+}
+
+/// The primary CNI configuration of a lab node's conflist: only read, never run (the lab's
+/// pods have their interfaces already); the K-ROLLOUT leg runs the `aether-cni` entry the
+/// installer chains after it.
+const LAB_PRIMARY_CONFLIST: &str =
+    r#"{"cniVersion":"1.0.0","name":"lab","plugins":[{"type":"bridge","bridge":"cni0"}]}"#;
 
 /// The EKILL leg's hook: SIGKILL a node's daemon and leave it dead.
 fn kill_hook(lab: Arc<tokio::sync::Mutex<Option<Lab>>>) -> legs::RestartHook {

@@ -67,6 +67,10 @@ struct NodeArgs {
     /// The state directory (admin.sock, cni.sock, the demo CA).
     #[arg(long, env = "AETHER_STATE_DIR")]
     state_dir: Option<PathBuf>,
+    /// A directory of this daemon's own (not shared with a successor): `started` is written
+    /// there once the running daemon's sockets are taken, or none runs.
+    #[arg(long, env = "AETHER_POD_DIR")]
+    pod_dir: Option<PathBuf>,
     /// CA certificate (PEM), with --ca-key.
     #[arg(long, env = "AETHER_CA_CERT")]
     ca_cert: Option<PathBuf>,
@@ -257,8 +261,19 @@ struct CniArgs {
 #[derive(Debug, Subcommand)]
 enum CniCommand {
     /// Copy this binary to `<bin-dir>/aether-cni` and chain it last in the node's primary
-    /// conflist; with --watch keep it there and take it out on SIGTERM.
+    /// conflist; with --watch keep it there, and at SIGTERM take it out only when the
+    /// DaemonSet named by --daemonset is gone or being deleted (an uninstall).
     Install(CniInstallArgs),
+    /// Take `aether-cni` out of the node's primary conflist (after an uninstall that left it:
+    /// docs/kubernetes.md, "Uninstall"). On a node, `/opt/cni/bin/aether-cni uninstall`.
+    Uninstall(CniUninstallArgs),
+}
+
+#[derive(Debug, clap::Args)]
+struct CniUninstallArgs {
+    /// The node's CNI configuration directory (the host's /etc/cni/net.d).
+    #[arg(long, env = "AETHER_CNI_CONF_DIR", default_value = "/etc/cni/net.d")]
+    conf_dir: PathBuf,
 }
 
 #[derive(Debug, clap::Args)]
@@ -270,9 +285,17 @@ struct CniInstallArgs {
     #[arg(long, env = "AETHER_CNI_CONF_DIR", default_value = "/etc/cni/net.d")]
     conf_dir: PathBuf,
     /// Keep watching the configuration directory: re-insert the plugin when the primary CNI
-    /// rewrites its file, and remove it on SIGTERM or SIGINT.
+    /// rewrites its file. On SIGTERM or SIGINT the entry is taken out only when the DaemonSet
+    /// of --daemonset is gone or being deleted; otherwise (a rollout, no answer, no
+    /// --daemonset) it stays, so that pods created meanwhile wait for a daemon.
     #[arg(long)]
     watch: bool,
+    /// The DaemonSet whose pods run this installer (in --release-namespace), asked for at stop.
+    #[arg(long, env = "AETHER_CNI_DAEMONSET", requires = "release_namespace")]
+    daemonset: Option<String>,
+    /// The DaemonSet's namespace (the chart's release namespace).
+    #[arg(long, env = "AETHER_RELEASE_NAMESPACE")]
+    release_namespace: Option<String>,
     /// The plugin's own keys, as a JSON object (`socket`, `ignoredNamespaces`, `timeoutSecs`);
     /// `type` is always `aether-cni`.
     #[arg(long, env = "AETHER_CNI_PLUGIN_CONFIG", default_value = "{}")]
@@ -309,7 +332,7 @@ fn term_or_interrupt() -> anyhow::Result<impl Future<Output = ()>> {
 }
 
 fn run_cni_install(args: &CniInstallArgs) -> anyhow::Result<ExitCode> {
-    use aether::cni::{conflist, install};
+    use aether::cni::{conflist, install, owner};
     init_logs(aether::node::config::LogFormat::Text, &args.log_level);
     let plugin: serde_json::Value =
         serde_json::from_str(&args.plugin_config).context("--plugin-config is not JSON")?;
@@ -340,9 +363,43 @@ fn run_cni_install(args: &CniInstallArgs) -> anyhow::Result<ExitCode> {
         .context("start the runtime")?;
     runtime.block_on(async {
         let stop = term_or_interrupt()?;
-        install::watch(&args.conf_dir, &entry, stop).await?;
+        let daemonset = args.daemonset.as_ref().map(|name| owner::DaemonSetRef {
+            name: name.clone(),
+            namespace: args.release_namespace.clone().unwrap_or_default(),
+        });
+        // The client is made at start, so that a configuration that cannot work is logged
+        // while the installer runs, not only at its stop.
+        // kube's client takes the process's default rustls provider (as in the daemon).
+        let _ = rustls::crypto::ring::default_provider().install_default();
+        let client = match &daemonset {
+            None => Err("no --daemonset".to_owned()),
+            Some(ds) => match kube::Client::try_default().await {
+                Ok(c) => Ok(c),
+                Err(e) => {
+                    let why = aether::DisplayChain(&e).to_string();
+                    tracing::warn!(daemonset = %ds, error = %why, "no client of the API server: at stop the entry will stay in the CNI configuration");
+                    Err(why)
+                }
+            },
+        };
+        let at_stop = owner::at_stop(client, daemonset.as_ref());
+        install::watch(&args.conf_dir, &entry, stop, at_stop).await?;
         anyhow::Ok(ExitCode::SUCCESS)
     })
+}
+
+fn run_cni_uninstall(args: &CniUninstallArgs) -> anyhow::Result<ExitCode> {
+    use aether::cni::install;
+    init_logs(aether::node::config::LogFormat::Text, "info");
+    match install::uninstall(&args.conf_dir)? {
+        install::Applied::Written(path) => {
+            tracing::info!(file = %path.display(), "aether-cni removed")
+        }
+        install::Applied::Unchanged(path) => {
+            tracing::info!(file = %path.display(), "aether-cni was not chained")
+        }
+    }
+    Ok(ExitCode::SUCCESS)
 }
 
 #[derive(Debug, clap::Args)]
@@ -809,6 +866,8 @@ async fn run_probe_legs(args: &ProbeArgs) -> anyhow::Result<ExitCode> {
         restart: None,
         upgrade: None,
         kill: None,
+        retire: None,
+        installers: None,
         missing: Default::default(),
     };
     let only = (!args.leg.is_empty()).then_some(args.leg.as_slice());
@@ -967,6 +1026,7 @@ fn node_config(args: &NodeArgs) -> anyhow::Result<aether::node::NodeConfig> {
         ca_dir,
         admin_addr,
         metrics_addr,
+        pod_dir,
         etcd_user,
         etcd_password_file,
         etcd_ca_cert,
@@ -1178,6 +1238,9 @@ fn main() -> ExitCode {
         Command::Cni(CniArgs {
             command: Some(CniCommand::Install(args)),
         }) => run_cni_install(args),
+        Command::Cni(CniArgs {
+            command: Some(CniCommand::Uninstall(args)),
+        }) => run_cni_uninstall(args),
         Command::Explain(args) => run_explain(args),
         Command::Debug(args) => run_debug(args),
         Command::Echo(args) => run_echo(args),

@@ -311,10 +311,14 @@ impl Lab {
             .spawn()
             .unwrap();
         self.daemon = Some(child);
-        let up = wait_until(Duration::from_secs(30), || self.socket().exists());
+        // The CNI socket comes first (before a running daemon's sockets are taken over), the
+        // admin socket after the first reconcile.
+        let up = wait_until(Duration::from_secs(30), || {
+            self.socket().exists() && self.dir.join("state/admin.sock").exists()
+        });
         assert!(
             up,
-            "the daemon did not bind its CNI socket: {}",
+            "the daemon did not bind its CNI and admin sockets: {}",
             self.daemon_log()
         );
     }

@@ -2,8 +2,10 @@
 //! `tests/e2e_local.rs`, but the daemons watch the lab's API server (`aether lab-apiserver`,
 //! loaded from the manifest directory and started in the underlay namespace) instead of the
 //! directory. Every leg must pass, the Kubernetes source's own fault legs (KSTOP, KEXPIRE,
-//! K-FORBID) included, and the registrar and the route-status writer must be seen writing
-//! through the server. It runs `aether demo --check --registry-source kube`.
+//! K-FORBID) included, the registrar and the route-status writer must be seen writing through
+//! the server, and a DaemonSet rollout of a node (K-ROLLOUT: the daemons and the CNI installers
+//! changing places) must lose nothing and start no pod uncaptured. It runs `aether demo --check
+//! --registry-source kube`.
 //!
 //! Root, `ip`, `nft` and `nsenter` are needed, as for the file-registry run; without them it
 //! prints SKIPPED, and fails under `AETHER_REQUIRE_NETNS=1` (`src/test_util/needs_root.rs`).
@@ -32,7 +34,7 @@ fn every_leg_on_the_kubernetes_source() {
             "--netns-prefix",
             "e2k-",
         ],
-        60,
+        61,
         &[
             "A1",
             "A13",
@@ -40,6 +42,7 @@ fn every_leg_on_the_kubernetes_source() {
             "SWAP",
             "RET",
             "RESTART",
+            "UPGRADE",
             "KWRITES",
             "KSTOP",
             "KEXPIRE",
@@ -49,6 +52,7 @@ fn every_leg_on_the_kubernetes_source() {
             "DUP-ADDR",
             "H2C-SAME",
             "GRPC-SAME",
+            "K-ROLLOUT",
         ],
     );
 }

@@ -1,6 +1,7 @@
 //! `aether cni install`: put the plugin binary in the node's CNI `bin` directory and
 //! `aether-cni` at the end of the node's primary conflist; with `--watch`, keep it there while
-//! the primary CNI rewrites its file, and take it out on SIGTERM (docs/cni.md, "Install").
+//! the primary CNI rewrites its file, and at SIGTERM take it out only when aether is being
+//! uninstalled ([`super::owner`]; docs/cni.md, "Install").
 //!
 //! IO module (Layer 2): the file edits are decided by [`super::conflist`] (pure) and written
 //! here, each by a temporary file in the same directory and a rename, so that the runtime reads
@@ -17,6 +18,7 @@ use tokio::sync::mpsc;
 use tracing::{info, warn};
 
 use super::conflist::{self, Edit, InvalidConf};
+use super::owner::AtStop;
 
 /// A configuration file larger than this is not read (a real one is a few KiB).
 pub const MAX_CONF: u64 = 1 << 20;
@@ -206,14 +208,17 @@ fn log_applied(result: &Result<Applied, InstallError>) {
 }
 
 /// Keep `entry` at the end of the primary conflist of `conf_dir` until `stop` completes, then
-/// take it out. Every change in the directory (the primary CNI rewriting its file, a new file
+/// do what `at_stop` says with it ([`super::owner::at_stop`]; polled only once `stop` has
+/// completed). Every change in the directory (the primary CNI rewriting its file, a new file
 /// sorting first) is answered by [`apply`] after [`DEBOUNCE`], and the file is re-checked every
 /// [`RECHECK`] besides. An edit that fails (no file yet, a file half written) is retried then.
+/// Returns what was done at stop.
 pub async fn watch(
     conf_dir: &Path,
     entry: &Value,
     stop: impl Future<Output = ()>,
-) -> Result<(), InstallError> {
+    at_stop: impl Future<Output = AtStop>,
+) -> Result<AtStop, InstallError> {
     use notify::Watcher as _;
     let (tx, mut changed) = mpsc::channel::<()>(1);
     let mut watcher = notify::recommended_watcher(move |event: notify::Result<notify::Event>| {
@@ -249,16 +254,26 @@ pub async fn watch(
         }
     }
     drop(watcher);
-    // Uninstalled, the daemon no longer answers: an entry left behind would fail every ADD on
-    // this node, and no pod could start (docs/cni.md, "Install").
-    match uninstall(conf_dir) {
-        Ok(Applied::Written(path)) => {
-            info!(file = %path.display(), "aether-cni removed from the CNI configuration");
-            Ok(())
-        }
-        Ok(Applied::Unchanged(_)) => Ok(()),
-        Err(e) => Err(e),
+    let decision = at_stop.await;
+    match &decision {
+        // Uninstalled, the daemon no longer answers: an entry left behind would fail every ADD
+        // on this node, and no pod could start (docs/cni.md, "Install").
+        AtStop::Remove(why) => match uninstall(conf_dir)? {
+            Applied::Written(path) => {
+                info!(file = %path.display(), reason = %why, "aether-cni removed from the CNI configuration")
+            }
+            Applied::Unchanged(path) => {
+                info!(file = %path.display(), reason = %why, "aether-cni was not in the CNI configuration")
+            }
+        },
+        // Fail closed: a pod created before a daemon serves this node waits (CNI error 11)
+        // instead of starting without capture.
+        AtStop::Keep(why) => warn!(
+            reason = %why,
+            "aether-cni stays in the CNI configuration: pods created on this node wait (CNI error 11) until a daemon serves them; after an uninstall, remove it with `aether cni uninstall`"
+        ),
     }
+    Ok(decision)
 }
 
 #[cfg(test)]
@@ -360,9 +375,14 @@ mod tests {
         let watching = {
             let dir = dir.clone();
             tokio::spawn(async move {
-                watch(&dir, &entry(), async {
-                    let _ = stop_rx.await;
-                })
+                watch(
+                    &dir,
+                    &entry(),
+                    async {
+                        let _ = stop_rx.await;
+                    },
+                    async { AtStop::Remove("uninstalled".into()) },
+                )
                 .await
             })
         };
@@ -399,6 +419,61 @@ mod tests {
         stop_tx.send(()).unwrap();
         watching.await.unwrap().unwrap();
         assert_eq!(chain(&conf), ["bridge"], "the entry was left at stop");
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    /// Issue #35 item 4: an installer stopped while its DaemonSet is there (a rollout) leaves
+    /// the entry, so a pod created before the next daemon serves waits instead of starting
+    /// uncaptured; one stopped once the DaemonSet is gone (an uninstall) takes it out. Asked
+    /// through the lab's API server, as the chart's installer asks the cluster's.
+    #[tokio::test]
+    async fn the_watch_keeps_the_entry_at_stop_while_its_daemonset_is_there() {
+        use super::super::owner::{DaemonSetRef, at_stop};
+        use crate::lab::apiserver::{Settings, serve_on_loopback};
+        let (_server, _, client) = serve_on_loopback(Settings::default(), None).await;
+        let ds = DaemonSetRef {
+            namespace: "aether-system".into(),
+            name: "aether".into(),
+        };
+        let api: kube::Api<k8s_openapi::api::apps::v1::DaemonSet> =
+            kube::Api::namespaced(client.clone(), &ds.namespace);
+        let object = serde_json::from_value(serde_json::json!({
+            "apiVersion": "apps/v1", "kind": "DaemonSet",
+            "metadata": {"name": "aether", "namespace": "aether-system"},
+            "spec": {"selector": {"matchLabels": {"app": "aether"}},
+                     "template": {"metadata": {"labels": {"app": "aether"}},
+                                  "spec": {"containers": [{"name": "aether", "image": "aether:1"}]}}}
+        }))
+        .unwrap();
+        api.create(&kube::api::PostParams::default(), &object)
+            .await
+            .unwrap();
+        let dir = temp("rollout");
+        let conf = dir.join("10-net.conflist");
+        std::fs::write(&conf, PRIMARY).unwrap();
+        // Stopped at once: the insertion at start is synchronous, the stop comes after it.
+        let decided = watch(
+            &dir,
+            &entry(),
+            async {},
+            at_stop(Ok(client.clone()), Some(&ds)),
+        )
+        .await
+        .unwrap();
+        assert!(matches!(decided, AtStop::Keep(_)), "{decided:?}");
+        assert_eq!(
+            chain(&conf),
+            ["bridge", "aether-cni"],
+            "a rollout's stop took the entry out"
+        );
+        api.delete("aether", &kube::api::DeleteParams::default())
+            .await
+            .unwrap();
+        let decided = watch(&dir, &entry(), async {}, at_stop(Ok(client), Some(&ds)))
+            .await
+            .unwrap();
+        assert!(matches!(decided, AtStop::Remove(_)), "{decided:?}");
+        assert_eq!(chain(&conf), ["bridge"], "an uninstall left the entry");
         std::fs::remove_dir_all(&dir).unwrap();
     }
 }

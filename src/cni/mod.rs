@@ -8,11 +8,14 @@
 //!   socket ([`crate::capture::cni`]) with a timeout, and returns the output.
 //! - [`conflist`] (pure): inserting the plugin into a conflist, and taking it out again.
 //! - [`install`] (IO): the binary copy, the conflist edit on disk, and the watch.
+//! - [`owner`]: whether the stopping installer takes the entry out (only when its DaemonSet is
+//!   gone or being deleted: an uninstall), and the API read that tells.
 //!
 //! The plugin runs on the host, outside the image, so the binary is built statically (README.md,
 //! "A static binary for the CNI plugin"); it resolves no names and loads no libraries.
 
 pub mod conflist;
 pub mod install;
+pub mod owner;
 pub mod plugin;
 pub mod protocol;

@@ -544,6 +544,16 @@ impl Lab {
         Ok(argv)
     }
 
+    /// The name of node `node`'s namespace.
+    fn node_netns(&self, node: &str) -> Result<String, LabError> {
+        Ok(self
+            .plan
+            .node(node)
+            .ok_or_else(|| LabError::UnknownNode(node.to_owned()))?
+            .netns
+            .clone())
+    }
+
     /// Starts `argv` in node `node`'s namespace (`ip netns exec <node-ns> argv...`), with the
     /// caller's environment plus `env`, output to `<run>/logs/node-<node>.log`. An argv\[0\] of
     /// `aether` is replaced by the plan's binary. Returns the PID.
@@ -553,12 +563,7 @@ impl Lab {
         argv: &[String],
         env: &[(String, String)],
     ) -> Result<u32, LabError> {
-        let netns = self
-            .plan
-            .node(node)
-            .ok_or_else(|| LabError::UnknownNode(node.to_owned()))?
-            .netns
-            .clone();
+        let netns = self.node_netns(node)?;
         let argv = self.resolve_argv(&format!("node {node}"), argv)?;
         let log = self
             .opts
@@ -691,6 +696,68 @@ impl Lab {
             .unwrap_or(1);
         let _ = fs::rename(&log, logs.join(format!("node-{node}.log.{n}")));
         self.start_daemon(node, argv, env)
+    }
+
+    /// Sends SIGTERM to every daemon of node `node` but the newest (the one an upgrade started
+    /// last), as the DaemonSet controller deletes the old pod once the new one is Ready; does not
+    /// wait for them (an old daemon drains first). Returns how many were signalled.
+    pub fn retire_daemons(&mut self, node: &str) -> usize {
+        let what = format!("node {node}");
+        let mut running: Vec<&mut Started> = self
+            .started
+            .iter_mut()
+            .filter_map(|s| {
+                let alive = s.record.what == what && matches!(s.child.try_wait(), Ok(None));
+                alive.then_some(s)
+            })
+            .collect();
+        running.pop();
+        for s in &mut running {
+            s.reported = true;
+            signal_group(s.record.pid, Signal::SIGTERM);
+        }
+        running.len()
+    }
+
+    /// Starts `argv` in node `node`'s namespace as `what` (e.g. `cni node-a`), with the caller's
+    /// environment plus `env`, output to `<run>/logs/<what>.log` (or `.log.<n>` when that
+    /// exists). An argv\[0\] of `aether` is replaced by the plan's binary. Returns the PID.
+    pub fn start_node_process(
+        &mut self,
+        node: &str,
+        what: &str,
+        argv: &[String],
+        env: &[(String, String)],
+    ) -> Result<u32, LabError> {
+        let netns = self.node_netns(node)?;
+        let argv = self.resolve_argv(what, argv)?;
+        let logs = self.opts.run_dir.join("logs");
+        let base = what.replace(' ', "-");
+        let log = std::iter::once(logs.join(format!("{base}.log")))
+            .chain((1..).map(|n| logs.join(format!("{base}.log.{n}"))))
+            .find(|p| !p.exists())
+            .unwrap_or_else(|| logs.join(format!("{base}.log")));
+        self.spawn(what.to_owned(), &netns, &argv, None, env, log)
+    }
+
+    /// Stops the process `pid` the lab started (SIGTERM, SIGKILL after `grace`) and waits for
+    /// it; its exit is expected (never reported by [`Lab::exited`]). Returns how it ended, or
+    /// `None` when the lab started no running process with that PID.
+    pub fn stop_process(&mut self, pid: u32, grace: Duration) -> Option<ExitStatus> {
+        let pid = i32::try_from(pid).ok()?;
+        let s = self.started.iter_mut().find(|s| s.record.pid == pid)?;
+        s.reported = true;
+        if matches!(s.child.try_wait(), Ok(None)) {
+            signal_group(pid, Signal::SIGTERM);
+        }
+        let deadline = time::now() + grace;
+        while matches!(s.child.try_wait(), Ok(None)) && time::now() < deadline {
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        if matches!(s.child.try_wait(), Ok(None)) {
+            signal_group(pid, Signal::SIGKILL);
+        }
+        s.child.wait().ok()
     }
 
     /// Starts every pod's command in its namespace with its manifest's environment (plus

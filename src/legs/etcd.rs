@@ -20,7 +20,7 @@ use std::time::Duration;
 use etcd_client::{CompactionOptions, GetOptions};
 use tokio::io::AsyncWriteExt;
 
-use super::hostile::{one_request, raw_stream, read_echo};
+use super::hostile::{load_until, raw_stream, read_echo};
 use super::{Check, Env, Leg, Need, admin_get, answer, echo, get_host, loopback, name, probe};
 use crate::lab::etcd::EtcdControl;
 use crate::model::port::PortProtocol;
@@ -308,19 +308,7 @@ async fn under_load<T>(
     during: impl Future<Output = Result<T, String>>,
 ) -> Result<(T, u32), String> {
     let stop = AtomicBool::new(false);
-    let load = async {
-        let (mut ok, mut failed) = (0u32, Vec::new());
-        let mut i = 0u32;
-        while !stop.load(Ordering::Relaxed) {
-            match one_request(env, i.is_multiple_of(2)).await {
-                Ok(_) => ok += 1,
-                Err(e) => failed.push(e),
-            }
-            i += 1;
-            tokio::time::sleep(Duration::from_millis(20)).await;
-        }
-        (ok, failed)
-    };
+    let load = load_until(env, &stop, Duration::from_millis(20));
     let work = async {
         let out = during.await;
         stop.store(true, Ordering::Relaxed);

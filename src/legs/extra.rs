@@ -202,7 +202,7 @@ async fn swap(env: &Env) -> Check {
 }
 
 /// The pod leg CNI adds and deletes: the daemon learns its namespace from the ADD alone.
-const CNI_POD: &str = "mp-cni-0";
+pub(super) const CNI_POD: &str = "mp-cni-0";
 
 /// Whether the pod's namespace holds the daemon's capture table (`table inet aether`).
 async fn has_capture_table(netns: &std::path::Path) -> Result<bool, String> {
@@ -217,7 +217,7 @@ async fn has_capture_table(netns: &std::path::Path) -> Result<bool, String> {
 
 /// What a served pod has and an unserved one lacks: the daemon's capture table, its loopback
 /// listener, its mesh hop. `Ok(true)` when all answer, `Ok(false)` when none does.
-async fn cni_served(env: &Env, netns: &std::path::Path) -> Result<bool, String> {
+pub(super) async fn cni_served(env: &Env, netns: &std::path::Path) -> Result<bool, String> {
     let table = has_capture_table(netns).await?;
     let multi = format!("{}:8080", env.mesh("mp-multi"));
     let lb = env

@@ -495,34 +495,27 @@ pub(super) async fn one_request(env: &Env, captured: bool) -> Check {
 }
 
 async fn upgrade(env: &Env) -> Check {
-    let Some(hook) = &env.upgrade else {
+    let (Some(hook), Some(retire)) = (&env.upgrade, &env.retire) else {
         return Err(env.not_here(Need::DaemonProcesses));
     };
     // A raw stream through node-a's daemon, open across the upgrade.
     let mut raw = raw_stream(env).await?;
     // Load: new connections, captured and loopback, while node-a's daemon is upgraded.
     let stop = std::sync::atomic::AtomicBool::new(false);
-    let load = async {
-        let (mut ok, mut failed) = (0u32, Vec::new());
-        let mut i = 0u32;
-        while !stop.load(std::sync::atomic::Ordering::Relaxed) {
-            match one_request(env, i.is_multiple_of(2)).await {
-                Ok(_) => ok += 1,
-                Err(e) => failed.push(e),
-            }
-            i += 1;
-        }
-        (ok, failed)
-    };
+    let load = load_until(env, &stop, Duration::ZERO);
     let upgrade = async {
         tokio::time::sleep(Duration::from_millis(300)).await;
         let up = (hook.0)("node-a".to_owned()).await;
-        // The old daemon drains: the raw stream it carries still runs.
+        // The old daemon has stopped accepting: the raw stream it carries still runs. Then it
+        // is stopped (its pod deleted), and drains.
         let after = match &up {
             Ok(()) => {
                 let sent = raw.write_all(b"after\n").await.map_err(|e| e.to_string());
                 match sent {
-                    Ok(()) => read_echo(&mut raw, "after").await,
+                    Ok(()) => match read_echo(&mut raw, "after").await {
+                        Ok(()) => (retire.0)("node-a".to_owned()).await,
+                        Err(e) => Err(e),
+                    },
                     Err(e) => Err(e),
                 }
             }
@@ -546,7 +539,7 @@ async fn upgrade(env: &Env) -> Check {
     if ok < 20 {
         return Err(format!("only {ok} requests during the upgrade"));
     }
-    // At the old daemon's drain deadline the raw stream ends.
+    // At the old daemon's drain deadline (after its SIGTERM) the raw stream ends.
     let mut rest = Vec::new();
     let ended = tokio::time::timeout(Duration::from_secs(15), raw.read_to_end(&mut rest)).await;
     if ended.is_err() {
@@ -558,6 +551,29 @@ async fn upgrade(env: &Env) -> Check {
     Ok(format!(
         "{ok} requests on new connections (captured and loopback), 0 failed; the raw stream echoed across the handoff and ended at the drain deadline"
     ))
+}
+
+/// Requests on new connections through node-a's daemon, captured and loopback in turn
+/// ([`one_request`]), `pause` apart, until `stop` is set: how many succeeded, and why each
+/// other one failed.
+pub(super) async fn load_until(
+    env: &Env,
+    stop: &std::sync::atomic::AtomicBool,
+    pause: Duration,
+) -> (u32, Vec<String>) {
+    let (mut ok, mut failed) = (0u32, Vec::new());
+    let mut i = 0u32;
+    while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+        match one_request(env, i.is_multiple_of(2)).await {
+            Ok(_) => ok += 1,
+            Err(e) => failed.push(e),
+        }
+        i += 1;
+        if !pause.is_zero() {
+            tokio::time::sleep(pause).await;
+        }
+    }
+    (ok, failed)
 }
 
 /// A raw stream from mp-client to mp-mixed:9000 (through node-a's daemon), echoed once.

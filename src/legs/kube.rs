@@ -1,6 +1,7 @@
 //! Legs that only the Kubernetes source has (issue #9, "How it is verified"): the lab's API
 //! server stops mid-watch, or forgets its history, and the daemons must keep the last model and
-//! then recover with no stale object left. They run only when the daemons are on the lab's API
+//! then recover with no stale object left; and a DaemonSet rollout (K-ROLLOUT, [`super::rollout`],
+//! issue #35 item 4), whose CNI installers ask the API server for their DaemonSet. They run only when the daemons are on the lab's API
 //! server ([`super::RegistryControl::apiserver`]); a file-registry run does not list them.
 //!
 //! The answer they watch is the `swap` overlay's: mp-multi:8080 through the loopback proxy port
@@ -16,6 +17,7 @@ use std::time::Duration;
 
 use crate::lab::plan::RELEASE_NAMESPACE;
 
+use super::rollout::rollout;
 use super::{
     Check, Env, Leg, apiserver_fingerprint, control_request, echo, fingerprints, get_host,
     loopback, probe,
@@ -52,6 +54,12 @@ pub static KUBE: &[Leg] = &[
         "HTTPRoutes refused (403) on the watch after sync: the daemons stay ready (degraded), apply a MeshFilter and serve a CNI ADD, and do not see a route made meanwhile; allowed again: the route is served within the back-off bound, with no relist",
         None,
         forbidden
+    ),
+    leg!(
+        "K-ROLLOUT",
+        "a DaemonSet rollout of node-a (the new daemon beside the old, the installers stopped and started, a pod created meanwhile): no new connection fails, open ones run on, the pod waits or is captured, the conflist entry goes only on uninstall",
+        None,
+        rollout
     ),
 ];
 

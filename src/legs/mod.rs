@@ -44,6 +44,7 @@ mod extra;
 mod hostile;
 mod kube;
 mod metrics;
+mod rollout;
 mod rules;
 
 use std::collections::BTreeMap;
@@ -92,6 +93,13 @@ pub struct Env {
     /// Kills a node's daemon at once (SIGKILL), as a crash would, and leaves it dead; `restart`
     /// starts it again (the EKILL leg).
     pub kill: Option<RestartHook>,
+    /// Stops every daemon of a node but the newest (SIGTERM, not waited for: it drains), as the
+    /// DaemonSet controller deletes the old pod once the new one is Ready (the UPGRADE and
+    /// K-ROLLOUT legs).
+    pub retire: Option<RestartHook>,
+    /// Starts and stops a node's CNI installer, as the DaemonSet's `cni` container runs it
+    /// (the K-ROLLOUT leg).
+    pub installers: Option<Installers>,
     /// What the running leg found missing ([`Env::not_here`]); the runner takes it.
     pub missing: arc_swap::ArcSwapOption<Need>,
 }
@@ -108,6 +116,39 @@ impl std::fmt::Debug for RestartHook {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.write_str("RestartHook")
     }
+}
+
+/// What an [`Installers`] hook returns.
+pub type InstallerFuture<T> =
+    std::pin::Pin<Box<dyn Future<Output = Result<T, String>> + std::marker::Send>>;
+
+/// A node's CNI installer (`aether cni install --watch --daemonset aether`) on a conflist of the
+/// lab's own: 1. [`Installers::start`] runs one for a node; 2. the leg reads `conf_dir` and runs
+/// the installed plugin from `bin_dir`, as the container runtime does; 3. [`Installers::stop`]
+/// sends it SIGTERM, as kubelet does when its pod goes.
+#[derive(Clone)]
+pub struct Installers {
+    /// Starts one for a node (by name).
+    pub start: Arc<dyn Fn(String) -> InstallerFuture<Installer> + std::marker::Send + Sync>,
+    /// Stops one (by PID) and waits (bounded) for it to exit; how it ended.
+    pub stop: Arc<dyn Fn(u32) -> InstallerFuture<String> + std::marker::Send + Sync>,
+}
+
+impl std::fmt::Debug for Installers {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("Installers")
+    }
+}
+
+/// A running CNI installer of the lab.
+#[derive(Clone, Debug)]
+pub struct Installer {
+    /// Its PID.
+    pub pid: u32,
+    /// The CNI configuration directory it keeps the entry in.
+    pub conf_dir: PathBuf,
+    /// Where it installed the plugin (`aether-cni`).
+    pub bin_dir: PathBuf,
 }
 
 /// How the runner changes the registry the daemons watch.
@@ -515,6 +556,28 @@ pub async fn control_request(
         ));
     }
     Ok(body.to_owned())
+}
+
+/// `GET path` on `stream` (HTTP/1.1, `Connection: close`), as kubelet's HTTP probe asks: the
+/// answer's status, or `None` when no whole answer came. Unbounded: the caller bounds it.
+pub async fn probe_status<S>(mut stream: S, path: &str) -> Option<u16>
+where
+    S: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin,
+{
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    stream
+        .write_all(
+            format!("GET {path} HTTP/1.1\r\nHost: probe\r\nConnection: close\r\n\r\n").as_bytes(),
+        )
+        .await
+        .ok()?;
+    let mut got = Vec::new();
+    stream.read_to_end(&mut got).await.ok()?;
+    String::from_utf8_lossy(&got)
+        .split_whitespace()
+        .nth(1)?
+        .parse()
+        .ok()
 }
 
 /// Run the legs whose id matches `filter` (all for `None`), in catalogue order.

@@ -59,6 +59,11 @@ pub struct NodeConfig {
     /// Where the daemon keeps its sockets (`admin.sock`, `cni.sock`) and, when no CA is
     /// given, the demo CA.
     pub state_dir: PathBuf,
+    /// A directory of this daemon's own, which a successor does not share (the chart's
+    /// `emptyDir`): the daemon writes `started` there once it has taken its predecessor's
+    /// sockets or found none, for the DaemonSet's startup probe (docs/kubernetes.md,
+    /// "Upgrade"). None by default: no marker. Key `pod_dir`, `AETHER_POD_DIR`.
+    pub pod_dir: Option<PathBuf>,
     /// The CA certificate (PEM); with `ca_key`. Absent: a CA is created once in
     /// `<state_dir>/ca` (demo only).
     pub ca_cert: Option<PathBuf>,
@@ -248,6 +253,7 @@ impl Default for NodeConfig {
             registry: PathBuf::from("config/examples/mp"),
             release_namespace: "aether-system".into(),
             state_dir: PathBuf::from("/var/run/aether"),
+            pod_dir: None,
             ca_cert: None,
             ca_key: None,
             ca_dir: None,

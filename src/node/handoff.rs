@@ -9,7 +9,15 @@
 //! none is refused. The new daemon serves its pods on the sockets it was given (binding the
 //! same addresses again would fail while the old one holds them), then says `ready`
 //! ([`Taken::ready`]); only then does the old daemon stop accepting and drain: the connections
-//! it has run to the drain deadline, and it leaves the state directory's sockets to the new one.
+//! it has run on until it is stopped (SIGTERM) and then to the drain deadline, and it leaves
+//! the state directory's sockets to the new one.
+//!
+//! From `take` to `ready` the old daemon is *handing over* (`node::run`): it answers `/ready`
+//! 503, answers CNI ADDs "try again" and reconciles no pod, so that the listeners it passed are
+//! all there are and every ADD it accepted is recorded before the new daemon reads the records.
+//! Should the exchange fail (the new daemon dies, or says something else), it serves on as
+//! before. The node-wide listeners (metrics, admin) are passed too ([`ListenerId::node`],
+//! `node::listeners`).
 //!
 //! Wire format (version 1), on a unix stream socket:
 //! ```text
@@ -42,17 +50,36 @@ pub const FDS_PER_MESSAGE: usize = 64;
 /// How long either side waits for the other at each step.
 pub const STEP_TIMEOUT: Duration = Duration::from_secs(30);
 
+/// How long the old daemon waits for `ready`: the new one lists the whole registry first (18 s
+/// of a node's CPU at 100,000 pods, docs/kubernetes.md "Scale"). A new daemon that dies closes
+/// the socket, which ends the wait at once; this bounds only one that hangs.
+pub const READY_TIMEOUT: Duration = Duration::from_secs(600);
+
 /// What one listening socket is for.
 #[derive(Clone, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
 pub struct ListenerId {
-    /// The pod's namespace.
+    /// The pod's namespace (empty for a node-wide listener).
     pub namespace: String,
-    /// The pod's name.
+    /// The pod's name (empty for a node-wide listener).
     pub pod: String,
-    /// `capture`, `loopback`, `hop`, `udp`, `dns-udp` or `dns-tcp`.
+    /// A pod's `capture`, `loopback`, `hop`, `udp`, `dns-udp` or `dns-tcp`; the node's
+    /// `metrics` or `admin` ([`super::listeners`]).
     pub kind: String,
     /// The address it is bound to.
     pub addr: SocketAddr,
+}
+
+impl ListenerId {
+    /// A node-wide listener (no pod): `metrics` or `admin`. A daemon that does not know these
+    /// closes them with the sockets no pod took, and binds its own.
+    pub fn node(kind: &str, addr: SocketAddr) -> Self {
+        Self {
+            namespace: String::new(),
+            pod: String::new(),
+            kind: kind.to_owned(),
+            addr,
+        }
+    }
 }
 
 #[derive(Debug, Serialize, Deserialize)]
@@ -188,6 +215,7 @@ pub fn give(
         send_fds(stream, chunk)?;
     }
     // The successor serves from here on (or died trying: then this daemon keeps serving).
+    stream.set_read_timeout(Some(READY_TIMEOUT))?;
     let done = read_line(stream)?;
     if done == "ready" {
         Ok(())

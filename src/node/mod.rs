@@ -8,6 +8,7 @@ pub mod config;
 pub mod debug;
 pub mod dns;
 pub mod handoff;
+pub mod listeners;
 pub mod liveness;
 mod pace;
 pub mod pods;
@@ -509,7 +510,37 @@ pub async fn run_with_logs(
     config: NodeConfig,
     logs: crate::log_filter::LogFilter,
 ) -> Result<(), NodeError> {
+    let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
+        .map_err(|source| NodeError::StateDir {
+            path: "SIGTERM".into(),
+            source,
+        })?;
+    let stop = async move {
+        tokio::select! {
+            _ = tokio::signal::ctrl_c() => {}
+            _ = term.recv() => {}
+        }
+    };
+    run_until(config, logs, stop).await
+}
+
+/// Run the daemon until `stop` completes, then drain. After handing its sockets to a successor
+/// it stops accepting and still waits for `stop` before it drains and returns: under a
+/// supervisor that restarts a process that exits (kubelet, for a DaemonSet's pod), an old
+/// daemon that exited by itself would be started again and take the node back from its
+/// successor.
+async fn run_until(
+    config: NodeConfig,
+    logs: crate::log_filter::LogFilter,
+    stop: impl Future<Output = ()>,
+) -> Result<(), NodeError> {
+    tokio::pin!(stop);
     config.validate()?;
+    // A marker of an earlier run of this container (its pod directory outlives a restart)
+    // must not pass the startup probe for this one (`mark_started`).
+    if let Some(dir) = &config.pod_dir {
+        let _ = std::fs::remove_file(dir.join(STARTED_MARKER));
+    }
     let state_dir = config.state_dir.clone();
     std::fs::create_dir_all(&state_dir).map_err(|source| NodeError::StateDir {
         path: state_dir.clone(),
@@ -696,29 +727,57 @@ pub async fn run_with_logs(
     if let Source::Etcd(_) = &*source {
         spawn_probes(&config, source.clone(), pods.clone(), node_stats.clone());
     }
-    // The pods a CNI ADD told an earlier run of the daemon about, whose namespaces are still
-    // there: served again without a new ADD (issue #9 §4, `cni_records`).
-    let cni_pods = Arc::new(Mutex::new(rediscover(&config.state_dir, &shared.home)));
-    let (ready_tx, ready_rx) = watch::channel(false);
+    // The CNI API, bound before the running daemon (an upgrade) is asked for its sockets: from
+    // here on every ADD comes to this daemon, which answers "try again" until it serves. An ADD
+    // for a pod the model does not hold yet waits for it on its own task before it reaches the
+    // loop below (`cni_gate`).
+    let cni_sock = state_dir.join("cni.sock");
+    let (socket_tx, socket_rx) = mpsc::channel::<CniRequest>(64);
+    let (cni_tx, mut cni_rx) = mpsc::channel::<CniRequest>(64);
+    let mut cni_served = serve_cni(&cni_sock, &socket_tx, &inputs)?;
+    let gate = cni_gate::AddGate {
+        model: handle.clone(),
+        bound: Duration::from_millis(config.cni_add_wait_ms),
+        waiters_max: config.cni_add_waiters_max,
+        stats: node_stats.clone(),
+    };
+    tokio::spawn(gate.run(socket_rx, cni_tx));
 
-    // The first reconcile: every local pod (present = desired). Ready only once every local
-    // pod is served; failed pods are retried.
     // A daemon already running here (an upgrade): take its listening sockets, so that no
-    // connection is refused while the two change places (issue #8 §4, `handoff`).
+    // connection is refused while the two change places (issue #8 §4, `handoff`). It hands
+    // over from here on: not ready, no ADD accepted, no pod reconciled (issue #35 item 4).
     let handoff_path = state_dir.join("handoff.sock");
+    let node_listeners = listeners::SharedListeners::default();
+    let mut inherited_node = BTreeMap::new();
     let mut predecessor = {
         let path = handoff_path.clone();
         match tokio::task::spawn_blocking(move || handoff::take(&path)).await {
             Ok(Ok(Some(mut taken))) => {
-                let inherited = std::mem::take(&mut taken.inherited);
+                let mut inherited = std::mem::take(&mut taken.inherited);
                 info!(
                     sockets = inherited.len(),
                     "took the listening sockets of the running daemon"
                 );
+                for (kind, addr) in [
+                    ("metrics", config.metrics_addr),
+                    ("admin", config.admin_addr),
+                ] {
+                    if let Some(addr) = addr
+                        && let Some(fd) = inherited.take(&handoff::ListenerId::node(kind, addr))
+                    {
+                        inherited_node.insert(kind, fd);
+                    }
+                }
                 pods.lock().await.inherit(inherited);
+                mark_started(&config);
                 Some(taken)
             }
-            Ok(Ok(None)) => None,
+            Ok(Ok(None)) => {
+                mark_started(&config);
+                None
+            }
+            // No marker: the startup probe fails and the container is started again, which
+            // asks again; meanwhile the running daemon answers the probes as before.
             Ok(Err(e)) => {
                 warn!(error = %crate::DisplayChain(&e), "no handoff from the running daemon; binding anew");
                 None
@@ -729,6 +788,14 @@ pub async fn run_with_logs(
             }
         }
     };
+    // The pods a CNI ADD told an earlier run of the daemon about, whose namespaces are still
+    // there: served again without a new ADD (issue #9 §4, `cni_records`). Read after the
+    // predecessor stopped accepting ADDs, so that none it recorded is missed.
+    let cni_pods = Arc::new(Mutex::new(rediscover(&config.state_dir, &shared.home)));
+    let (ready_tx, ready_rx) = watch::channel(false);
+
+    // The first reconcile: every local pod (present = desired). Ready only once every local
+    // pod is served; failed pods are retried.
     // Whether the published model is the registry's: not before the Kubernetes source has
     // listed every kind (fail closed). Ready and CNI ADDs need it. A kind refused (403) after
     // its list does not unset it: its last store stays in force and the reloads go on with
@@ -779,65 +846,23 @@ pub async fn run_with_logs(
     };
     let admin = Arc::new(admin);
     let admin_sock = state_dir.join("admin.sock");
-    let _ = std::fs::remove_file(&admin_sock);
-    let unix =
-        tokio::net::UnixListener::bind(&admin_sock).map_err(|source| NodeError::StateDir {
-            path: admin_sock.clone(),
-            source,
-        })?;
-    tokio::spawn(admin::serve_unix(admin.clone(), unix));
+    let mut admin_served = serve_admin_unix(&admin_sock, &admin)?;
+    // The node-wide TCP listeners: a predecessor's when it handed them over, else bound (and
+    // retried while a predecessor still holds the port; `listeners`).
     if let Some(addr) = config.admin_addr {
-        match tokio::net::TcpListener::bind(addr).await {
-            Ok(l) => {
-                tokio::spawn(admin::serve_tcp(admin.clone(), l));
-            }
-            Err(e) => error!(error = %e, %addr, "admin listener"),
-        }
-    }
-
-    // The metrics endpoint. A predecessor (an upgrade on the same host) may hold the port
-    // until it drains: the bind is retried.
-    if let Some(addr) = config.metrics_addr {
-        let (admin, max) = (admin.clone(), config.metrics_max_connections);
-        tokio::spawn(async move {
-            let mut logged = false;
-            loop {
-                match tokio::net::TcpListener::bind(addr).await {
-                    Ok(l) => {
-                        info!(%addr, "metrics listener");
-                        admin::serve_metrics(admin, l, max).await;
-                        return;
-                    }
-                    Err(e) => {
-                        if !logged {
-                            warn!(error = %e, %addr, "metrics listener: retrying every second");
-                            logged = true;
-                        }
-                        tokio::time::sleep(Duration::from_secs(1)).await;
-                    }
-                }
-            }
+        let admin = admin.clone();
+        let fd = inherited_node.remove("admin");
+        listeners::spawn(&node_listeners, "admin", addr, fd, move |l| {
+            admin::serve_tcp(admin, l)
         });
     }
-
-    // The CNI API. An ADD for a pod the model does not hold yet waits for it on its own task
-    // before it reaches the loop below (`cni_gate`).
-    let cni_sock = state_dir.join("cni.sock");
-    let cni_listener = cni::bind(&cni_sock)?;
-    let (socket_tx, socket_rx) = mpsc::channel::<CniRequest>(64);
-    let (cni_tx, mut cni_rx) = mpsc::channel::<CniRequest>(64);
-    tokio::spawn(cni::serve(
-        cni_listener,
-        socket_tx,
-        inputs.stats.accept_errors("cni"),
-    ));
-    let gate = cni_gate::AddGate {
-        model: handle.clone(),
-        bound: Duration::from_millis(config.cni_add_wait_ms),
-        waiters_max: config.cni_add_waiters_max,
-        stats: node_stats.clone(),
-    };
-    tokio::spawn(gate.run(socket_rx, cni_tx));
+    if let Some(addr) = config.metrics_addr {
+        let (admin, max) = (admin.clone(), config.metrics_max_connections);
+        let fd = inherited_node.remove("metrics");
+        listeners::spawn(&node_listeners, "metrics", addr, fd, move |l| {
+            admin::serve_metrics(admin, l, max)
+        });
+    }
 
     // Certificate rotation.
     let rotating = identities.clone();
@@ -854,29 +879,55 @@ pub async fn run_with_logs(
 
     // Once every pod is served, the predecessor (if any) may stop accepting; then this daemon
     // offers its own sockets to a successor.
-    let (handed_tx, mut handed_rx) = mpsc::channel::<()>(1);
-    let mut offering = false;
+    let (handing_tx, mut handing_rx) = mpsc::channel::<Handing>(1);
+    // This daemon's own `handoff.sock`, once it offers.
+    let mut offering: Option<listeners::OwnedPath> = None;
     if all_served {
         hand_over_done(&mut predecessor, &pods).await;
-        serve_handoff(&handoff_path, pods.clone(), handed_tx.clone());
-        offering = true;
+        offering = serve_handoff(&handoff_path, handing_tx.clone());
     }
     let mut handed_off = false;
-    let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
-        .map_err(|source| NodeError::StateDir {
-            path: "SIGTERM".into(),
-            source,
-        })?;
+    // A successor has taken the sockets and does not serve yet (`handoff`).
+    let mut handing_over = false;
     info!(node = %config.node_name, admin = %admin_sock.display(), "ready");
     loop {
         tokio::select! {
-            _ = tokio::signal::ctrl_c() => break,
-            _ = term.recv() => break,
-            Some(()) = handed_rx.recv() => {
-                info!("a successor daemon serves every pod: stop accepting and drain");
-                handed_off = true;
-                break;
-            }
+            () = &mut stop => break,
+            Some(h) = handing_rx.recv() => match h {
+                Handing::Taking(reply) => {
+                    handing_over = true;
+                    let _ = ready_tx.send(false);
+                    let mut offered = pods.lock().await.handoff_listeners();
+                    offered.extend(node_listeners.lock().offer());
+                    info!(sockets = offered.len(), "a successor daemon takes the listening sockets: not ready, CNI ADDs answered try-again, no pod reconciled until it serves");
+                    let _ = reply.send(offered);
+                }
+                Handing::Failed => {
+                    // Ready again once the retry below has reconciled. The successor bound its
+                    // own CNI and admin sockets in the state directory: they are taken back.
+                    handing_over = false;
+                    warn!("the successor daemon did not take over; serving on");
+                    if !cni_served.1.is_ours() {
+                        cni_served.0.abort();
+                        match serve_cni(&cni_sock, &socket_tx, &inputs) {
+                            Ok(s) => cni_served = s,
+                            Err(e) => error!(error = %crate::DisplayChain(&e), "the CNI socket cannot be bound again: pods on this node cannot start"),
+                        }
+                    }
+                    if !admin_served.1.is_ours() {
+                        admin_served.0.abort();
+                        match serve_admin_unix(&admin_sock, &admin) {
+                            Ok(s) => admin_served = s,
+                            Err(e) => error!(error = %crate::DisplayChain(&e), "the admin socket cannot be bound again"),
+                        }
+                    }
+                }
+                Handing::Done => {
+                    info!("a successor daemon serves every pod: stop accepting, and drain once stopped");
+                    handed_off = true;
+                    break;
+                }
+            },
             Some(()) = changed_rx.recv() => {
                 // Debounce inside the branch, so no other branch can drop the change
                 // (node::pace: at once after a quiet spell for the Kubernetes source).
@@ -948,8 +999,11 @@ pub async fn run_with_logs(
                             retire::drop_off_runtime(dns_table.swap(Arc::new(dns)));
                         }
                         registry_ok = true;
-                        let ok = reconcile(&config, &shared, &pods, &cni_pods).await.is_empty();
-                        let _ = ready_tx.send(ok);
+                        // While a successor takes over, the pods stay as they were handed.
+                        if !handing_over {
+                            let ok = reconcile(&config, &shared, &pods, &cni_pods).await.is_empty();
+                            let _ = ready_tx.send(ok);
+                        }
                         // Published and reconciled: what `/model` reports as loaded.
                         if let Some(settled) = settled {
                             fingerprint.store(settled, std::sync::atomic::Ordering::Release);
@@ -957,10 +1011,9 @@ pub async fn run_with_logs(
                         if let (Source::Etcd(etcd), Some(revision)) = (&*source, etcd_revision) {
                             etcd.compiled.store(revision, std::sync::atomic::Ordering::Release);
                         }
-                        if ok && !offering {
+                        if *ready_tx.borrow() && offering.is_none() {
                             hand_over_done(&mut predecessor, &pods).await;
-                            serve_handoff(&handoff_path, pods.clone(), handed_tx.clone());
-                            offering = true;
+                            offering = serve_handoff(&handoff_path, handing_tx.clone());
                         }
                     }
                     // Not every watch has listed (a kind refused before its first list among
@@ -979,18 +1032,21 @@ pub async fn run_with_logs(
                     // Retained entries expire by the clock: recompile so they go on time.
                     let _ = changed_tx.try_send(());
                 }
-                if !*ready_tx.borrow() {
+                if !*ready_tx.borrow() && !handing_over {
                     let ok = reconcile(&config, &shared, &pods, &cni_pods).await.is_empty()
                         && registry_ok;
                     let _ = ready_tx.send(ok);
-                    if ok && !offering {
+                    if ok && offering.is_none() {
                         hand_over_done(&mut predecessor, &pods).await;
-                        serve_handoff(&handoff_path, pods.clone(), handed_tx.clone());
-                        offering = true;
+                        offering = serve_handoff(&handoff_path, handing_tx.clone());
                     }
                 }
             }
             Some(req) = cni_rx.recv() => {
+                if handing_over {
+                    cni_while_handing_over(req, &config, &shared, &pods, &cni_pods, &node_stats).await;
+                    continue;
+                }
                 // Before the registry is read whole no pod can be served: an ADD is answered "try
                 // again", so the runtime retries it and no managed pod starts uncaptured (issue
                 // #9 §4).
@@ -1010,31 +1066,74 @@ pub async fn run_with_logs(
             }
         }
     }
-    info!("shutting down: draining");
     // The registrar gives its Lease up (if it holds it) while the connections drain, so the
     // next leader need not wait the lease out.
     let registrar = writer_tx.take().map(|(reg, st, task)| {
         drop((reg, st));
         tokio::time::timeout(RELEASE_BOUND, task)
     });
-    drain(
-        &inputs,
-        &pods,
-        Duration::from_secs(config.drain_timeout_secs),
-    )
-    .await;
+    stop_accepting(&inputs, &pods).await;
+    if handed_off {
+        // The successor serves on the same sockets; this one's connections run on until this
+        // daemon is stopped (its pod deleted once the new one is Ready), then to the bound.
+        node_listeners.lock().stop();
+        info!("handed over: not accepting; waiting for SIGTERM to drain and exit");
+        stop.await;
+    }
+    info!("shutting down: draining");
+    drain(&inputs, Duration::from_secs(config.drain_timeout_secs)).await;
     if let Some(released) = registrar
         && released.await.is_err()
     {
         warn!("the registrar did not give its Lease up in time; it lapses by itself");
     }
-    // After a handoff the sockets in the state directory are the successor's.
+    // Nothing of this daemon accepts any more (a successor may share these sockets).
+    node_listeners.lock().stop();
+    admin_served.0.abort();
+    cni_served.0.abort();
+    // Only the state directory's sockets that are still this daemon's: after a handoff they
+    // are the successor's, and a daemon that never served leaves its predecessor's.
     if !handed_off {
-        let _ = std::fs::remove_file(&admin_sock);
-        let _ = std::fs::remove_file(&cni_sock);
-        let _ = std::fs::remove_file(&handoff_path);
+        admin_served.1.remove_if_ours();
+        cni_served.1.remove_if_ours();
+        if let Some(path) = &offering {
+            path.remove_if_ours();
+        }
     }
     Ok(())
+}
+
+/// Bind `<state_dir>/cni.sock` (replacing whatever is there) and serve the CNI API on it, into
+/// `requests`; the serving task and the file bound.
+fn serve_cni(
+    path: &Path,
+    requests: &mpsc::Sender<CniRequest>,
+    inputs: &Inputs,
+) -> Result<(tokio::task::AbortHandle, listeners::OwnedPath), NodeError> {
+    let listener = cni::bind(path)?;
+    let owned = listeners::OwnedPath::bound(path);
+    let task = tokio::spawn(cni::serve(
+        listener,
+        requests.clone(),
+        inputs.stats.accept_errors("cni"),
+    ));
+    Ok((task.abort_handle(), owned))
+}
+
+/// Bind `<state_dir>/admin.sock` (replacing whatever is there) and serve the admin endpoints on
+/// it; the serving task and the file bound.
+fn serve_admin_unix(
+    path: &Path,
+    admin: &Arc<admin::Admin>,
+) -> Result<(tokio::task::AbortHandle, listeners::OwnedPath), NodeError> {
+    let _ = std::fs::remove_file(path);
+    let unix = tokio::net::UnixListener::bind(path).map_err(|source| NodeError::StateDir {
+        path: path.to_path_buf(),
+        source,
+    })?;
+    let owned = listeners::OwnedPath::bound(path);
+    let task = tokio::spawn(admin::serve_unix(admin.clone(), unix));
+    Ok((task.abort_handle(), owned))
 }
 
 /// Delegated liveness on the etcd source (spec/model.md §14): this node's pods are probed every
@@ -1160,6 +1259,32 @@ fn rediscover(state_dir: &Path, home: &Netns) -> CniPods {
         .collect()
 }
 
+/// Where the daemon says it has started (`pod_dir`): written once it has taken its
+/// predecessor's sockets or found none, so that a predecessor answers `/ready` 503 from then on.
+/// The chart's startup probe waits for it, so that no readiness probe of the new pod runs
+/// while the old daemon could still answer it as if it were the new one (issue #35 item 4).
+pub const STARTED_MARKER: &str = "started";
+
+fn mark_started(config: &NodeConfig) {
+    let Some(dir) = &config.pod_dir else { return };
+    let written = std::fs::create_dir_all(dir)
+        .and_then(|()| std::fs::write(dir.join(STARTED_MARKER), b"started\n"));
+    if let Err(e) = written {
+        error!(dir = %dir.display(), error = %e, "the start marker cannot be written: the startup probe will fail");
+    }
+}
+
+/// A successor daemon's hand-off, as the task serving `handoff.sock` tells the daemon's loop.
+#[derive(Debug)]
+enum Handing {
+    /// A successor asks for the sockets: stop accepting ADDs and reconciling, and send them.
+    Taking(tokio::sync::oneshot::Sender<Vec<(handoff::ListenerId, std::os::fd::OwnedFd)>>),
+    /// It did not take over: serve on.
+    Failed,
+    /// It serves every pod: stop accepting.
+    Done,
+}
+
 /// Every pod is served on the predecessor's sockets: tell it, so that it stops accepting and
 /// drains; sockets no pod took are closed.
 async fn hand_over_done(predecessor: &mut Option<handoff::Taken>, pods: &Arc<Mutex<Pods>>) {
@@ -1177,17 +1302,19 @@ async fn hand_over_done(predecessor: &mut Option<handoff::Taken>, pods: &Arc<Mut
     }
 }
 
-/// Offer this daemon's listening sockets on `path` to a successor; a successor that took them
-/// and serves sends `()` on `handed`.
-fn serve_handoff(path: &Path, pods: Arc<Mutex<Pods>>, handed: mpsc::Sender<()>) {
+/// Offer this daemon's listening sockets on `path` to a successor: each connection asks the
+/// daemon's loop for them ([`Handing::Taking`]), then passes them; the loop hears how it ended.
+/// The file bound, or `None` (logged) when it could not be.
+fn serve_handoff(path: &Path, handing: mpsc::Sender<Handing>) -> Option<listeners::OwnedPath> {
     let _ = std::fs::remove_file(path);
     let listener = match tokio::net::UnixListener::bind(path) {
         Ok(l) => l,
         Err(e) => {
             error!(error = %e, path = %path.display(), "handoff socket: upgrades will drop connections");
-            return;
+            return None;
         }
     };
+    let owned = listeners::OwnedPath::bound(path);
     tokio::spawn(async move {
         loop {
             let stream = match listener.accept().await {
@@ -1204,21 +1331,76 @@ fn serve_handoff(path: &Path, pods: Arc<Mutex<Pods>>, handed: mpsc::Sender<()>) 
             }) else {
                 continue;
             };
-            let listeners = pods.lock().await.handoff_listeners();
+            let (reply, offered) = tokio::sync::oneshot::channel();
+            if handing.send(Handing::Taking(reply)).await.is_err() {
+                return;
+            }
+            let Ok(listeners) = offered.await else {
+                return;
+            };
             let n = listeners.len();
-            match tokio::task::spawn_blocking(move || handoff::give(&stream, listeners)).await {
+            let outcome = match tokio::task::spawn_blocking(move || {
+                handoff::give(&stream, listeners)
+            })
+            .await
+            {
                 Ok(Ok(())) => {
                     info!(sockets = n, "handed the listening sockets to a successor");
-                    let _ = handed.send(()).await;
-                    return;
+                    Handing::Done
                 }
                 Ok(Err(e)) => {
-                    warn!(error = %crate::DisplayChain(&e), "handoff to a successor failed; still serving")
+                    warn!(error = %crate::DisplayChain(&e), "handoff to a successor failed; still serving");
+                    Handing::Failed
                 }
-                Err(e) => warn!(error = %e, "handoff task failed; still serving"),
+                Err(e) => {
+                    warn!(error = %e, "handoff task failed; still serving");
+                    Handing::Failed
+                }
+            };
+            let done = matches!(outcome, Handing::Done);
+            if handing.send(outcome).await.is_err() || done {
+                return;
             }
         }
     });
+    Some(owned)
+}
+
+/// One CNI request while a successor takes over (`handoff`): an ADD is answered "try again"
+/// (the runtime retries it, and the retry reaches the successor, which holds `cni.sock` now); a
+/// DEL only forgets the pod, so that the sockets handed over stay as they are; a CHECK as ever.
+async fn cni_while_handing_over(
+    req: CniRequest,
+    config: &NodeConfig,
+    shared: &Shared,
+    pods: &Arc<Mutex<Pods>>,
+    cni_pods: &Arc<Mutex<CniPods>>,
+    stats: &NodeStats,
+) {
+    let outcome = match &req.command {
+        CniCommand::Add { .. } => {
+            stats.cni_try_again.inc();
+            let reason = "a successor daemon is taking over this node";
+            warn!(reason, "CNI ADD refused");
+            Err(CniRefusal::TryAgain(reason.to_owned()))
+        }
+        CniCommand::Del { namespace, pod, .. } => {
+            cni_pods
+                .lock()
+                .await
+                .remove(&(namespace.clone(), pod.clone()));
+            if let Err(e) = cni_records::Records::new(&config.state_dir).remove(namespace, pod) {
+                warn!(namespace = %namespace, pod = %pod, error = %e, "removing the CNI record");
+            }
+            Ok(())
+        }
+        CniCommand::Check { .. } => {
+            let (outcome, _) =
+                handle_cni(&req.command, config, shared, pods, cni_pods, stats).await;
+            outcome.map_err(CniRefusal::Refused)
+        }
+    };
+    let _ = req.reply.send(outcome);
 }
 
 /// Handle one CNI request (issue #8, finding 11; issue #9 §4). An ADD's namespace must exist
@@ -1381,8 +1563,8 @@ async fn reconcile(
         .collect()
 }
 
-/// Stop accepting, then wait (bounded) for connections to finish.
-async fn drain(inputs: &Inputs, pods: &Arc<Mutex<Pods>>, bound: Duration) {
+/// Stop accepting on the pods' listeners; HTTP connections finish what is in flight and close.
+async fn stop_accepting(inputs: &Inputs, pods: &Arc<Mutex<Pods>>) {
     // Dropping the served pods stops their accept loops; capture stays programmed, so a pod
     // is not silently taken out of the mesh while the daemon restarts.
     let mut p = pods.lock().await;
@@ -1390,6 +1572,10 @@ async fn drain(inputs: &Inputs, pods: &Arc<Mutex<Pods>>, bound: Duration) {
     drop(p);
     // HTTP connections finish what is in flight and close; idle ones close now.
     inputs.drain.send_replace(true);
+}
+
+/// Wait (bounded) for the connections to finish.
+async fn drain(inputs: &Inputs, bound: Duration) {
     let deadline = crate::time::now() + bound;
     while inputs.stats.active.get() > 0 && crate::time::now() < deadline {
         tokio::time::sleep(Duration::from_millis(50)).await;
@@ -1402,3 +1588,5 @@ async fn drain(inputs: &Inputs, pods: &Arc<Mutex<Pods>>, bound: Duration) {
 
 #[cfg(test)]
 mod tests;
+#[cfg(test)]
+mod upgrade_tests;

@@ -256,7 +256,16 @@ async fn route(
         }
         ("DELETE", true) if !path.status => {
             let key = key(&path, None)?;
-            let o = server.write(|s| s.delete(&key))?;
+            // The body, when there is one, is DeleteOptions: only its propagationPolicy is read.
+            let body = read_body(server, req).await?;
+            let foreground = !body.is_empty()
+                && serde_json::from_slice::<Value>(&body)
+                    .map_err(|e| {
+                        ApiError::new(400, "BadRequest", format!("the body is not JSON: {e}"))
+                    })?
+                    .get("propagationPolicy")
+                    .is_some_and(|p| p == "Foreground");
+            let o = server.write(|s| s.delete(&key, foreground))?;
             WriteOf {
                 verb: "delete",
                 path: &path,

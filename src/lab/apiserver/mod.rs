@@ -11,7 +11,9 @@
 //!   `allowWatchBookmarks`, `sendInitialEvents`, `timeoutSeconds` capped by
 //!   [`Settings::watch_timeout_cap`]);
 //! - get, create, replace (`PUT`, the body's resourceVersion a precondition), merge patch (RFC
-//!   7386), server-side apply, delete; `/status` writes change only the status, main writes keep
+//!   7386), server-side apply, delete (an object with finalizers, or deleted with
+//!   `propagationPolicy: Foreground`, is only marked with `deletionTimestamp`: no garbage
+//!   collector runs); `/status` writes change only the status, main writes keep
 //!   it. **Server-side apply merges the applied fields into the object; field ownership and
 //!   conflicts between managers are NOT modelled** (only the kind suite proves that part);
 //! - the manifest directory, loaded at start and, with `--watch-dir`, reconciled as `kubectl
@@ -475,6 +477,34 @@ async fn reload_on_change(server: Arc<ApiServer>, mut changed: tokio::sync::mpsc
             Err(e) => tracing::warn!(error = %e, "reload task failed"),
         }
     }
+}
+
+/// A server on an ephemeral loopback port, loaded from `dir`, its address, and a
+/// `kube::Client` of it: what the tests of the daemon's Kubernetes parts run against.
+#[cfg(test)]
+pub(crate) async fn serve_on_loopback(
+    settings: Settings,
+    dir: Option<PathBuf>,
+) -> (Arc<ApiServer>, SocketAddr, kube::Client) {
+    let _ = rustls::crypto::ring::default_provider().install_default();
+    let server = ApiServer::new(settings, dir);
+    let s = server.clone();
+    tokio::task::spawn_blocking(move || s.reload())
+        .await
+        .expect("the reload task runs")
+        .expect("the directory loads");
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+        .await
+        .expect("bind loopback");
+    let addr = listener.local_addr().expect("a bound address");
+    tokio::spawn(http::serve(server.clone(), listener));
+    let config = kube::Config::new(
+        format!("http://{addr}")
+            .parse()
+            .expect("a loopback URL parses"),
+    );
+    let client = kube::Client::try_from(config).expect("a client of the loopback server");
+    (server, addr, client)
 }
 
 #[cfg(test)]

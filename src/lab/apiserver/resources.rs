@@ -66,8 +66,9 @@ const fn rt(
 const GATEWAY: &str = "gateway.networking.k8s.io";
 
 /// Every type served: the eleven the daemon watches
-/// ([`crate::registry::kube::objects::WATCHED_KINDS`]), ServiceAccounts (in the manifests) and
-/// Leases (the registrar's election).
+/// ([`crate::registry::kube::objects::WATCHED_KINDS`]), ServiceAccounts (in the manifests),
+/// Leases (the registrar's election) and DaemonSets (what the CNI installer asks for its own at
+/// stop, [`crate::cni::owner`]).
 pub const RESOURCES: &[ResourceType] = &[
     rt("", "pods", "Pod", true),
     rt("", "services", "Service", true),
@@ -82,6 +83,7 @@ pub const RESOURCES: &[ResourceType] = &[
     rt("aether.io", "meshfilters", "MeshFilter", true),
     rt("", "serviceaccounts", "ServiceAccount", true),
     rt("coordination.k8s.io", "leases", "Lease", true),
+    rt("apps", "daemonsets", "DaemonSet", true),
 ];
 
 /// The type with this group and plural.

@@ -15,6 +15,9 @@
 //! - A main-resource write keeps the stored `status`; a `/status` write changes only `status`.
 //! - A Service keeps its ClusterIP: allocated at create when it has none (never for
 //!   `clusterIP: None`), kept when an update omits it, and a change is refused (422).
+//! - A deletion of an object with finalizers (or a foreground one, which adds
+//!   `foregroundDeletion`) only marks it with `deletionTimestamp`; it goes when a write leaves
+//!   it with none. No garbage collector or controller removes a finalizer.
 //! - Objects read from the manifest directory are reconciled as `kubectl apply` would
 //!   ([`Store::reconcile`]); objects created through the API are never touched by it.
 
@@ -200,6 +203,9 @@ pub struct ClusterIps {
     /// The range the others are allocated from, lowest free address first.
     pub cidr: IpNet,
 }
+
+/// The finalizer a foreground deletion puts on its object.
+pub const FOREGROUND: &str = "foregroundDeletion";
 
 fn meta(o: &Value) -> &Value {
     &o["metadata"]
@@ -446,8 +452,35 @@ impl Store {
         }
     }
 
-    /// Deletes an object; the object as it was is returned.
-    pub fn delete(&mut self, key: &Key) -> Result<Arc<Value>, ApiError> {
+    /// Deletes an object (`DELETE`); the object as it was is returned. `foreground` is the
+    /// request's `propagationPolicy: Foreground`, which puts the finalizer `foregroundDeletion`
+    /// on it. An object that then has finalizers is only marked, as the real server marks it:
+    /// `deletionTimestamp` is set (a `MODIFIED` event), and it goes once a write leaves it with
+    /// none. Nothing here removes a finalizer (no garbage collector runs): a client must.
+    pub fn delete(&mut self, key: &Key, foreground: bool) -> Result<Arc<Value>, ApiError> {
+        let stored = self.get(key)?;
+        let mut finalizers = meta(&stored)["finalizers"]
+            .as_array()
+            .cloned()
+            .unwrap_or_default();
+        if foreground && !finalizers.iter().any(|f| f == FOREGROUND) {
+            finalizers.push(FOREGROUND.into());
+        }
+        if finalizers.is_empty() {
+            return self.remove(key);
+        }
+        let mut marked = stored.as_ref().clone();
+        let m = meta_mut(&mut marked);
+        m.insert("finalizers".into(), Value::Array(finalizers));
+        if !m.contains_key("deletionTimestamp") {
+            m.insert("deletionTimestamp".into(), timestamp());
+        }
+        let origin = self.objects.get(key).map_or(Origin::Api, |e| e.origin);
+        self.put(key, marked, origin)
+    }
+
+    /// Removes an object now; the object as it was is returned.
+    fn remove(&mut self, key: &Key) -> Result<Arc<Value>, ApiError> {
         let entry = self
             .objects
             .remove(key)
@@ -487,7 +520,7 @@ impl Store {
                 .get(&key)
                 .is_some_and(|e| e.origin == Origin::Dir)
             {
-                self.delete(&key)?;
+                self.delete(&key, false)?;
                 changed += 1;
             }
         }
@@ -563,6 +596,16 @@ impl Store {
             ));
         }
         let stored = self.objects.get(key).map(|e| e.object.clone());
+        // A marked object that a write leaves with no finalizer is deleted, as the real server
+        // deletes it once its last finalizer is removed.
+        if let Some(s) = &stored
+            && meta(s).get("deletionTimestamp").is_some()
+            && meta(&new)["finalizers"]
+                .as_array()
+                .is_none_or(|f| f.is_empty())
+        {
+            return self.remove(key);
+        }
         {
             let m = meta_mut(&mut new);
             m.insert("name".into(), key.name.clone().into());

@@ -22,19 +22,7 @@ use crate::registry::kube::watch::{KubeSource, WatchSettings};
 
 /// A server on an ephemeral loopback port, its address, and a client of it.
 async fn serve(settings: Settings, dir: Option<PathBuf>) -> (Arc<ApiServer>, SocketAddr, Client) {
-    let _ = rustls::crypto::ring::default_provider().install_default();
-    let server = ApiServer::new(settings, dir);
-    let s = server.clone();
-    tokio::task::spawn_blocking(move || s.reload())
-        .await
-        .unwrap()
-        .unwrap();
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let addr = listener.local_addr().unwrap();
-    tokio::spawn(http::serve(server.clone(), listener));
-    let config = kube::Config::new(format!("http://{addr}").parse().unwrap());
-    let client = Client::try_from(config).unwrap();
-    (server, addr, client)
+    serve_on_loopback(settings, dir).await
 }
 
 fn pod(name: &str, node: &str) -> Pod {
@@ -409,7 +397,7 @@ async fn after_an_expiry_the_daemons_source_relists_and_holds_no_deleted_object(
             namespace: "shop".into(),
             name: "web-1".into(),
         };
-        s.delete(&key).unwrap();
+        s.delete(&key, false).unwrap();
         s.expire();
     });
     let before = relists(&source);
