@@ -302,6 +302,7 @@ fn connection_checks(
                         f.config,
                         crate::model::snapshot::FilterConfig::Rbac(_)
                             | crate::model::snapshot::FilterConfig::ExtAuthz(_)
+                            | crate::model::snapshot::FilterConfig::Unreadable(_)
                     )
                 })
             })

@@ -1352,3 +1352,73 @@ fn an_address_two_rows_claim_keeps_every_claimants_protection_and_is_nobodys() {
                 && d.detail.contains("mp/mp-multi"))
     );
 }
+
+#[test]
+fn a_policy_the_daemon_cannot_read_makes_the_services_it_names_refuse() {
+    // issue #35 item 1: an ext_authz whose server has no port. Before, the converter dropped it
+    // and mp-nine was served without it, plaintext to its pods included, with no diagnostic.
+    let (_, base) = fixture_model(None, None);
+    assert!(
+        base.pod("mp", "mp-nine-0")
+            .unwrap()
+            .inbound
+            .refused_ports
+            .is_empty()
+    );
+    let (_, m) = fixture_model(Some("policy-unreadable"), None);
+    let filters = m.filters_of(&aether::resolve::decision::ServiceKey {
+        namespace: "mp".into(),
+        name: "mp-nine".into(),
+    });
+    assert!(
+        filters.iter().any(|f| f.name == "mp/mp-nine-ext-authz"
+            && matches!(
+                f.config,
+                aether::model::snapshot::FilterConfig::Unreadable(_)
+            )),
+        "{filters:?}"
+    );
+    // Plaintext to its pods is refused, a byte stream over the hop too.
+    assert_eq!(
+        m.pod("mp", "mp-nine-0").unwrap().inbound.refused_ports,
+        vec![9000]
+    );
+    let nine: IpAddr = "10.244.1.16".parse().unwrap();
+    assert!(m.connection_verdict(nine, "mp", "mp-client").is_err());
+    // A request by name is a delivery that carries the filter (the data plane refuses it
+    // 403 authz-unavailable on both nodes; explain says so).
+    let d = ask(
+        &m,
+        &caller(Some("mp")),
+        HttpEntry::Loopback,
+        "mp-nine.mp.aether.internal:9000",
+        true,
+    );
+    let RequestDecision::Deliver(d) = d else {
+        panic!("{d:?}")
+    };
+    assert!(
+        aether::resolve::describe_service_filters(&d)
+            .iter()
+            .any(|l| l.contains("unreadable") && l.contains("authz-unavailable")),
+        "{:?}",
+        aether::resolve::describe_service_filters(&d)
+    );
+    // The diagnostic names the filter and what it refuses.
+    assert!(
+        m.diagnostics
+            .iter()
+            .any(|d| d.kind.as_str() == "filter-unreadable"
+                && d.subject == "mp/mp-nine-ext-authz"
+                && d.detail.contains("extAuthz.server")
+                && d.detail.contains("mp-nine"))
+    );
+    // The other services are untouched.
+    assert!(
+        m.pod("mp", "mp-eighty-0")
+            .unwrap()
+            .inbound
+            .refused_ports
+            .is_empty()
+    );
+}

@@ -63,6 +63,9 @@ pub enum DebugCommand {
     Explain(ExplainFlags),
     /// Every route the node holds: its parents and the status the node computes.
     Routes,
+    /// What the compiler of the live model refused, dropped or flagged (a row refused, an
+    /// address two rows claim, a MeshFilter it cannot read, ...), each with its stable kind.
+    Diagnostics,
     /// Everything in one JSON document (for bug reports; no private key). `aether explain
     /// --config-dump FILE` answers from it offline.
     ConfigDump,
@@ -375,6 +378,10 @@ pub async fn run(args: &DebugArgs) -> Result<Printed, DebugError> {
             json_call(socket, "GET", "/debug/routes", None).await?,
             routes,
         ),
+        DebugCommand::Diagnostics => (
+            json_call(socket, "GET", "/debug/diagnostics", None).await?,
+            diagnostics,
+        ),
         DebugCommand::ConfigDump => {
             let v = json_call(socket, "GET", "/config_dump", None).await?;
             // A dump is a document for a file: JSON whatever -o says, unless YAML is asked.
@@ -628,8 +635,19 @@ fn services(v: &Value) -> String {
         for r in svc["routes"].as_array().into_iter().flatten() {
             let _ = writeln!(out, "  route {}", s(r));
         }
+        for f in svc["filters"].as_array().into_iter().flatten() {
+            let _ = writeln!(out, "  filter {}", s(f));
+        }
     }
     out
+}
+
+fn diagnostics(v: &Value) -> String {
+    let mut rows = vec![vec!["KIND".to_owned(), "SUBJECT".into(), "DETAIL".into()]];
+    for d in v["diagnostics"].as_array().into_iter().flatten() {
+        rows.push(vec![s(&d["kind"]), s(&d["subject"]), s(&d["detail"])]);
+    }
+    header(v) + &columns(&rows)
 }
 
 fn explanation(v: &Value) -> String {

@@ -31,6 +31,10 @@ pub struct ServiceView {
     pub endpoints: Vec<EndpointView>,
     /// Routes with a parentRef naming this service.
     pub routes: Vec<String>,
+    /// Its service-level filters, `<namespace>/<name>: <what it does>`; a MeshFilter the
+    /// source could not read says so and what it refuses (issue #35 item 1).
+    #[serde(default)]
+    pub filters: Vec<String>,
 }
 
 /// One port of a mesh service.
@@ -235,6 +239,11 @@ pub fn services(snapshot: &Snapshot, model: &Model, name: Option<&str>) -> Vec<S
                         })
                     })
                     .map(|(kind, rns, rname, _)| format!("{kind} {rns}/{rname}"))
+                    .collect(),
+                filters: model
+                    .filters_of(key)
+                    .iter()
+                    .map(|f| format!("{}: {}", f.name, crate::resolve::describe_filter(&f.config)))
                     .collect(),
             }
         })

@@ -50,6 +50,12 @@ pub static HOSTILE: &[Leg] = &[
         zt_strict
     ),
     leg!(
+        "POLICY",
+        "an ext_authz the daemon cannot read: its Service refuses 403 authz-unavailable on every path, plaintext too, with a diagnostic",
+        None,
+        policy
+    ),
+    leg!(
         "DUP-ADDR",
         "a row of another service claiming a pod's address: every claimant's inbound protection kept, pod-IP dials refused until it goes",
         None,
@@ -617,6 +623,17 @@ const CLAIMED_POD: &str = "mp-multi-0";
 
 /// Whether every daemon's `/model` lists a `duplicate-address` diagnostic for `ip`.
 async fn claimed_everywhere(env: &Env, ip: std::net::IpAddr, want: bool) -> Result<(), String> {
+    diagnosed_everywhere(env, "duplicate-address", &ip.to_string(), want).await
+}
+
+/// Wait (30 s at most) until every daemon's `/model` does (or does not) list a diagnostic of
+/// `kind` about `subject`.
+pub(super) async fn diagnosed_everywhere(
+    env: &Env,
+    kind: &str,
+    subject: &str,
+    want: bool,
+) -> Result<(), String> {
     let Some(reg) = &env.registry else {
         return Err(env.not_here(Need::RegistryControl));
     };
@@ -627,9 +644,8 @@ async fn claimed_everywhere(env: &Env, ip: std::net::IpAddr, want: bool) -> Resu
             let body = admin_get(socket, "/model").await?;
             let v: serde_json::Value = serde_json::from_str(&body).map_err(|e| e.to_string())?;
             let listed = v["diagnostics"].as_array().is_some_and(|ds| {
-                ds.iter().any(|d| {
-                    d["kind"] == "duplicate-address" && d["subject"] == ip.to_string().as_str()
-                })
+                ds.iter()
+                    .any(|d| d["kind"] == kind && d["subject"] == subject)
             });
             agree &= listed == want;
         }
@@ -638,7 +654,7 @@ async fn claimed_everywhere(env: &Env, ip: std::net::IpAddr, want: bool) -> Resu
         }
         if crate::time::now() > deadline {
             return Err(format!(
-                "the daemons did not {} the duplicate-address diagnostic for {ip} within 30 s",
+                "the daemons did not {} the {kind} diagnostic for {subject} within 30 s",
                 if want { "list" } else { "drop" }
             ));
         }
@@ -774,4 +790,68 @@ async fn dup_addr(env: &Env) -> Check {
     Ok(format!(
         "claimed by mp-a-intruder: plaintext from {OUTSIDE} still refused, pod-IP dials to {ip}:8080 and :9090 closed, mp-a-intruder's name 503 with no application; claim gone: delivered again"
     ))
+}
+
+/// The MeshFilter of `variants/policy-unreadable`, as the diagnostics name it.
+pub(super) const UNREADABLE_FILTER: &str = "mp/mp-nine-ext-authz";
+
+/// mp-nine on the three HTTP paths (a captured dial by name, the proxy port, a pod-IP dial),
+/// each answer checked by `check`.
+async fn nine_on_every_path(env: &Env, check: impl Fn(&super::Outcome) -> Check) -> Check {
+    let mesh = env.mesh("mp-nine");
+    let host = format!("{mesh}:9000");
+    let pod = env.pod_ip("mp", "mp-nine-0")?;
+    for (client, dial, host) in [
+        (CLIENT, name(&mesh, 9000), None),
+        ("mp-client-nocapture", super::loopback(), Some(host)),
+        (CLIENT, super::addr(pod, 9000), None),
+    ] {
+        let req = match host {
+            Some(h) => super::get_host("/", &h),
+            None => super::get("/"),
+        };
+        let label = format!("{client} → {}", dial.authority());
+        let o = env.probe(client, &probe(dial, req)).await?;
+        check(&o).map_err(|e| format!("{label}: {e}"))?;
+    }
+    Ok("captured, proxy port, pod IP".into())
+}
+
+/// issue #35 item 1: a service-level ext_authz whose server has no port (variants
+/// `policy-unreadable`). Before, the converter dropped it and mp-nine was served without it,
+/// with no diagnostic. Now mp-nine refuses on every path with the reason an authorization that
+/// cannot decide gives, plaintext to its pods is refused, the diagnostic names the filter, and
+/// all of it ends when the filter goes.
+pub(super) async fn policy_refuses(env: &Env) -> Check {
+    let nine = SocketAddr::new(env.pod_ip("mp", "mp-nine-0")?, 9000);
+    env.overlay(None).await?;
+    nine_on_every_path(env, |o| echo(o, "mp-nine", 9000)).await?;
+    plaintext_served(env, OUTSIDE, nine, "mp-nine:9000").await?;
+    env.overlay(Some("policy-unreadable")).await?;
+    diagnosed_everywhere(env, "filter-unreadable", UNREADABLE_FILTER, true).await?;
+    let paths =
+        nine_on_every_path(env, |o| super::answer(o, 403, "authz-unavailable", None)).await?;
+    plaintext_refused(env, OUTSIDE, nine).await?;
+    // The other services are served as before.
+    let o = env
+        .probe(
+            CLIENT,
+            &probe(name(&env.mesh("mp-eighty"), 8080), super::get("/")),
+        )
+        .await?;
+    echo(&o, "mp-eighty", 8080)?;
+    Ok(format!(
+        "mp-nine 403 authz-unavailable ({paths}), plaintext from {OUTSIDE} refused, diagnostic filter-unreadable on every daemon"
+    ))
+}
+
+async fn policy(env: &Env) -> Check {
+    let refused = policy_refuses(env).await;
+    let nine = SocketAddr::new(env.pod_ip("mp", "mp-nine-0")?, 9000);
+    env.overlay(None).await?;
+    let refused = refused?;
+    diagnosed_everywhere(env, "filter-unreadable", UNREADABLE_FILTER, false).await?;
+    nine_on_every_path(env, |o| echo(o, "mp-nine", 9000)).await?;
+    plaintext_served(env, OUTSIDE, nine, "mp-nine:9000").await?;
+    Ok(format!("{refused}; the filter gone: served again"))
 }

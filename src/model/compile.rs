@@ -96,8 +96,14 @@ fn inbound_facts(
     if let Some(e) = entry {
         for k in e.guarded_by.iter() {
             let authz = filters.get(k).is_some_and(|fs| {
-                fs.iter()
-                    .any(|f| matches!(f.config, FilterConfig::Rbac(_) | FilterConfig::ExtAuthz(_)))
+                fs.iter().any(|f| {
+                    matches!(
+                        f.config,
+                        FilterConfig::Rbac(_)
+                            | FilterConfig::ExtAuthz(_)
+                            | FilterConfig::Unreadable(_)
+                    )
+                })
             });
             if authz {
                 authorized_by.push(format!("{}/{}", k.namespace, k.name));
@@ -847,16 +853,59 @@ impl<'s> Compiler<'s> {
     }
 
     /// Service-level filters by the Service they target; route-level ones are read by name.
+    /// A filter that could not be read (issue #35 item 1) targets what it names, or, when not
+    /// even its targets could be read, every Service and mesh service of its namespace; each is
+    /// a diagnostic that names what it refuses.
     fn mesh_filters(&mut self) -> BTreeMap<ServiceKey, Arc<[NamedFilter]>> {
         let mut out: BTreeMap<ServiceKey, Vec<NamedFilter>> = BTreeMap::new();
         let mut filters: Vec<_> = self.snapshot.mesh_filters.iter().collect();
         filters.sort_by(|a, b| (&a.namespace, &a.name).cmp(&(&b.namespace, &b.name)));
         for f in filters {
-            for target in &f.target_refs {
+            let named = format!("{}/{}", f.namespace, f.name);
+            let targets: Vec<&str> = match &f.config {
+                FilterConfig::Unreadable(u) if u.whole_namespace => {
+                    let mut all: BTreeSet<&str> = self
+                        .services
+                        .keys()
+                        .filter(|(ns, _)| *ns == f.namespace)
+                        .map(|&(_, svc)| svc)
+                        .chain(
+                            self.snapshot
+                                .services
+                                .iter()
+                                .filter(|s| s.namespace == f.namespace)
+                                .map(|s| s.name.as_str()),
+                        )
+                        .collect();
+                    all.extend(f.target_refs.iter().map(String::as_str));
+                    all.into_iter().collect()
+                }
+                _ => f.target_refs.iter().map(String::as_str).collect(),
+            };
+            if let FilterConfig::Unreadable(u) = &f.config {
+                let refused = if u.whole_namespace {
+                    format!(
+                        "its targets cannot be read either, so every Service of namespace {} refuses ({})",
+                        f.namespace,
+                        targets.join(", ")
+                    )
+                } else {
+                    format!("the Services it names refuse: {}", targets.join(", "))
+                };
+                self.diagnostics.push(Diagnostic::new(
+                    DiagnosticKind::FilterUnreadable,
+                    named.clone(),
+                    format!(
+                        "{}; until it is fixed every request to them is answered 403 authz-unavailable, every byte stream to their pods is closed and plaintext to their pods is refused; {refused}",
+                        u.why
+                    ),
+                ));
+            }
+            for target in targets {
                 out.entry(key(&f.namespace, target))
                     .or_default()
                     .push(NamedFilter {
-                        name: format!("{}/{}", f.namespace, f.name),
+                        name: named.clone(),
                         config: f.config.clone(),
                     });
             }

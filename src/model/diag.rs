@@ -27,7 +27,8 @@ pub enum DiagnosticKind {
     ReservedPort,
     /// The rows of a service disagree on a port's protocol.
     ClassDisagreement,
-    /// Two rows share one pod IP; the later is ignored for pod-IP dials.
+    /// Rows of more than one mesh service claim one pod IP: nobody's until one goes
+    /// (docs/security.md, "An address two rows claim").
     DuplicateAddress,
     /// A route, parent or backend the compiler could not model.
     Route,
@@ -38,11 +39,19 @@ pub enum DiagnosticKind {
     /// A service-level `ext_authz` guards pods with raw-TCP ports: it is defined per HTTP request,
     /// so connections to those ports are refused (model.md §12.5 item 2).
     ExtAuthzOnTcp,
+    /// A MeshFilter the source could not read: the Services it names refuse (issue #35 item 1).
+    FilterUnreadable,
+    /// A route the source could not read: its parents refuse what it would have routed.
+    RouteUnreadable,
+    /// An object whose name, namespace or ServiceAccount Kubernetes would refuse: not served.
+    InvalidName,
+    /// Pods that name one network namespace (`aether.io/netns`): none of them is served.
+    NetnsShared,
 }
 
 impl DiagnosticKind {
     /// Every kind, for tables and counters.
-    pub const ALL: [Self; 9] = [
+    pub const ALL: [Self; 13] = [
         Self::RowRefused,
         Self::PodRefused,
         Self::ReservedPort,
@@ -52,6 +61,10 @@ impl DiagnosticKind {
         Self::Filter,
         Self::InboundMode,
         Self::ExtAuthzOnTcp,
+        Self::FilterUnreadable,
+        Self::RouteUnreadable,
+        Self::InvalidName,
+        Self::NetnsShared,
     ];
 
     /// The stable name.
@@ -66,6 +79,10 @@ impl DiagnosticKind {
             Self::Filter => "filter",
             Self::InboundMode => "inbound-mode",
             Self::ExtAuthzOnTcp => "ext-authz-on-tcp",
+            Self::FilterUnreadable => "filter-unreadable",
+            Self::RouteUnreadable => "route-unreadable",
+            Self::InvalidName => "invalid-name",
+            Self::NetnsShared => "netns-shared",
         }
     }
 }

@@ -139,6 +139,14 @@ pub enum ConnectionDenied {
         /// The Service it targets.
         service: ServiceKey,
     },
+    /// A Service that guards the pod is named by a MeshFilter the source could not read.
+    #[error("MeshFilter {filter} of {service} cannot be read: a byte stream is refused")]
+    Unreadable {
+        /// The MeshFilter, `<namespace>/<name>`.
+        filter: String,
+        /// The Service it targets.
+        service: ServiceKey,
+    },
 }
 
 /// What a name (in one namespace) is to the mesh (addressing.md §4.3).
@@ -532,6 +540,10 @@ impl Model {
                         }
                     }
                     FilterConfig::ExtAuthz(_) => ConnectionDenied::ExtAuthz {
+                        filter: f.name.clone(),
+                        service: key.clone(),
+                    },
+                    FilterConfig::Unreadable(_) => ConnectionDenied::Unreadable {
                         filter: f.name.clone(),
                         service: key.clone(),
                     },

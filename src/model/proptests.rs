@@ -1447,7 +1447,7 @@ fn extra() -> impl Strategy<Value = Extra> {
             0..NAMESPACES.len(),
             0..2usize,
             prop::collection::vec(0..NAMES.len(), 1..3),
-            0u8..3
+            0u8..5
         )
             .prop_map(|(ns, name, targets, kind)| Extra::Filter {
                 ns,
@@ -1508,6 +1508,11 @@ fn add_extra(s: &mut Snapshot, e: &Extra) {
                 1 => FilterConfig::ExtAuthz(ExtAuthz {
                     server: Some("alpha".into()),
                     timeout_ms: 100,
+                }),
+                // Unreadable (issue #35 item 1): with its targets, or of its whole namespace.
+                3 | 4 => FilterConfig::Unreadable(crate::model::snapshot::Unreadable {
+                    why: "extAuthz.server has no port".into(),
+                    whole_namespace: *kind == 4,
                 }),
                 _ => FilterConfig::HeaderMutation(HeaderMutation::default()),
             },

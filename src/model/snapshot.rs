@@ -509,6 +509,21 @@ pub enum FilterConfig {
     Rbac(Rbac),
     /// `ext_authz`.
     ExtAuthz(ExtAuthz),
+    /// A `MeshFilter` the source could not read (issue #35 item 1): it could be an
+    /// authorization, so wherever it would run, it refuses (`403 authz-unavailable`, a byte
+    /// stream closed, plaintext refused) until it is fixed.
+    Unreadable(Unreadable),
+}
+
+/// What is known of a `MeshFilter` that could not be read.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Unreadable {
+    /// Why it could not be read, for the operator.
+    pub why: String,
+    /// Its targets could not be read either: it may guard any Service of its namespace, so
+    /// every Service and mesh service of the namespace is its target (the filter's own
+    /// `target_refs` is then empty).
+    pub whole_namespace: bool,
 }
 
 /// A header (and query parameter) mutation.

@@ -15,7 +15,7 @@
 use std::collections::HashMap;
 use std::net::IpAddr;
 
-use crate::model::snapshot::{HttpFilter, HttpRoute, L4Route, ObjectRef, Snapshot};
+use crate::model::snapshot::{FilterConfig, HttpFilter, HttpRoute, L4Route, ObjectRef, Snapshot};
 use crate::model::{Model, NodeContext, compile};
 
 /// What the compiler joins objects on.
@@ -265,9 +265,25 @@ pub fn partition(s: &Snapshot) -> Partition {
         .mesh_filters
         .iter()
         .map(|f| {
+            // A filter whose targets could not be read targets every Service and mesh service
+            // of its namespace (the compiler's `mesh_filters`): it joins them all.
+            let whole = matches!(&f.config, FilterConfig::Unreadable(u) if u.whole_namespace);
+            let everything = whole.then(|| {
+                s.services
+                    .iter()
+                    .filter(|v| v.namespace == f.namespace)
+                    .map(|v| Link::Service(&v.namespace, &v.name))
+                    .chain(
+                        s.rows
+                            .iter()
+                            .filter(|r| r.namespace == f.namespace)
+                            .map(|r| Link::Service(&r.namespace, &r.service)),
+                    )
+            });
             j.object(
                 std::iter::once(Link::Filter(&f.namespace, &f.name))
-                    .chain(f.target_refs.iter().map(|t| Link::Service(&f.namespace, t))),
+                    .chain(f.target_refs.iter().map(|t| Link::Service(&f.namespace, t)))
+                    .chain(everything.into_iter().flatten()),
             )
         })
         .collect();

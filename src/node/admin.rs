@@ -126,11 +126,7 @@ async fn handle(admin: &Admin, path: &str) -> Response<Body> {
                 "diagnostics": model
                     .diagnostics
                     .iter()
-                    .map(|d| serde_json::json!({
-                        "kind": d.kind.as_str(),
-                        "subject": d.subject,
-                        "detail": d.detail,
-                    }))
+                    .map(diagnostic_json)
                     .collect::<Vec<_>>(),
             }))
         }
@@ -295,6 +291,16 @@ pub async fn serve_tcp(admin: Arc<Admin>, listener: tokio::net::TcpListener) {
         let (s, _) = acceptor.accept().await;
         tokio::spawn(serve_conn(admin.clone(), s, false));
     }
+}
+
+/// A diagnostic as `/model` and `aether debug diagnostics` show it: the kind's stable name,
+/// the subject, the detail.
+pub(crate) fn diagnostic_json(d: &crate::model::Diagnostic) -> serde_json::Value {
+    serde_json::json!({
+        "kind": d.kind.as_str(),
+        "subject": d.subject,
+        "detail": d.detail,
+    })
 }
 
 #[cfg(test)]

@@ -51,6 +51,11 @@ pub const DEBUG_ENDPOINTS: &[(&str, &str, &str)] = &[
     ),
     (
         "GET",
+        "/debug/diagnostics",
+        "what the compiler of the live model refused, dropped or flagged, each with its kind",
+    ),
+    (
+        "GET",
         "/debug/certs",
         "the workload certificates: identity, serial, validity, rotation time",
     ),
@@ -243,6 +248,22 @@ where
             ),
             None => no_source(admin),
         },
+        "/debug/diagnostics" => answer(
+            StatusCode::OK,
+            &envelope(
+                admin,
+                &published,
+                "diagnostics",
+                Value::Array(
+                    published
+                        .model
+                        .diagnostics
+                        .iter()
+                        .map(super::admin::diagnostic_json)
+                        .collect(),
+                ),
+            ),
+        ),
         "/debug/certs" => answer(
             StatusCode::OK,
             &envelope(admin, &published, "certs", certs(admin)),

@@ -219,6 +219,12 @@ pub async fn authorize<B>(
             AuthzKind::ExtAuthz,
             ext_authz(inputs, pod, ext, service, peer, req).await,
         ),
+        // A MeshFilter the daemon cannot read could be an authorization it would skip: fail
+        // closed, with the reason an authorization that cannot decide gives (issue #35 item 1).
+        FilterConfig::Unreadable(_) => (
+            AuthzKind::Unreadable,
+            Some(respond::reason(Reason::AuthzUnavailable)),
+        ),
     };
     let outcome = match verdict.as_ref().and_then(respond::answered_here) {
         None => AuthzOutcome::Allow,

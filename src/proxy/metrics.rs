@@ -466,6 +466,8 @@ pub enum AuthzKind {
     Rbac,
     /// `ext_authz`.
     ExtAuthz,
+    /// A MeshFilter the daemon could not read: always `unavailable` (issue #35 item 1).
+    Unreadable,
 }
 
 /// An authorization check's outcome (the `outcome` label).
@@ -479,7 +481,7 @@ pub enum AuthzOutcome {
     Unavailable,
 }
 
-const AUTHZ_KINDS: [&str; 2] = ["rbac", "ext_authz"];
+const AUTHZ_KINDS: [&str; 3] = ["rbac", "ext_authz", "unreadable"];
 const AUTHZ_OUTCOMES: [&str; 3] = ["allow", "deny", "unavailable"];
 
 /// A passthrough's protocol (the `protocol` label).
@@ -502,8 +504,8 @@ pub struct DataPlane {
     pub pool_connections: AtomicI64,
     /// Requests in flight on pooled hop connections now.
     pub pool_streams: AtomicI64,
-    authz: [[AtomicU64; 3]; 2],
-    authz_duration: [Histogram; 2],
+    authz: [[AtomicU64; 3]; AUTHZ_KINDS.len()],
+    authz_duration: [Histogram; AUTHZ_KINDS.len()],
     udp: [AtomicU64; 2],
     /// Mesh DNS: every pod's server counts here.
     pub dns: Arc<DnsStats>,
@@ -611,6 +613,7 @@ impl DataPlane {
         let k = match kind {
             AuthzKind::Rbac => 0,
             AuthzKind::ExtAuthz => 1,
+            AuthzKind::Unreadable => 2,
         };
         let o = match outcome {
             AuthzOutcome::Allow => 0,

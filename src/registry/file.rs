@@ -437,6 +437,13 @@ enum Manifest {
     UdpRoute(Box<GatewayUdpRoute>),
     ReferenceGrant(Box<GatewayReferenceGrant>),
     MeshFilter(Box<MeshFilterResource>),
+    /// A MeshFilter whose document does not decode (or of a version this build does not read):
+    /// kept as an unreadable filter of its whole namespace (issue #35 item 1), and reported.
+    UndecodableMeshFilter {
+        namespace: String,
+        name: String,
+        issue: ManifestIssue,
+    },
 }
 
 /// Where a document came from.
@@ -567,7 +574,7 @@ fn read_manifest(mut value: YamlValue, origin: &mut Origin) -> Result<Manifest, 
     }
     let name = text_field(&value, &["metadata", "name"]).map(str::to_owned);
     let namespace = text_field(&value, &["metadata", "namespace"]);
-    origin.name = match (namespace, name) {
+    origin.name = match (namespace, name.clone()) {
         (Some(ns), Some(n)) => Some(format!("{ns}/{n}")),
         (_, n) => n,
     };
@@ -602,8 +609,24 @@ fn read_manifest(mut value: YamlValue, origin: &mut Origin) -> Result<Manifest, 
         (convert::GATEWAY_GROUP, _, "ReferenceGrant") => {
             typed(&value, "ReferenceGrant").map(Manifest::ReferenceGrant)
         }
-        ("aether.io", "v1alpha1", "MeshFilter") => {
-            typed(&value, "MeshFilter").map(Manifest::MeshFilter)
+        ("aether.io", _, "MeshFilter") => {
+            let decoded = if version == "v1alpha1" {
+                typed(&value, "MeshFilter").map(Manifest::MeshFilter)
+            } else {
+                Err(unknown())
+            };
+            // A policy this build cannot read could be an authorization: it is kept, by its
+            // namespace and name, as one that refuses (issue #35 item 1).
+            decoded.or_else(|issue| match (namespace, &name) {
+                (Some(ns), Some(n)) if !ns.is_empty() && !n.is_empty() => {
+                    Ok(Manifest::UndecodableMeshFilter {
+                        namespace: ns.to_owned(),
+                        name: n.clone(),
+                        issue,
+                    })
+                }
+                _ => Err(issue),
+            })
         }
         (
             "apps" | "batch",
@@ -698,8 +721,31 @@ fn convert_manifests(
             Manifest::ReferenceGrant(g) => {
                 convert_reference_grant(g).map(|g| snapshot.reference_grants.push(g))
             }
-            Manifest::MeshFilter(f) => {
-                convert_mesh_filter(f).map(|f| snapshot.mesh_filters.push(f))
+            Manifest::MeshFilter(f) => match convert_mesh_filter(f) {
+                Ok(f) => {
+                    snapshot.mesh_filters.push(f);
+                    Ok(())
+                }
+                Err(e) => {
+                    // Kept as unreadable: the Services it names refuse (issue #35 item 1).
+                    snapshot
+                        .mesh_filters
+                        .extend(convert::unreadable_mesh_filter(f, &e));
+                    Err(e)
+                }
+            },
+            Manifest::UndecodableMeshFilter {
+                namespace,
+                name,
+                issue,
+            } => {
+                snapshot.mesh_filters.push(convert::undecodable_mesh_filter(
+                    namespace,
+                    name,
+                    &issue.to_string(),
+                ));
+                problems.push(origin.problem(issue.clone()));
+                Ok(())
             }
         };
         if let Err(e) = result {

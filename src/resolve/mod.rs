@@ -826,6 +826,10 @@ pub fn describe_filter(c: &FilterConfig) -> String {
             x.server.as_deref().unwrap_or("<node default>"),
             x.timeout_ms
         ),
+        FilterConfig::Unreadable(u) => format!(
+            "unreadable ({}): refuses 403 authz-unavailable on both nodes",
+            u.why
+        ),
     }
 }
 

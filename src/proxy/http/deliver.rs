@@ -203,13 +203,21 @@ pub async fn deliver(
     if !mirrors.is_empty() {
         req = send_mirrors(inputs, pod, &d, mirrors, req, client_upgrade.is_some()).await;
     }
-    // routes.md §5.5: service-level header mutation runs on the source node.
+    // routes.md §5.5: service-level header mutation runs on the source node. A MeshFilter the
+    // node cannot read refuses here already: it could be a mutation this node should make
+    // (issue #35 item 1); the destination refuses it too.
     let mut service_response = ResponseSteps::default();
     for (_, filters) in &d.service_filters {
         for f in filters.iter() {
-            if let FilterConfig::HeaderMutation(m) = &f.config {
-                mutate_request(&mut req, m);
-                service_response.0.push(m.response.clone());
+            match &f.config {
+                FilterConfig::HeaderMutation(m) => {
+                    mutate_request(&mut req, m);
+                    service_response.0.push(m.response.clone());
+                }
+                FilterConfig::Unreadable(_) => {
+                    return respond::reason(Reason::AuthzUnavailable);
+                }
+                FilterConfig::Rbac(_) | FilterConfig::ExtAuthz(_) => {}
             }
         }
     }

@@ -662,3 +662,64 @@ mod never_panics {
         }
     }
 }
+
+#[test]
+fn a_mesh_filter_that_cannot_be_read_is_kept_as_one_that_refuses() {
+    use crate::model::snapshot::FilterConfig;
+    // issue #35 item 1: before, each of these was reported and dropped, and the Services it
+    // named were served without it.
+    let l = load(&[(
+        "filters.yaml",
+        r#"
+apiVersion: aether.io/v1alpha1
+kind: MeshFilter
+metadata: {name: no-port, namespace: mp}
+spec:
+  targetRefs: [{group: "", kind: Service, name: mp-nine}]
+  extAuthz: {server: "mp-authz.mp.aether.internal"}
+---
+apiVersion: aether.io/v1alpha1
+kind: MeshFilter
+metadata: {name: bad-target, namespace: mp}
+spec:
+  targetRefs: [{group: "", kind: Deployment, name: mp-nine}]
+  rbac: {action: Allow, principals: []}
+---
+apiVersion: aether.io/v1alpha1
+kind: MeshFilter
+metadata: {name: misspelt, namespace: mp}
+spec:
+  targetRefs: [{group: "", kind: Service, name: mp-multi}]
+  extAuthz: {sever: "mp-authz.mp.aether.internal:9191"}
+---
+apiVersion: aether.io/v1beta1
+kind: MeshFilter
+metadata: {name: newer, namespace: other}
+spec: {}
+"#,
+    )]);
+    // Each is still reported, once.
+    assert_eq!(l.problems.len(), 4, "{:#?}", l.problems);
+    let got: Vec<(String, Vec<String>, bool)> = l
+        .snapshot
+        .mesh_filters
+        .iter()
+        .map(|f| match &f.config {
+            FilterConfig::Unreadable(u) => {
+                (f.name.clone(), f.target_refs.clone(), u.whole_namespace)
+            }
+            other => panic!("{}: {other:?}", f.name),
+        })
+        .collect();
+    assert_eq!(
+        got,
+        [
+            // Its targets read: those are refused.
+            ("no-port".to_owned(), vec!["mp-nine".to_owned()], false),
+            // Its targets do not read (or it does not decode at all): its whole namespace.
+            ("bad-target".to_owned(), vec![], true),
+            ("misspelt".to_owned(), vec![], true),
+            ("newer".to_owned(), vec![], true),
+        ]
+    );
+}

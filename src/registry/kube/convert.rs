@@ -40,7 +40,10 @@ use crate::model::snapshot::{
     EndpointSlice, Pod, RefusedPod, Row, Service, ServicePort, SliceEndpoint, SlicePort, TargetPort,
 };
 
-pub use filter::{DEFAULT_EXT_AUTHZ_TIMEOUT_MS, convert_mesh_filter};
+pub use filter::{
+    DEFAULT_EXT_AUTHZ_TIMEOUT_MS, convert_mesh_filter, undecodable_mesh_filter,
+    unreadable_mesh_filter,
+};
 pub use routes::{
     GATEWAY_GROUP, convert_grpc_route, convert_http_route, convert_reference_grant,
     convert_tcp_route, convert_tls_route, convert_udp_route,

@@ -35,7 +35,7 @@ use super::convert::{
     ConvertError, MissingReadyCondition, Registration, convert_endpoint_slice, convert_grpc_route,
     convert_http_route, convert_mesh_filter, convert_namespace, convert_pod,
     convert_reference_grant, convert_service, convert_tcp_route, convert_tls_route,
-    convert_udp_route,
+    convert_udp_route, undecodable_mesh_filter, unreadable_mesh_filter,
 };
 use super::mesh_filter::MeshFilterResource;
 use crate::model::Snapshot;
@@ -67,6 +67,9 @@ pub struct Objects {
     pub reference_grants: Vec<Arc<ReferenceGrant>>,
     /// MeshFilters.
     pub mesh_filters: Vec<Arc<MeshFilterResource>>,
+    /// MeshFilters that did not decode, `(namespace, name, why)`: kept as unreadable filters of
+    /// their whole namespace (issue #35 item 1).
+    pub undecodable_mesh_filters: Vec<(String, String, String)>,
 }
 
 /// An object left out of the snapshot, and why.
@@ -236,7 +239,18 @@ pub fn snapshot_reusing(
         keep(convert_reference_grant(o).map(|v| s.reference_grants.push(v)));
     }
     for o in sorted(&objects.mesh_filters, |o| &o.metadata) {
-        keep(convert_mesh_filter(o).map(|v| s.mesh_filters.push(v)));
+        match convert_mesh_filter(o) {
+            Ok(v) => s.mesh_filters.push(v),
+            Err(error) => {
+                // Kept as unreadable: the Services it names refuse (issue #35 item 1).
+                s.mesh_filters.extend(unreadable_mesh_filter(o, &error));
+                problems.push(ObjectProblem { error });
+            }
+        }
+    }
+    for (namespace, name, why) in &objects.undecodable_mesh_filters {
+        s.mesh_filters
+            .push(undecodable_mesh_filter(namespace, name, why));
     }
     s.rows.shrink_to_fit();
     (s, problems, places)

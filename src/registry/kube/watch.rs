@@ -372,7 +372,7 @@ impl KubeSource {
             let local = valid(local, LOCAL_POD_KIND, &mut Invalid::default());
             pods = with_local_view(pods, local, node);
         }
-        let objects = Objects {
+        let mut objects = Objects {
             pods,
             services: valid(&s.services, "Service", &mut invalid),
             endpoint_slices: valid(&s.endpoint_slices, "EndpointSlice", &mut invalid),
@@ -384,7 +384,20 @@ impl KubeSource {
             udp_routes: valid(&s.udp_routes, "UDPRoute", &mut invalid),
             reference_grants: valid(&s.reference_grants, "ReferenceGrant", &mut invalid),
             mesh_filters: valid(&s.mesh_filters, "MeshFilter", &mut invalid),
+            undecodable_mesh_filters: Vec::new(),
         };
+        // A MeshFilter that did not decode could be an authorization: the snapshot keeps it as
+        // unreadable (issue #35 item 1), besides reporting it as every bad object is.
+        objects.undecodable_mesh_filters = invalid
+            .objects
+            .iter()
+            .filter(|(kind, _, _)| *kind == "MeshFilter")
+            .filter_map(|(_, name, why)| {
+                let (ns, name) = name.split_once('/')?;
+                (!ns.is_empty() && !name.is_empty())
+                    .then(|| (ns.to_owned(), name.to_owned(), why.clone()))
+            })
+            .collect();
         (objects, invalid)
     }
 }

@@ -6,7 +6,7 @@
 use super::{ConvertError, duration_ms, namespaced_key, ns};
 use crate::model::snapshot::{
     ExtAuthz, FilterConfig, HeaderModifier, HeaderMutation, MeshFilter, Principal, QueryMutation,
-    Rbac, RbacAction,
+    Rbac, RbacAction, Unreadable,
 };
 use crate::registry::kube::mesh_filter::{HeaderChanges, MeshFilterResource, RbacActionSpec};
 
@@ -40,6 +40,51 @@ fn is_host_port(server: &str) -> bool {
         && port.bytes().all(|b| b.is_ascii_digit())
         && port.parse::<u16>().is_ok_and(|p| p != 0);
     host_ok && port_ok
+}
+
+/// What the model keeps of a `MeshFilter` that [`convert_mesh_filter`] refused (issue #35 item
+/// 1): a filter that could be an authorization the node would skip, so wherever it applies it
+/// refuses, and its namespace and name still resolve an `ExtensionRef` to it. Its targets are
+/// the Services it names when every `targetRef` reads as one; otherwise it may guard any Service
+/// of its namespace, and guards them all. `None` when it has no namespace or name: nothing can
+/// name it, and the source reports it as a bad object.
+pub fn unreadable_mesh_filter(
+    filter: &MeshFilterResource,
+    error: &ConvertError,
+) -> Option<MeshFilter> {
+    let key = namespaced_key("MeshFilter", &filter.metadata).ok()?;
+    let refs = &filter.spec.target_refs;
+    let readable = refs
+        .iter()
+        .all(|t| t.group.is_empty() && t.kind == "Service" && !t.name.is_empty());
+    Some(MeshFilter {
+        namespace: ns(&key),
+        name: key.name,
+        target_refs: if readable {
+            refs.iter().map(|t| t.name.clone()).collect()
+        } else {
+            Vec::new()
+        },
+        config: FilterConfig::Unreadable(Unreadable {
+            why: error.to_string(),
+            whole_namespace: !readable,
+        }),
+    })
+}
+
+/// What the model keeps of a `MeshFilter` that did not even decode (a document its wire type
+/// refuses): only its namespace and name are known, so it guards every Service of its namespace
+/// ([`unreadable_mesh_filter`]).
+pub fn undecodable_mesh_filter(namespace: &str, name: &str, why: &str) -> MeshFilter {
+    MeshFilter {
+        namespace: namespace.to_owned(),
+        name: name.to_owned(),
+        target_refs: Vec::new(),
+        config: FilterConfig::Unreadable(Unreadable {
+            why: format!("MeshFilter {namespace}/{name} does not decode: {why}"),
+            whole_namespace: true,
+        }),
+    }
 }
 
 /// Converts a `MeshFilter` resource: exactly one of `headerMutation`, `rbac` and `extAuthz`.

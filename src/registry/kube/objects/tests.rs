@@ -404,3 +404,56 @@ fn a_conversion_that_takes_unchanged_pods_from_the_last_equals_one_from_scratch(
     let (s4, _, _) = snapshot_reusing(&next, Some((&places2, &Snapshot::default())));
     assert!(s4 == plain);
 }
+
+#[test]
+fn a_mesh_filter_that_cannot_be_read_is_kept_as_one_that_refuses() {
+    use crate::model::snapshot::FilterConfig;
+    // issue #35 item 1: a MeshFilter the converter refuses, and one the watch could not decode.
+    let doc: serde_yaml::Value = serde_yaml::from_str(
+        r#"
+apiVersion: aether.io/v1alpha1
+kind: MeshFilter
+metadata: {name: mp-nine-ext-authz, namespace: mp}
+spec:
+  targetRefs: [{group: "", kind: Service, name: mp-nine}]
+  extAuthz: {server: "mp-authz.mp.aether.internal"}
+"#,
+    )
+    .unwrap();
+    let (s, problems) = snapshot(&Objects {
+        mesh_filters: vec![typed(&doc)],
+        undecodable_mesh_filters: vec![(
+            "other".into(),
+            "garbled".into(),
+            "unknown field `sever`".into(),
+        )],
+        ..Objects::default()
+    });
+    // The converter's refusal is still a problem (logged and counted as before).
+    assert_eq!(problems.len(), 1, "{problems:?}");
+    let got: Vec<(&str, &str, &[String], bool)> = s
+        .mesh_filters
+        .iter()
+        .map(|f| match &f.config {
+            FilterConfig::Unreadable(u) => (
+                f.namespace.as_str(),
+                f.name.as_str(),
+                f.target_refs.as_slice(),
+                u.whole_namespace,
+            ),
+            other => panic!("{other:?}"),
+        })
+        .collect();
+    assert_eq!(
+        got,
+        [
+            (
+                "mp",
+                "mp-nine-ext-authz",
+                &["mp-nine".to_owned()][..],
+                false
+            ),
+            ("other", "garbled", &[][..], true),
+        ]
+    );
+}

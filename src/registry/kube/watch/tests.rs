@@ -630,3 +630,38 @@ async fn a_reload_shares_the_stored_objects_instead_of_copying_them() {
         "the shared pod is the trimmed one"
     );
 }
+
+#[tokio::test]
+async fn a_mesh_filter_that_does_not_decode_reaches_the_snapshot_as_unreadable() {
+    // issue #35 item 1: a MeshFilter the wire type refuses (a misspelt field the CRD let
+    // through) is counted as every bad object is, and also handed on by namespace and name,
+    // so that the snapshot keeps it as a filter that refuses its whole namespace.
+    let mut script = Script::default();
+    script.lists.insert(
+        "/apis/aether.io/v1alpha1/meshfilters",
+        vec![Answer::List(
+            "4",
+            vec![json!({
+                "apiVersion": "aether.io/v1alpha1",
+                "kind": "MeshFilter",
+                "metadata": {"name": "garbled", "namespace": "mp", "resourceVersion": "4"},
+                "spec": {"extAuthz": {"sever": "mp-authz.mp.aether.internal:9191"}}
+            })],
+        )],
+    );
+    let (source, _changed, _seen) = start(script);
+    until(&source, "every kind is listed", KubeSource::synced).await;
+    let (objects, invalid) = source.objects();
+    assert!(objects.mesh_filters.is_empty());
+    assert_eq!(invalid.objects.len(), 1, "{:?}", invalid.objects);
+    assert_eq!(objects.undecodable_mesh_filters.len(), 1);
+    let (ns, name, why) = &objects.undecodable_mesh_filters[0];
+    assert_eq!((ns.as_str(), name.as_str()), ("mp", "garbled"));
+    assert!(why.contains("sever"), "{why}");
+    let (s, _) = crate::registry::kube::objects::snapshot(&objects);
+    assert!(matches!(
+        &s.mesh_filters[..],
+        [f] if f.name == "garbled"
+            && matches!(&f.config, crate::model::snapshot::FilterConfig::Unreadable(u) if u.whole_namespace)
+    ));
+}
