@@ -46,6 +46,7 @@ fn every_leg_on_the_etcd_source() {
             "DUP-ADDR",
             "H2C-SAME",
             "GRPC-SAME",
+            "POLICY",
         ],
     );
 }

@@ -53,6 +53,8 @@ fn every_leg_on_the_kubernetes_source() {
             "H2C-SAME",
             "GRPC-SAME",
             "K-ROLLOUT",
+            "K-POLICY",
+            "POLICY",
         ],
     );
 }

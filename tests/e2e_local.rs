@@ -43,6 +43,7 @@ fn every_leg_through_real_sockets() {
             "DUP-ADDR",
             "H2C-SAME",
             "GRPC-SAME",
+            "POLICY",
         ],
     );
 }

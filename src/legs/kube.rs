@@ -56,6 +56,12 @@ pub static KUBE: &[Leg] = &[
         forbidden
     ),
     leg!(
+        "K-POLICY",
+        "a MeshFilter the daemons cannot read: its Service refuses 403 authz-unavailable, a diagnostic names it, and its status says why (Accepted False, Invalid); a readable one is Accepted",
+        None,
+        policy
+    ),
+    leg!(
         "K-ROLLOUT",
         "a DaemonSet rollout of node-a (the new daemon beside the old, the installers stopped and started, a pod created meanwhile): no new connection fails, open ones run on, the pod waits or is captured, the conflist entry goes only on uninstall",
         None,
@@ -478,6 +484,79 @@ pub(crate) fn exported(text: &str) -> std::collections::BTreeSet<String> {
         }
     }
     names
+}
+
+/// The `Accepted` condition (status, reason, message) of a MeshFilter as the lab API server holds
+/// it, if any.
+async fn filter_accepted(
+    control: &std::path::Path,
+    namespace: &str,
+    name: &str,
+) -> Result<Option<(String, String, String)>, String> {
+    let body = control_request(
+        control,
+        "GET",
+        &format!("/lab/objects/aether.io/meshfilters?namespace={namespace}"),
+    )
+    .await?;
+    let all: serde_json::Value = serde_json::from_str(&body).map_err(|e| e.to_string())?;
+    let found = all
+        .as_array()
+        .into_iter()
+        .flatten()
+        .find(|f| f["metadata"]["name"] == name)
+        .and_then(|f| f["status"]["conditions"].as_array().cloned())
+        .and_then(|cs| cs.into_iter().find(|c| c["type"] == "Accepted"));
+    Ok(found.map(|c| {
+        let text = |k: &str| c[k].as_str().unwrap_or_default().to_owned();
+        (text("status"), text("reason"), text("message"))
+    }))
+}
+
+/// issue #35 item 1 on the Kubernetes source: the POLICY leg's checks (mp-nine refuses on every
+/// path, plaintext too, the diagnostic on every daemon), and the registrar writes the filter's
+/// status: `Accepted` `False`, reason `Invalid`, with the converter's words; a filter the daemons
+/// read (mp-multi's ext_authz) is `Accepted` `True`.
+async fn policy(env: &Env) -> Check {
+    let (control, _) = sockets(env)?;
+    let checked = async {
+        let refused = super::hostile::policy_refuses(env).await?;
+        let (ns, name) = super::hostile::UNREADABLE_FILTER
+            .split_once('/')
+            .ok_or("the filter's name")?;
+        let started = crate::time::now();
+        let message = loop {
+            let seen = filter_accepted(control, ns, name).await?;
+            match seen {
+                Some((status, reason, message)) if status == "False" && reason == "Invalid" => {
+                    break message;
+                }
+                other if started.elapsed() > SEEN_BOUND => {
+                    return Err(format!(
+                        "{ns}/{name}: no Accepted False Invalid within {SEEN_BOUND:?}, last {other:?}"
+                    ));
+                }
+                _ => tokio::time::sleep(Duration::from_millis(200)).await,
+            }
+        };
+        if !message.contains("extAuthz.server") {
+            return Err(format!("the status does not say why: {message:?}"));
+        }
+        let good = filter_accepted(control, "mp", "mp-multi-ext-authz").await?;
+        if !good
+            .as_ref()
+            .is_some_and(|(status, reason, _)| status == "True" && reason == "Accepted")
+        {
+            return Err(format!("mp/mp-multi-ext-authz: want Accepted True, got {good:?}"));
+        }
+        Ok(format!(
+            "{refused}; status of {}: Accepted False Invalid ({message}); mp/mp-multi-ext-authz Accepted True",
+            super::hostile::UNREADABLE_FILTER
+        ))
+    }
+    .await;
+    env.overlay(None).await?;
+    checked
 }
 
 #[cfg(test)]

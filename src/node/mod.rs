@@ -313,6 +313,7 @@ fn follow(
                 registrar: crate::registrar::RegistrarInput {
                     desired,
                     existing: objects.services.clone(),
+                    filters: crate::registrar::filter_status::wanted(&objects, snapshot),
                 },
                 status: crate::route_status::StatusInput {
                     statuses: model.route_statuses().to_vec(),

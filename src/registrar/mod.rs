@@ -17,9 +17,11 @@
 //! - a plan is carried out once per input: a write that changed nothing on the server brings no
 //!   new input and is not repeated every tick; a failed write is retried on the next tick.
 
+pub mod filter_status;
 pub mod lease;
 pub mod plan;
 
+use std::collections::HashMap;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
@@ -63,6 +65,8 @@ pub struct RegistrarInput {
     pub desired: Vec<Service>,
     /// Every Service the API server holds, as the watch has them.
     pub existing: Vec<Arc<K8sService>>,
+    /// The `Accepted` condition of every MeshFilter ([`filter_status::wanted`]).
+    pub filters: Vec<filter_status::Wanted>,
 }
 
 /// What the registrar task says of itself, for `/model` and the metrics.
@@ -116,6 +120,10 @@ pub async fn run(
     // The input whose plan was carried out whole while leading.
     let mut done: Option<Arc<RegistrarInput>> = None;
     let mut was_leader = false;
+    // The MeshFilter conditions this leader wrote, for filters whose own status the watch cannot
+    // read (they did not decode): each is written once per (generation, condition).
+    let mut filters_written: HashMap<(String, String), (Option<i64>, bool, String)> =
+        HashMap::new();
     loop {
         tokio::select! {
             _ = tick.tick() => {}
@@ -136,6 +144,7 @@ pub async fn run(
             info!(identity = %settings.identity, leader, "registrar lease");
             was_leader = leader;
             done = None;
+            filters_written.clear();
         }
         state.leader.store(leader, Ordering::Release);
         stats.registrar_leader.set(i64::from(leader));
@@ -145,7 +154,21 @@ pub async fn run(
             continue;
         }
         let writes = plan::plan(&current.desired, &current.existing);
-        state.pending.store(!writes.is_empty(), Ordering::Release);
+        let filter_writes: Vec<&filter_status::Wanted> = current
+            .filters
+            .iter()
+            .filter(|w| match w.written() {
+                Some(held) => !held,
+                None => {
+                    filters_written.get(&(w.namespace.clone(), w.name.clone()))
+                        != Some(&(w.generation, w.accepted, w.message.clone()))
+                }
+            })
+            .collect();
+        state.pending.store(
+            !writes.is_empty() || !filter_writes.is_empty(),
+            Ordering::Release,
+        );
         let mut whole = true;
         for w in writes {
             // Fenced: a leader that lost the Lease since the last renewal writes nothing more.
@@ -167,10 +190,62 @@ pub async fn run(
                 }
             }
         }
+        for w in filter_writes {
+            if !elector.is_leader(elapsed()) {
+                whole = false;
+                break;
+            }
+            let subject = format!("{}/{}", w.namespace, w.name);
+            match write_filter_status(&client, w).await {
+                Ok(()) => {
+                    stats.registrar_writes.inc();
+                    filters_written.insert(
+                        (w.namespace.clone(), w.name.clone()),
+                        (w.generation, w.accepted, w.message.clone()),
+                    );
+                    info!(filter = %subject, accepted = w.accepted, "meshfilter status written");
+                }
+                Err(e) => {
+                    stats.registrar_write_errors.inc();
+                    warn!(filter = %subject, error = %crate::DisplayChain(&e), "meshfilter status write failed; retried");
+                    whole = false;
+                }
+            }
+        }
         if whole {
             done = Some(current);
         }
     }
+}
+
+/// Write one MeshFilter's `Accepted` condition: a merge patch of its `status` subresource
+/// (the whole `conditions` list is aether's), through the dynamic API so that an object the
+/// typed watch could not decode is written all the same.
+async fn write_filter_status(
+    client: &Client,
+    w: &filter_status::Wanted,
+) -> Result<(), RegistrarError> {
+    let resource = kube::api::ApiResource {
+        group: crate::registry::kube::mesh_filter::MESH_FILTER_GROUP.into(),
+        version: "v1alpha1".into(),
+        api_version: crate::registry::kube::mesh_filter::MESH_FILTER_API_VERSION.into(),
+        kind: crate::registry::kube::mesh_filter::MESH_FILTER_KIND.into(),
+        plural: "meshfilters".into(),
+    };
+    let api: Api<kube::api::DynamicObject> =
+        Api::namespaced_with(client.clone(), &w.namespace, &resource);
+    api.patch_status(
+        &w.name,
+        &PatchParams::default(),
+        &Patch::Merge(w.patch(&crate::time::rfc3339_seconds())),
+    )
+    .await
+    .map(drop)
+    .map_err(|source| RegistrarError::Api {
+        verb: "write meshfilter status",
+        what: format!("{}/{}", w.namespace, w.name),
+        source,
+    })
 }
 
 /// Read the Lease and take, renew or follow it.

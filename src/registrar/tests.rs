@@ -213,6 +213,7 @@ async fn only_the_leader_writes_and_it_applies_under_its_field_manager() {
     let input = Arc::new(RegistrarInput {
         desired: vec![desired("cart", &[(8080, "http")])],
         existing: Vec::new(),
+        filters: Vec::new(),
     });
     let (tx, state, task) = start(&server, input);
     tokio::time::sleep(Duration::from_secs(5)).await;
@@ -315,6 +316,7 @@ async fn a_leader_deletes_an_owned_service_no_row_calls_for_and_keeps_a_users() 
     let input = Arc::new(RegistrarInput {
         desired: Vec::new(),
         existing: vec![Arc::new(owned), Arc::new(user)],
+        filters: Vec::new(),
     });
     let (tx, state, task) = start(&server, input);
     tokio::time::sleep(Duration::from_secs(3)).await;

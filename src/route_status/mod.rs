@@ -261,10 +261,7 @@ pub fn replace_ours(current: &[Value], ours: &[Entry]) -> Vec<Value> {
 
 /// The wall clock as RFC 3339 in whole seconds (`metav1.Time`).
 fn stamp() -> String {
-    let secs = crate::time::wall_ms() / 1000;
-    k8s_openapi::jiff::Timestamp::from_second(i64::try_from(secs).unwrap_or(0))
-        .map(|t| t.to_string())
-        .unwrap_or_default()
+    crate::time::rfc3339_seconds()
 }
 
 /// Run the writer until the input's sender goes away; `pending` says whether a write for the

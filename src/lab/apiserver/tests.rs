@@ -736,6 +736,7 @@ async fn the_registrar_and_the_status_writer_write_through_a_real_client() {
     let (tx, rx) = watch::channel(Arc::new(RegistrarInput {
         desired: vec![desired],
         existing: Vec::new(),
+        filters: Vec::new(),
     }));
     let state = Arc::new(RegistrarState::default());
     let task = tokio::spawn(crate::registrar::run(
@@ -849,4 +850,110 @@ async fn the_registrar_and_the_status_writer_write_through_a_real_client() {
     assert_eq!(parents[1]["conditions"][0]["status"], json!("True"));
     drop(stx);
     writer.await.unwrap();
+}
+
+/// issue #35 item 1: the registrar writes each MeshFilter's `Accepted` condition through a real
+/// client: `False` with the converter's words for one whose `extAuthz.server` has no port and
+/// for one that does not decode, `True` for a good one; once written, the daemon's own source
+/// reads the object with its status (a status never makes a filter undecodable) and finds
+/// nothing left to write.
+#[tokio::test]
+async fn the_registrar_writes_why_a_mesh_filter_is_not_accepted() {
+    use crate::registrar::{RegistrarInput, RegistrarSettings, RegistrarState, lease::LeaseTiming};
+
+    let (_server, _, client) = serve(Settings::default(), None).await;
+    let resource = kube::api::ApiResource {
+        group: "aether.io".into(),
+        version: "v1alpha1".into(),
+        api_version: "aether.io/v1alpha1".into(),
+        kind: "MeshFilter".into(),
+        plural: "meshfilters".into(),
+    };
+    let filters: Api<kube::api::DynamicObject> =
+        Api::namespaced_with(client.clone(), "shop", &resource);
+    for (name, ext_authz) in [
+        ("no-port", json!({"server": "authz.shop.aether.internal"})),
+        ("good", json!({"server": "authz.shop.aether.internal:9191"})),
+        (
+            "garbled",
+            json!({"sever": "authz.shop.aether.internal:9191"}),
+        ),
+    ] {
+        let f: kube::api::DynamicObject = serde_json::from_value(json!({
+            "apiVersion": "aether.io/v1alpha1", "kind": "MeshFilter",
+            "metadata": {"name": name, "namespace": "shop"},
+            "spec": {"targetRefs": [{"group": "", "kind": "Service", "name": "cart"}],
+                     "extAuthz": ext_authz},
+        }))
+        .unwrap();
+        filters.create(&PostParams::default(), &f).await.unwrap();
+    }
+    let source = synced_source_of_node_a(&client).await;
+    let input = || {
+        let (objects, _) = source.objects();
+        let (snapshot, _) = crate::registry::kube::objects::snapshot(&objects);
+        Arc::new(RegistrarInput {
+            desired: Vec::new(),
+            existing: Vec::new(),
+            filters: crate::registrar::filter_status::wanted(&objects, &snapshot),
+        })
+    };
+    let (tx, rx) = watch::channel(input());
+    let state = Arc::new(RegistrarState::default());
+    let task = tokio::spawn(crate::registrar::run(
+        client.clone(),
+        RegistrarSettings {
+            namespace: "aether-system".into(),
+            lease_name: crate::registrar::LEASE_NAME.into(),
+            identity: "node-a-1".into(),
+            timing: LeaseTiming::default(),
+        },
+        rx,
+        state.clone(),
+        Arc::default(),
+    ));
+    let accepted = |o: &kube::api::DynamicObject| {
+        let c = o.data["status"]["conditions"]
+            .as_array()
+            .and_then(|cs| cs.iter().find(|c| c["type"] == "Accepted").cloned())?;
+        Some((
+            c["status"].as_str()?.to_owned(),
+            c["reason"].as_str()?.to_owned(),
+            c["message"].as_str().unwrap_or_default().to_owned(),
+        ))
+    };
+    for (name, want, why) in [
+        ("no-port", "False", "extAuthz.server"),
+        ("garbled", "False", "sever"),
+        ("good", "True", ""),
+    ] {
+        let got = within("the filter's status", async {
+            loop {
+                if let Some(c) = accepted(&filters.get(name).await.unwrap()) {
+                    return c;
+                }
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+        })
+        .await;
+        assert_eq!(got.0, want, "{name}: {got:?}");
+        assert!(got.2.contains(why), "{name}: {got:?}");
+        if want == "False" {
+            assert_eq!(got.1, "Invalid");
+        }
+    }
+    // The source reads the written objects (status and all) and nothing is left to write.
+    within("the source holds the written statuses", async {
+        loop {
+            let i = input();
+            let typed = i.filters.iter().filter(|w| w.held.is_some()).count();
+            if typed == 2 && i.filters.iter().all(|w| w.written() != Some(false)) {
+                return;
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    })
+    .await;
+    drop(tx);
+    task.await.unwrap();
 }

@@ -29,6 +29,10 @@ pub struct MeshFilterResource {
     pub metadata: K8sObjectMeta,
     /// The filter.
     pub spec: MeshFilterSpec,
+    /// What the registrar wrote of it (`conditions`: `Accepted`); read as it is, never as
+    /// policy, so that no status makes the filter undecodable.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub status: Option<serde_json::Value>,
 }
 
 /// `spec`: optional targets and exactly one configuration.

@@ -41,6 +41,19 @@ use super::mesh_filter::MeshFilterResource;
 use crate::model::Snapshot;
 use crate::model::snapshot::{Pod as SnapshotPod, RefusedPod, Row};
 
+/// An object of a watched kind that did not decode: what its metadata says, and why.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Undecodable {
+    /// Its namespace.
+    pub namespace: String,
+    /// Its name.
+    pub name: String,
+    /// `metadata.generation`, for the status written of it.
+    pub generation: Option<i64>,
+    /// Why it did not decode.
+    pub why: String,
+}
+
 /// Every object of every watched kind, as the stores hold them.
 #[derive(Clone, Debug, Default)]
 pub struct Objects {
@@ -67,9 +80,9 @@ pub struct Objects {
     pub reference_grants: Vec<Arc<ReferenceGrant>>,
     /// MeshFilters.
     pub mesh_filters: Vec<Arc<MeshFilterResource>>,
-    /// MeshFilters that did not decode, `(namespace, name, why)`: kept as unreadable filters of
-    /// their whole namespace (issue #35 item 1).
-    pub undecodable_mesh_filters: Vec<(String, String, String)>,
+    /// MeshFilters that did not decode: kept as unreadable filters of their whole namespace
+    /// (issue #35 item 1).
+    pub undecodable_mesh_filters: Vec<Undecodable>,
 }
 
 /// An object left out of the snapshot, and why.
@@ -248,9 +261,9 @@ pub fn snapshot_reusing(
             }
         }
     }
-    for (namespace, name, why) in &objects.undecodable_mesh_filters {
+    for u in &objects.undecodable_mesh_filters {
         s.mesh_filters
-            .push(undecodable_mesh_filter(namespace, name, why));
+            .push(undecodable_mesh_filter(&u.namespace, &u.name, &u.why));
     }
     s.rows.shrink_to_fit();
     (s, problems, places)

@@ -388,14 +388,20 @@ impl KubeSource {
         };
         // A MeshFilter that did not decode could be an authorization: the snapshot keeps it as
         // unreadable (issue #35 item 1), besides reporting it as every bad object is.
-        objects.undecodable_mesh_filters = invalid
-            .objects
+        objects.undecodable_mesh_filters = s
+            .mesh_filters
+            .state()
             .iter()
-            .filter(|(kind, _, _)| *kind == "MeshFilter")
-            .filter_map(|(_, name, why)| {
-                let (ns, name) = name.split_once('/')?;
-                (!ns.is_empty() && !name.is_empty())
-                    .then(|| (ns.to_owned(), name.to_owned(), why.clone()))
+            .filter_map(|stored| {
+                let e = stored.0.as_ref().err()?;
+                let namespace = e.metadata.namespace.clone().filter(|n| !n.is_empty())?;
+                let name = e.metadata.name.clone().filter(|n| !n.is_empty())?;
+                Some(super::objects::Undecodable {
+                    namespace,
+                    name,
+                    generation: e.metadata.generation,
+                    why: e.error.clone(),
+                })
             })
             .collect();
         (objects, invalid)

@@ -422,11 +422,12 @@ spec:
     .unwrap();
     let (s, problems) = snapshot(&Objects {
         mesh_filters: vec![typed(&doc)],
-        undecodable_mesh_filters: vec![(
-            "other".into(),
-            "garbled".into(),
-            "unknown field `sever`".into(),
-        )],
+        undecodable_mesh_filters: vec![Undecodable {
+            namespace: "other".into(),
+            name: "garbled".into(),
+            generation: Some(1),
+            why: "unknown field `sever`".into(),
+        }],
         ..Objects::default()
     });
     // The converter's refusal is still a problem (logged and counted as before).

@@ -655,9 +655,9 @@ async fn a_mesh_filter_that_does_not_decode_reaches_the_snapshot_as_unreadable()
     assert!(objects.mesh_filters.is_empty());
     assert_eq!(invalid.objects.len(), 1, "{:?}", invalid.objects);
     assert_eq!(objects.undecodable_mesh_filters.len(), 1);
-    let (ns, name, why) = &objects.undecodable_mesh_filters[0];
-    assert_eq!((ns.as_str(), name.as_str()), ("mp", "garbled"));
-    assert!(why.contains("sever"), "{why}");
+    let u = &objects.undecodable_mesh_filters[0];
+    assert_eq!((u.namespace.as_str(), u.name.as_str()), ("mp", "garbled"));
+    assert!(u.why.contains("sever"), "{}", u.why);
     let (s, _) = crate::registry::kube::objects::snapshot(&objects);
     assert!(matches!(
         &s.mesh_filters[..],

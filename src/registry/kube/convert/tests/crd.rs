@@ -195,6 +195,7 @@ fn ext_authz(server: Option<&str>, timeout: Option<&str>) -> MeshFilterResource 
             }),
             ..MeshFilterSpec::default()
         },
+        status: None,
     }
 }
 
