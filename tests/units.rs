@@ -1422,3 +1422,98 @@ fn a_policy_the_daemon_cannot_read_makes_the_services_it_names_refuse() {
             .is_empty()
     );
 }
+
+#[test]
+fn a_route_the_daemon_cannot_read_answers_500_on_its_parents_and_never_the_default() {
+    use aether::resolve::decision::RequestDecision;
+    // issue #35 item 1: an HTTPRoute whose backend weight is out of range. Before, the
+    // converter dropped it and mp-multi's requests went to the default delivery (9090's route
+    // gone, 8080 to 8080), with no diagnostic.
+    let (_, m) = fixture_model(
+        Some("a4"),
+        Some((
+            "zz-httproute-a4.yaml",
+            "      port: 9090",
+            "      port: 9090\n      weight: 5000000",
+        )),
+    );
+    for port in [8080, 9090] {
+        let d = ask(
+            &m,
+            &caller(Some("mp")),
+            HttpEntry::Loopback,
+            &format!("mp-multi.mp.aether.internal:{port}"),
+            true,
+        );
+        assert!(
+            matches!(&d, RequestDecision::Answer(a, _) if a.reason.code() == "invalid-backend"),
+            "{port}: {d:?}"
+        );
+    }
+    assert!(
+        m.diagnostics
+            .iter()
+            .any(|d| d.kind.as_str() == "route-unreadable"
+                && d.subject == "HTTPRoute mp/a4"
+                && d.detail.contains("weight"))
+    );
+}
+
+#[test]
+fn names_kubernetes_would_refuse_and_a_shared_netns_are_refused_with_a_diagnostic() {
+    // issue #35 item 5: before, both entered the model silently (the file registry checks no
+    // name, and the second pod of one namespace was refused only by a port already taken).
+    let bad = r#"---
+apiVersion: v1
+kind: Pod
+metadata:
+  name: mp-upper-0
+  namespace: mp
+  annotations: {aether.io/netns: "mp-upper-0"}
+spec:
+  serviceAccountName: "Mp-Upper/x"
+  nodeName: node-a
+status:
+  podIP: 10.244.1.200
+  podIPs: [{ip: 10.244.1.200}]
+  conditions: [{type: Ready, status: "True"}]
+---
+apiVersion: v1
+kind: Pod
+metadata:
+  name: mp-twin-0
+  namespace: mp
+  annotations: {aether.io/netns: "mp-multi-0"}
+spec:
+  serviceAccountName: mp-twin
+  nodeName: node-a
+status:
+  podIP: 10.244.1.201
+  podIPs: [{ip: 10.244.1.201}]
+  conditions: [{type: Ready, status: "True"}]
+---
+"#;
+    let first = "# aether acceptance fixture: the clients";
+    let edited = format!("{bad}{first}");
+    let (_, m) = fixture_model(None, Some(("20-clients.yaml", first, &edited)));
+    let diag = |kind: &str, subject: &str| {
+        m.diagnostics
+            .iter()
+            .find(|d| d.kind.as_str() == kind && d.subject == subject)
+            .map(|d| d.detail.clone())
+    };
+    // The ServiceAccount with an upper-case letter and a '/': its row and its pod are refused.
+    let detail = diag("invalid-name", "mp/Mp-Upper/x 10.244.1.200").expect("row refused");
+    assert!(detail.contains("RFC 1123"), "{detail}");
+    assert!(diag("invalid-name", "mp/mp-upper-0").is_some());
+    assert!(m.pod("mp", "mp-upper-0").is_none());
+    assert!(m.classes("mp", "Mp-Upper/x").is_none());
+    // A pod naming mp-multi-0's network namespace: neither is served.
+    for pod in ["mp-twin-0", "mp-multi-0"] {
+        let detail = diag("netns-shared", &format!("mp/{pod}")).expect("netns-shared");
+        assert!(detail.contains("none of them is served"), "{detail}");
+        assert!(m.pod("mp", pod).is_none(), "{pod} served");
+    }
+    // Everything else is as before.
+    assert!(m.pod("mp", "mp-multi-1").is_some());
+}

@@ -191,6 +191,14 @@ impl<'s> Compiler<'s> {
                 // An ignored namespace's pods are not registered (model.md §2).
                 continue;
             }
+            if let Some(why) = crate::model::names::identity_problem(&row.namespace, &row.service) {
+                self.diagnostics.push(Diagnostic::new(
+                    DiagnosticKind::InvalidName,
+                    format!("{}/{} {}", row.namespace, row.service, row.address),
+                    format!("{why}: the row is not served"),
+                ));
+                continue;
+            }
             if let Some(problem) = row_problem(row) {
                 self.diagnostics.push(Diagnostic::new(
                     DiagnosticKind::RowRefused,
@@ -727,8 +735,30 @@ impl<'s> Compiler<'s> {
         }
         // Sorted by reference (moving a whole pod is a copy of some hundred bytes), stably: of
         // two pods with one (namespace, name), the later in the input is the one kept.
+        // A pod whose namespace, name or ServiceAccount Kubernetes would refuse is left out, with
+        // a diagnostic: the node serves it not at all (its CNI ADD waits, error 11), never
+        // uncaptured.
         let mut by_name: Vec<&crate::model::snapshot::Pod> =
-            snapshot.pods.iter().map(|p| &**p).collect();
+            Vec::with_capacity(snapshot.pods.len());
+        for p in &snapshot.pods {
+            let why = crate::model::names::identity_problem(&p.namespace, &p.service_account)
+                .or_else(|| {
+                    (!crate::model::names::is_dns_subdomain(&p.name)).then(|| {
+                        format!(
+                            "pod name {:?} is not an RFC 1123 subdomain (lower case, digits, '-', '.', at most 253)",
+                            p.name
+                        )
+                    })
+                });
+            match why {
+                Some(why) => self.diagnostics.push(Diagnostic::new(
+                    DiagnosticKind::InvalidName,
+                    format!("{}/{}", p.namespace, p.name),
+                    format!("{why}: the pod is not served"),
+                )),
+                None => by_name.push(p),
+            }
+        }
         by_name.sort_by(|a, b| (&a.namespace, &a.name).cmp(&(&b.namespace, &b.name)));
         by_name.dedup_by(|later, earlier| {
             let same = (&later.namespace, &later.name) == (&earlier.namespace, &earlier.name);
@@ -737,6 +767,40 @@ impl<'s> Compiler<'s> {
             }
             same
         });
+        // Pods of one node whose `aether.io/netns` names one network namespace: none of them is
+        // served (issue #35 item 5): one could be a document pointing at another pod's namespace,
+        // and serving it would hand that namespace's capture to the wrong identity. (The node
+        // also compares the namespaces themselves, which two names can share.)
+        let mut netns_of: BTreeMap<(&str, &str), Vec<(&str, &str)>> = BTreeMap::new();
+        for p in &by_name {
+            if let (Some(node), Some(netns)) = (p.node.as_deref(), p.netns.as_deref())
+                && !p.netns_from_cni
+            {
+                netns_of
+                    .entry((node, netns))
+                    .or_default()
+                    .push((&p.namespace, &p.name));
+            }
+        }
+        let mut shared_netns: BTreeSet<(&str, &str)> = BTreeSet::new();
+        for ((node, netns), pods) in &netns_of {
+            if pods.len() < 2 {
+                continue;
+            }
+            let names: Vec<String> = pods.iter().map(|(ns, n)| format!("{ns}/{n}")).collect();
+            for &(ns, n) in pods {
+                shared_netns.insert((ns, n));
+                self.diagnostics.push(Diagnostic::new(
+                    DiagnosticKind::NetnsShared,
+                    format!("{ns}/{n}"),
+                    format!(
+                        "aether.io/netns {netns:?} on {node} is named by {}: none of them is served",
+                        names.join(", ")
+                    ),
+                ));
+            }
+        }
+        by_name.retain(|p| !shared_netns.contains(&(p.namespace.as_str(), p.name.as_str())));
         let pods = by_name
             .into_iter()
             .map(|p| {

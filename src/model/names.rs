@@ -215,6 +215,42 @@ fn valid_label(l: &str) -> bool {
     !l.is_empty()
 }
 
+/// Whether `s` is an RFC 1123 label, as Kubernetes requires of a namespace: 1 to 63 lower-case
+/// letters, digits and `-`, starting and ending with a letter or digit.
+pub fn is_dns_label(s: &str) -> bool {
+    let b = s.as_bytes();
+    !b.is_empty()
+        && b.len() <= 63
+        && b.iter()
+            .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || *c == b'-')
+        && b[0] != b'-'
+        && b[b.len() - 1] != b'-'
+}
+
+/// Whether `s` is an RFC 1123 subdomain, as Kubernetes requires of a pod's and a
+/// ServiceAccount's name: labels of [`is_dns_label`] joined by `.`, at most 253 bytes.
+pub fn is_dns_subdomain(s: &str) -> bool {
+    !s.is_empty() && s.len() <= 253 && s.split('.').all(is_dns_label)
+}
+
+/// Why an identity (a namespace and a ServiceAccount, the mesh service of a row or a pod) is not
+/// one Kubernetes would take (upper case, `/`, a line break, ...); `None` when it is. Such a
+/// name is refused with a diagnostic (issue #35 item 5): it could never be a workload's, and it
+/// would reach certificates, SNIs and logs.
+pub fn identity_problem(namespace: &str, service_account: &str) -> Option<String> {
+    if !is_dns_label(namespace) {
+        return Some(format!(
+            "namespace {namespace:?} is not an RFC 1123 label (lower case, digits, '-', at most 63)"
+        ));
+    }
+    if !is_dns_subdomain(service_account) {
+        return Some(format!(
+            "ServiceAccount {service_account:?} is not an RFC 1123 subdomain (lower case, digits, '-', '.', at most 253)"
+        ));
+    }
+    None
+}
+
 /// Strips `.<suffix>` (a dot, then `suffix`) from the end of `s`.
 fn strip_dotted<'a>(s: &'a str, suffix: &str) -> Option<&'a str> {
     s.strip_suffix(suffix)?.strip_suffix('.')

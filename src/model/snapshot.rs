@@ -282,6 +282,11 @@ pub struct HttpRoute {
     pub rules: Vec<HttpRule>,
 }
 
+/// What the text of an [`HttpFilter::Unsupported`] starts with when the source could not read
+/// the route at all (issue #35 item 1): the route is kept with its parents and one rule that
+/// answers every request `500 invalid-backend`, never dropped for the default delivery.
+pub const UNREADABLE_ROUTE: &str = "unreadable route: ";
+
 /// One rule of an HTTPRoute.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct HttpRule {

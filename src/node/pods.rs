@@ -68,6 +68,8 @@ struct Served {
     desired: Desired,
     tasks: Vec<AbortHandle>,
     pod: Arc<PodCtx>,
+    /// Its network namespace (no other pod may be served in it).
+    netns: Arc<Netns>,
     /// Its listening sockets (duplicates), for a successor daemon ([`super::handoff`]).
     listeners: Vec<(ListenerId, OwnedFd)>,
 }
@@ -214,6 +216,17 @@ pub enum PodError {
     /// A listener could not be opened.
     #[error(transparent)]
     Socket(#[from] crate::proxy::socket::SocketError),
+    /// Its network namespace is another served pod's (issue #35 item 5): neither is captured or
+    /// listened for in it on this pod's behalf.
+    #[error("its network namespace {path} is pod {namespace}/{pod}'s")]
+    NetnsTaken {
+        /// The namespace's path, as this pod names it.
+        path: PathBuf,
+        /// The pod that is served in it.
+        namespace: String,
+        /// Its name.
+        pod: String,
+    },
 }
 
 impl Pods {
@@ -243,6 +256,45 @@ impl Pods {
             }
         }
         let mut failed = Vec::new();
+        let mut want = want;
+        // Pods that name one network namespace (the same file, or two names of one namespace):
+        // none of them is served (issue #35 item 5). One could be another's document pointing at
+        // its namespace; serving either would hand the namespace's capture to the wrong pod.
+        let mut by_ns: BTreeMap<(u64, u64), Vec<(String, String)>> = BTreeMap::new();
+        for (key, d) in &want {
+            if let Ok(m) = std::fs::metadata(&d.netns) {
+                use std::os::unix::fs::MetadataExt;
+                by_ns
+                    .entry((m.dev(), m.ino()))
+                    .or_default()
+                    .push(key.clone());
+            }
+        }
+        for keys in by_ns.into_values().filter(|k| k.len() > 1) {
+            for (i, key) in keys.iter().enumerate() {
+                let other = &keys[if i == 0 { 1 } else { 0 }];
+                if let Some(d) = want.remove(key) {
+                    warn!(namespace = %key.0, pod = %key.1, netns = %d.netns.display(),
+                        other = %format!("{}/{}", other.0, other.1),
+                        "pod not served: another pod names its network namespace");
+                    failed.push((
+                        key.clone(),
+                        PodError::NetnsTaken {
+                            path: d.netns,
+                            namespace: other.0.clone(),
+                            pod: other.1.clone(),
+                        },
+                    ));
+                }
+                // A pod served before the conflict stops being served, but its capture table
+                // stays: its connections then meet no listener (closed), never the network
+                // uncaptured.
+                if let Some(served) = self.served.remove(key) {
+                    served.pod.retire();
+                    info!(namespace = %key.0, pod = %key.1, "pod no longer served; its capture rules stay");
+                }
+            }
+        }
         for (key, d) in want {
             if self.served.get(&key).is_some_and(|s| s.desired == d) {
                 continue;
@@ -274,13 +326,19 @@ impl Pods {
                     self.inherited.insert(id, fd);
                 }
             }
-            let served = serve_pod(shared, &d, &mut self.inherited).await;
+            let others: Vec<(&(String, String), &Netns)> = self
+                .served
+                .iter()
+                .filter(|(k, _)| **k != key)
+                .map(|(k, s)| (k, &*s.netns))
+                .collect();
+            let served = serve_pod(shared, &d, &mut self.inherited, &others).await;
             if served.is_ok() {
                 // Sockets the new settings do not use (a UDP listener no UDPRoute needs now).
                 self.inherited.drop_pod(&key.0, &key.1);
             }
             match served {
-                Ok((tasks, pod, listeners)) => {
+                Ok((tasks, pod, listeners, netns)) => {
                     shared.stats.capture_programmed("served");
                     info!(namespace = %key.0, pod = %key.1, netns = %d.netns.display(),
                         mode = d.capture.mode.as_str(), "pod served");
@@ -290,6 +348,7 @@ impl Pods {
                             desired: d,
                             tasks,
                             pod,
+                            netns,
                             listeners,
                         },
                     );
@@ -386,15 +445,37 @@ impl Pods {
     }
 }
 
-/// Program one pod's capture and open its listeners (model.md §12).
+/// What serving one pod made: its accept loops, its context, its listening sockets, and its
+/// network namespace.
+type ServedParts = (
+    Vec<AbortHandle>,
+    Arc<PodCtx>,
+    Vec<(ListenerId, OwnedFd)>,
+    Arc<Netns>,
+);
+
+/// Program one pod's capture and open its listeners (model.md §12), unless its namespace is one
+/// of `others`' (the served pods'), which is refused before anything is done in it.
 async fn serve_pod(
     shared: &Shared,
     d: &Desired,
     inherited: &mut Inherited,
-) -> Result<(Vec<AbortHandle>, Arc<PodCtx>, Vec<(ListenerId, OwnedFd)>), PodError> {
+    others: &[(&(String, String), &Netns)],
+) -> Result<ServedParts, PodError> {
     // Never the daemon's or the host's own namespace, whatever the CNI ADD or the
     // `aether.io/netns` annotation says.
     let netns = Arc::new(Netns::open_pod(&d.netns, &shared.home)?);
+    // Never another pod's either (issue #35 item 5): its capture table and listeners are that
+    // pod's, and a second pod served in it would take them over. Compared by the namespace's
+    // identity (device and inode), so two names of one namespace are one.
+    if let Some(((ns, pod), _)) = others.iter().find(|(_, n)| **n == *netns) {
+        return Err(PodError::NetnsTaken {
+            path: d.netns.clone(),
+            namespace: ns.clone(),
+            pod: pod.clone(),
+        });
+    }
+    let net_handle = netns.clone();
     let net = PodNet {
         netns,
         home: shared.home.clone(),
@@ -505,7 +586,7 @@ async fn serve_pod(
         );
     }
     tasks.extend(crate::node::dns::serve(&shared.dns, &pod, dns_udp, dns_tcp));
-    Ok((tasks, pod, kept))
+    Ok((tasks, pod, kept, net_handle))
 }
 
 /// A pod's listening sockets: taken from a predecessor's handoff where one matches, bound

@@ -660,3 +660,73 @@ status: {podIP: 10.255.0.9}
         assert!(text.lines().any(|l| l == line), "no {line:?} in\n{text}");
     }
 }
+
+#[tokio::test]
+async fn pods_that_name_one_network_namespace_are_none_of_them_served() {
+    const TEST: &str = "pods_that_name_one_network_namespace_are_none_of_them_served";
+    // issue #35 item 5: a second pod whose namespace is another's (a document pointing at it)
+    // was served in it, or refused only by the accident of a port already taken.
+    if needs_root::cannot_run(TEST, &["ip", "nft", "nsenter"]) {
+        return;
+    }
+    let pod_ns = TestNetns::add("aeshared");
+    let (_, shared) = shared_with(
+        r#"
+apiVersion: v1
+kind: Namespace
+metadata: {name: mp}
+---
+apiVersion: v1
+kind: Pod
+metadata:
+  name: mp-a-0
+  namespace: mp
+  annotations: {aether.io/netns-from: cni}
+spec: {serviceAccountName: mp-a, nodeName: node-a}
+status: {podIP: 10.255.0.7}
+---
+apiVersion: v1
+kind: Pod
+metadata:
+  name: mp-b-0
+  namespace: mp
+  annotations: {aether.io/netns-from: cni}
+spec: {serviceAccountName: mp-b, nodeName: node-a}
+status: {podIP: 10.255.0.8}
+"#,
+    );
+    let model = shared.inputs.model.load();
+    let mut cni = CniPods::new();
+    for pod in ["mp-a-0", "mp-b-0"] {
+        cni.insert(("mp".into(), pod.into()), pod_ns.path.clone().into());
+    }
+    let want = pods::desired(&model, "node-a", "", &cni, &[]);
+    assert_eq!(want.len(), 2);
+    let mut pods = Pods::default();
+    let failed = pods.reconcile(&shared, want).await;
+    assert!(pods.list().is_empty(), "{:?}", pods.list());
+    let reasons: Vec<String> = failed
+        .iter()
+        .map(|(k, e)| format!("{}: {}", k.1, crate::DisplayChain(e)))
+        .collect();
+    assert_eq!(reasons.len(), 2, "{reasons:?}");
+    assert!(
+        reasons[0].starts_with("mp-a-0: its network namespace") && reasons[0].contains("mp/mp-b-0"),
+        "{reasons:?}"
+    );
+    assert!(
+        reasons[1].starts_with("mp-b-0: its network namespace") && reasons[1].contains("mp/mp-a-0"),
+        "{reasons:?}"
+    );
+    // Nothing was programmed in the namespace either.
+    let rules = std::process::Command::new("ip")
+        .args(["netns", "exec", &pod_ns.name, "nft", "list", "tables"])
+        .output()
+        .unwrap();
+    assert!(rules.status.success(), "{rules:?}");
+    assert!(
+        !String::from_utf8_lossy(&rules.stdout).contains("aether"),
+        "{}",
+        String::from_utf8_lossy(&rules.stdout)
+    );
+}

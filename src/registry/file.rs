@@ -680,6 +680,25 @@ fn typed<T: DeserializeOwned>(
     serde_yaml::from_str(&text).map(Box::new).map_err(invalid)
 }
 
+/// Push a converted object; one the converter refused as `unreadable` makes it, if it makes
+/// one, and the refusal is returned to be reported.
+fn kept<T>(
+    converted: Result<T, ConvertError>,
+    unreadable: impl FnOnce(&ConvertError) -> Option<T>,
+    into: &mut Vec<T>,
+) -> Result<(), ConvertError> {
+    match converted {
+        Ok(v) => {
+            into.push(v);
+            Ok(())
+        }
+        Err(e) => {
+            into.extend(unreadable(&e));
+            Err(e)
+        }
+    }
+}
+
 /// Converts typed manifests into a snapshot; conversion errors become problems.
 fn convert_manifests(
     manifests: &[(Origin, Manifest)],
@@ -713,11 +732,33 @@ fn convert_manifests(
             Manifest::EndpointSlice(s) => {
                 convert_endpoint_slice(s).map(|s| snapshot.endpoint_slices.push(s))
             }
-            Manifest::HttpRoute(r) => convert_http_route(r).map(|r| snapshot.http_routes.push(r)),
-            Manifest::GrpcRoute(r) => convert_grpc_route(r).map(|r| snapshot.http_routes.push(r)),
-            Manifest::TlsRoute(r) => convert_tls_route(r).map(|r| snapshot.tls_routes.push(r)),
-            Manifest::TcpRoute(r) => convert_tcp_route(r).map(|r| snapshot.tcp_routes.push(r)),
-            Manifest::UdpRoute(r) => convert_udp_route(r).map(|r| snapshot.udp_routes.push(r)),
+            // A route the converter refuses is kept as one that routes nowhere (issue #35
+            // item 1), and reported.
+            Manifest::HttpRoute(r) => kept(
+                convert_http_route(r),
+                |e| convert::unreadable_http_route(r, e),
+                &mut snapshot.http_routes,
+            ),
+            Manifest::GrpcRoute(r) => kept(
+                convert_grpc_route(r),
+                |e| convert::unreadable_grpc_route(r, e),
+                &mut snapshot.http_routes,
+            ),
+            Manifest::TlsRoute(r) => kept(
+                convert_tls_route(r),
+                |e| convert::unreadable_tls_route(r, e),
+                &mut snapshot.tls_routes,
+            ),
+            Manifest::TcpRoute(r) => kept(
+                convert_tcp_route(r),
+                |e| convert::unreadable_tcp_route(r, e),
+                &mut snapshot.tcp_routes,
+            ),
+            Manifest::UdpRoute(r) => kept(
+                convert_udp_route(r),
+                |e| convert::unreadable_udp_route(r, e),
+                &mut snapshot.udp_routes,
+            ),
             Manifest::ReferenceGrant(g) => {
                 convert_reference_grant(g).map(|g| snapshot.reference_grants.push(g))
             }

@@ -33,6 +33,8 @@
 //!   a port other than 18081 and 18082 is closed at accept, and a request on a pod-IP
 //!   connection to it is answered `503 upstream-unreachable`. Every claimant is a pod behind a
 //!   user Service that lists the address.
+//! - R5. A row whose namespace is not an RFC 1123 label or whose ServiceAccount is not an RFC
+//!   1123 subdomain (issue #35 item 5) is not served, as a RowProblem is not.
 
 use std::net::{IpAddr, SocketAddr};
 
@@ -75,8 +77,10 @@ impl Served<'_> {
 fn served_rows(s: &Snapshot) -> Vec<Served<'_>> {
     let mut out: Vec<Served<'_>> = Vec::new();
     for row in &s.rows {
-        // spec/model.md §3.3: a row with a RowProblem is not served at all.
-        if row_problem(row).is_some() {
+        // spec/model.md §3.3: a row with a RowProblem is not served at all; R5.
+        if row_problem(row).is_some()
+            || crate::model::names::identity_problem(&row.namespace, &row.service).is_some()
+        {
             continue;
         }
         // §3.4: de-duplicate per (namespace, service, address); R1: the first is kept.

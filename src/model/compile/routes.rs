@@ -242,6 +242,18 @@ impl<'s> Compiler<'s> {
                                     }
                                 }
                             }
+                            HttpFilter::Unsupported(t)
+                                if t.starts_with(crate::model::snapshot::UNREADABLE_ROUTE) =>
+                            {
+                                self.diagnostics.push(Diagnostic::new(
+                                    DiagnosticKind::RouteUnreadable,
+                                    format!("{kind} {}/{}", route.namespace, route.name),
+                                    format!(
+                                        "{t}; every request it would route on its parents is answered 500 invalid-backend until it is fixed"
+                                    ),
+                                ));
+                                unsupported = Some(t.clone());
+                            }
                             HttpFilter::Unsupported(t) => {
                                 unsupported = Some(format!("filter {t} is not supported"))
                             }

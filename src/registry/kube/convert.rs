@@ -46,7 +46,8 @@ pub use filter::{
 };
 pub use routes::{
     GATEWAY_GROUP, convert_grpc_route, convert_http_route, convert_reference_grant,
-    convert_tcp_route, convert_tls_route, convert_udp_route,
+    convert_tcp_route, convert_tls_route, convert_udp_route, unreadable_grpc_route,
+    unreadable_http_route, unreadable_tcp_route, unreadable_tls_route, unreadable_udp_route,
 };
 
 /// The label that ties an EndpointSlice to its Service.

@@ -35,7 +35,8 @@ use super::convert::{
     ConvertError, MissingReadyCondition, Registration, convert_endpoint_slice, convert_grpc_route,
     convert_http_route, convert_mesh_filter, convert_namespace, convert_pod,
     convert_reference_grant, convert_service, convert_tcp_route, convert_tls_route,
-    convert_udp_route, undecodable_mesh_filter, unreadable_mesh_filter,
+    convert_udp_route, undecodable_mesh_filter, unreadable_grpc_route, unreadable_http_route,
+    unreadable_mesh_filter, unreadable_tcp_route, unreadable_tls_route, unreadable_udp_route,
 };
 use super::mesh_filter::MeshFilterResource;
 use crate::model::Snapshot;
@@ -231,26 +232,56 @@ pub fn snapshot_reusing(
     for o in sorted(&objects.namespaces, |o| &o.metadata) {
         keep(convert_namespace(o).map(|v| s.namespaces.push(v)));
     }
-    // GRPCRoutes share the HTTPRoute list (routes.md §1), after the HTTPRoutes, as the file
-    // registry reads a directory whose routes come in file order.
-    for o in sorted(&objects.http_routes, |o| &o.metadata) {
-        keep(convert_http_route(o).map(|v| s.http_routes.push(v)));
-    }
-    for o in sorted(&objects.grpc_routes, |o| &o.metadata) {
-        keep(convert_grpc_route(o).map(|v| s.http_routes.push(v)));
-    }
-    for o in sorted(&objects.tls_routes, |o| &o.metadata) {
-        keep(convert_tls_route(o).map(|v| s.tls_routes.push(v)));
-    }
-    for o in sorted(&objects.tcp_routes, |o| &o.metadata) {
-        keep(convert_tcp_route(o).map(|v| s.tcp_routes.push(v)));
-    }
-    for o in sorted(&objects.udp_routes, |o| &o.metadata) {
-        keep(convert_udp_route(o).map(|v| s.udp_routes.push(v)));
-    }
     for o in sorted(&objects.reference_grants, |o| &o.metadata) {
         keep(convert_reference_grant(o).map(|v| s.reference_grants.push(v)));
     }
+    // GRPCRoutes share the HTTPRoute list (routes.md §1), after the HTTPRoutes, as the file
+    // registry reads a directory whose routes come in file order.
+    // A route the converter refuses is kept with its parents, as one that routes nowhere (issue
+    // #35 item 1: never dropped for the default delivery), and reported as before.
+    macro_rules! routes {
+        ($list:ident, $convert:ident, $unreadable:ident, $into:ident) => {
+            for o in sorted(&objects.$list, |o| &o.metadata) {
+                match $convert(o) {
+                    Ok(v) => s.$into.push(v),
+                    Err(error) => {
+                        s.$into.extend($unreadable(o, &error));
+                        problems.push(ObjectProblem { error });
+                    }
+                }
+            }
+        };
+    }
+    routes!(
+        http_routes,
+        convert_http_route,
+        unreadable_http_route,
+        http_routes
+    );
+    routes!(
+        grpc_routes,
+        convert_grpc_route,
+        unreadable_grpc_route,
+        http_routes
+    );
+    routes!(
+        tls_routes,
+        convert_tls_route,
+        unreadable_tls_route,
+        tls_routes
+    );
+    routes!(
+        tcp_routes,
+        convert_tcp_route,
+        unreadable_tcp_route,
+        tcp_routes
+    );
+    routes!(
+        udp_routes,
+        convert_udp_route,
+        unreadable_udp_route,
+        udp_routes
+    );
     for o in sorted(&objects.mesh_filters, |o| &o.metadata) {
         match convert_mesh_filter(o) {
             Ok(v) => s.mesh_filters.push(v),

@@ -668,6 +668,139 @@ pub fn convert_udp_route(route: &GatewayUdpRoute) -> Result<L4Route, ConvertErro
     l4_route!(route, "UDPRoute", Vec::new())
 }
 
+// === routes the converter refused (issue #35 item 1) ===
+
+macro_rules! unreadable {
+    ($route:expr, $kind:literal, $error:expr, $make:expr) => {{
+        let route = $route;
+        let key = namespaced_key($kind, &route.metadata).ok()?;
+        let parents = parents(
+            &key,
+            route
+                .spec
+                .parent_refs
+                .iter()
+                .flatten()
+                .map(|p| (ref_parts!(p), p.section_name.as_deref())),
+        )
+        .ok()?;
+        ($make)(key, parents, $error.to_string())
+    }};
+}
+
+/// The HTTP shape of a route that cannot be read: its parents, one rule that matches every
+/// request and whose filter this build cannot run, so it answers `500 invalid-backend`.
+fn unreadable_http(
+    kind: HttpRouteKind,
+    key: &ObjectKey,
+    meta: &K8sObjectMeta,
+    parents: Vec<ParentRef>,
+    why: &str,
+) -> HttpRoute {
+    HttpRoute {
+        kind,
+        namespace: ns(key),
+        name: key.name.clone(),
+        generation: generation(meta),
+        created: created(meta),
+        parents,
+        hostnames: Vec::new(),
+        rules: vec![HttpRule {
+            name: None,
+            matches: Vec::new(),
+            filters: vec![HttpFilter::Unsupported(format!(
+                "{}{why}",
+                crate::model::snapshot::UNREADABLE_ROUTE
+            ))],
+            backends: Vec::new(),
+            request_timeout_ms: None,
+            backend_request_timeout_ms: None,
+        }],
+    }
+}
+
+/// What the model keeps of an HTTPRoute the converter refused (issue #35 item 1): a route
+/// written for its parents, which could hold filters or an authorization, is never replaced by
+/// the default delivery; it answers every request it would route `500 invalid-backend` until it
+/// is fixed (a diagnostic says why). `None` when its parents do not read either: it attaches
+/// nowhere, and is only reported.
+pub fn unreadable_http_route(route: &GatewayHttpRoute, error: &ConvertError) -> Option<HttpRoute> {
+    unreadable!(
+        route,
+        "HTTPRoute",
+        error,
+        |key: ObjectKey, parents, why: String| {
+            Some(unreadable_http(
+                HttpRouteKind::Http,
+                &key,
+                &route.metadata,
+                parents,
+                &why,
+            ))
+        }
+    )
+}
+
+/// [`unreadable_http_route`] for a GRPCRoute.
+pub fn unreadable_grpc_route(route: &GatewayGrpcRoute, error: &ConvertError) -> Option<HttpRoute> {
+    unreadable!(
+        route,
+        "GRPCRoute",
+        error,
+        |key: ObjectKey, parents, why: String| {
+            Some(unreadable_http(
+                HttpRouteKind::Grpc,
+                &key,
+                &route.metadata,
+                parents,
+                &why,
+            ))
+        }
+    )
+}
+
+macro_rules! unreadable_l4 {
+    ($route:expr, $kind:literal, $error:expr) => {{
+        unreadable!(
+            $route,
+            $kind,
+            $error,
+            |key: ObjectKey, parents, _why: String| {
+                Some(L4Route {
+                    namespace: ns(&key),
+                    name: key.name.clone(),
+                    generation: generation(&$route.metadata),
+                    created: created(&$route.metadata),
+                    parents,
+                    hostnames: Vec::new(),
+                    // One rule with no backend: its connections (or datagrams) go nowhere.
+                    rules: vec![L4Rule {
+                        name: None,
+                        backends: Vec::new(),
+                    }],
+                })
+            }
+        )
+    }};
+}
+
+/// What the model keeps of a TLSRoute the converter refused: its parents and one rule with no
+/// backend, so that the connections it would route are closed, never passed to the default
+/// (issue #35 item 1). `None` when its parents do not read either.
+pub fn unreadable_tls_route(route: &GatewayTlsRoute, error: &ConvertError) -> Option<L4Route> {
+    unreadable_l4!(route, "TLSRoute", error)
+}
+
+/// [`unreadable_tls_route`] for a TCPRoute.
+pub fn unreadable_tcp_route(route: &GatewayTcpRoute, error: &ConvertError) -> Option<L4Route> {
+    unreadable_l4!(route, "TCPRoute", error)
+}
+
+/// [`unreadable_tls_route`] for a UDPRoute.
+pub fn unreadable_udp_route(route: &GatewayUdpRoute, error: &ConvertError) -> Option<L4Route> {
+    unreadable_l4!(route, "UDPRoute", error)
+}
+
 /// Converts a ReferenceGrant.
 pub fn convert_reference_grant(
     grant: &GatewayReferenceGrant,
