@@ -89,8 +89,12 @@ pub enum NodeError {
 enum Source {
     /// The manifest directory, with each file's last content that read whole.
     File(parking_lot::Mutex<LastGood>),
-    /// The API server's watches.
-    Kube(Arc<KubeSource>),
+    /// The API server's watches, and the services known when MeshFilters last became unreadable
+    /// ([`guard_unseen_policies`]).
+    Kube(
+        Arc<KubeSource>,
+        parking_lot::Mutex<Option<BTreeSet<(String, String)>>>,
+    ),
     /// etcd for the rows, the manifest directory for the rest.
     Etcd(Arc<EtcdNode>),
 }
@@ -370,17 +374,18 @@ fn load(
             let (snapshot, fingerprint) = read_dir(config, &mut last.lock(), stats)?;
             (snapshot, Read::File { fingerprint })
         }
-        Source::Kube(kube) => {
+        Source::Kube(kube, baseline) => {
             let synced = kube.synced();
             stats.registry_synced.set(i64::from(synced));
             if !synced {
                 return Err(NodeError::NotSynced);
             }
             let (objects, invalid) = kube.objects();
-            let (snapshot, problems, placed) = crate::registry::kube::objects::snapshot_reusing(
+            let (mut snapshot, problems, placed) = crate::registry::kube::objects::snapshot_reusing(
                 &objects,
                 last.map(|(places, snapshot)| (places, &**snapshot)),
             );
+            guard_unseen_policies(kube, &mut baseline.lock(), previous, &mut snapshot);
             debug!(
                 reused = placed.reused,
                 pods = objects.pods.len(),
@@ -449,6 +454,62 @@ fn load(
         places,
         etcd_revision,
     })
+}
+
+/// While MeshFilters may not be read (a `403` after the first list, docs/kubernetes.md), a
+/// MeshFilter written since for a service is not seen: a service that appeared since then would
+/// be served without the authorization its owner may have written for it. So each service (mesh
+/// service or Service) that the model of the refusal's start did not hold gets an unreadable
+/// filter (issue #35 item 1): it refuses `403 authz-unavailable` until MeshFilters are read
+/// again. `baseline` holds the services known when the refusal was first seen.
+fn guard_unseen_policies(
+    kube: &KubeSource,
+    baseline: &mut Option<BTreeSet<(String, String)>>,
+    previous: Option<(&Model, &[crate::model::snapshot::RetainedPort])>,
+    snapshot: &mut crate::model::Snapshot,
+) {
+    use crate::model::snapshot::{FilterConfig, MeshFilter, Unreadable};
+    let refused = kube
+        .kinds()
+        .iter()
+        .any(|k| k.kind == "MeshFilter" && k.forbidden.load(std::sync::atomic::Ordering::Acquire));
+    if !refused {
+        *baseline = None;
+        return;
+    }
+    let known = baseline.get_or_insert_with(|| {
+        previous
+            .map(|(m, _)| {
+                m.service_ports()
+                    .into_iter()
+                    .map(|(k, _)| (k.namespace.to_string(), k.name.to_string()))
+                    .collect()
+            })
+            .unwrap_or_default()
+    });
+    let mut new: BTreeSet<(String, String)> = snapshot
+        .rows
+        .iter()
+        .map(|r| (r.namespace.clone(), r.service.clone()))
+        .chain(
+            snapshot
+                .services
+                .iter()
+                .map(|s| (s.namespace.clone(), s.name.clone())),
+        )
+        .collect();
+    new.retain(|k| !known.contains(k));
+    for (namespace, name) in new {
+        snapshot.mesh_filters.push(MeshFilter {
+            name: format!("unseen-while-meshfilters-refused.{name}"),
+            target_refs: vec![name],
+            namespace,
+            config: FilterConfig::Unreadable(Unreadable {
+                why: "MeshFilters may not be read (403) and this service appeared since: a MeshFilter written for it would not be seen".into(),
+                whole_namespace: false,
+            }),
+        });
+    }
 }
 
 /// Read the manifest directory: its snapshot and fingerprint.
@@ -589,7 +650,10 @@ async fn run_until(
                 streaming_lists: config.kube_streaming_lists,
                 ..WatchSettings::default()
             };
-            Source::Kube(Arc::new(KubeSource::start(&client, &settings, &changed_tx)))
+            Source::Kube(
+                Arc::new(KubeSource::start(&client, &settings, &changed_tx)),
+                parking_lot::Mutex::default(),
+            )
         }
     });
     // Nothing serves yet: the first model and what follows it are made together.
@@ -610,7 +674,7 @@ async fn run_until(
         }
         // Nothing is served until every watch (or etcd's prefix) has listed; the first tick
         // brings the model.
-        Source::Kube(_) | Source::Etcd(_) => {
+        Source::Kube(..) | Source::Etcd(_) => {
             let mut l = empty(&config);
             let read = std::mem::replace(&mut l.read, Read::File { fingerprint: 0 });
             let followed = follow(&config, &l.snapshot, &l.model, read);
@@ -623,7 +687,7 @@ async fn run_until(
     match &*source {
         Source::File(_) => info!(node = %config.node_name, registry = %config.registry.display(),
             pods = first.model.pods().count(), "registry loaded"),
-        Source::Kube(_) => info!(node = %config.node_name,
+        Source::Kube(..) => info!(node = %config.node_name,
             "watching the Kubernetes API server; no pod is served before every kind has listed"),
         Source::Etcd(_) => info!(node = %config.node_name, endpoints = ?config.etcd_endpoints,
             "watching etcd; no pod is served before its prefix has listed"),
@@ -805,7 +869,7 @@ async fn run_until(
     let mut pace = pace::Pace::new(
         match *source {
             Source::File(_) => pace::Edge::Trailing,
-            Source::Kube(_) | Source::Etcd(_) => pace::Edge::Leading,
+            Source::Kube(..) | Source::Etcd(_) => pace::Edge::Leading,
         },
         Duration::from_millis(config.watch_debounce_ms),
     );
@@ -838,7 +902,7 @@ async fn run_until(
         },
         control: Arc::new(telemetry::ControlCollector {
             kinds: match &*source {
-                Source::Kube(kube) => kube.kinds().to_vec(),
+                Source::Kube(kube, _) => kube.kinds().to_vec(),
                 Source::File(_) | Source::Etcd(_) => Vec::new(),
             },
             runtime: Some(tokio::runtime::Handle::current()),

@@ -730,3 +730,116 @@ status: {podIP: 10.255.0.8}
         String::from_utf8_lossy(&rules.stdout)
     );
 }
+
+#[tokio::test]
+async fn while_meshfilters_may_not_be_read_a_service_new_since_refuses() {
+    // issue #35 item 2 with item 1: a MeshFilter written for a service that appears while
+    // MeshFilters are refused (403) is not seen; that service refuses until they are read
+    // again, where before it was served without the authorization its owner wrote.
+    use crate::lab::apiserver::{ReadVerb, Settings, resources, serve_on_loopback};
+    use crate::model::snapshot::FilterConfig;
+    use crate::registry::kube::watch::{KubeSource, WatchSettings};
+    use kube::api::{Api, PostParams};
+
+    let (server, _, client) = serve_on_loopback(Settings::default(), None).await;
+    let pod = |name: &str, sa: &str, ip: &str| -> k8s_openapi::api::core::v1::Pod {
+        serde_json::from_value(serde_json::json!({
+            "apiVersion": "v1", "kind": "Pod",
+            "metadata": {"name": name, "namespace": "shop"},
+            "spec": {"nodeName": "node-b", "serviceAccountName": sa,
+                     "containers": [{"name": "app", "image": "app:1"}]},
+            "status": {"podIP": ip, "podIPs": [{"ip": ip}],
+                       "conditions": [{"type": "Ready", "status": "True"}]},
+        }))
+        .unwrap()
+    };
+    let pods: Api<k8s_openapi::api::core::v1::Pod> = Api::namespaced(client.clone(), "shop");
+    // A create ignores `status`, as a real server's does: kubelet's part is a status write.
+    let make = |name: &'static str, sa: &'static str, ip: &'static str| {
+        let pods = pods.clone();
+        async move {
+            let p = pod(name, sa, ip);
+            pods.create(&PostParams::default(), &p).await.unwrap();
+            let status = serde_json::json!({"status": serde_json::to_value(&p.status).unwrap()});
+            pods.patch_status(
+                name,
+                &kube::api::PatchParams::default(),
+                &kube::api::Patch::Merge(status),
+            )
+            .await
+            .unwrap();
+        }
+    };
+    make("web-0", "web", "10.1.0.5").await;
+    let (tx, _rx) = mpsc::channel(1);
+    let source = KubeSource::start(&client, &WatchSettings::default(), &tx);
+    let deadline = crate::time::now() + Duration::from_secs(20);
+    while !(source.synced()
+        && crate::registry::kube::objects::snapshot(&source.objects().0)
+            .0
+            .rows
+            .len()
+            == 1)
+    {
+        assert!(crate::time::now() < deadline, "timed out: synced");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let ctx = NodeContext::default();
+    let load = |source: &KubeSource| {
+        let (objects, _) = source.objects();
+        crate::registry::kube::objects::snapshot(&objects).0
+    };
+    let first = compile(&load(&source), &ctx);
+    let meshfilters = resources::by_plural("aether.io", "meshfilters").unwrap();
+    server.forbid(meshfilters, ReadVerb::ALL);
+    let refused = |s: &KubeSource| {
+        s.kinds()
+            .iter()
+            .any(|k| k.kind == "MeshFilter" && k.is_forbidden())
+    };
+    let deadline = crate::time::now() + Duration::from_secs(20);
+    while !refused(&source) {
+        assert!(crate::time::now() < deadline, "the refusal was not seen");
+        server.end_watches(meshfilters);
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    // A new service's pod arrives while MeshFilters are refused.
+    make("cart-0", "cart", "10.1.0.6").await;
+    let deadline = crate::time::now() + Duration::from_secs(20);
+    while load(&source).rows.len() < 2 {
+        assert!(crate::time::now() < deadline, "cart-0 did not arrive");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let mut baseline = None;
+    let mut snapshot = load(&source);
+    guard_unseen_policies(&source, &mut baseline, Some((&first, &[])), &mut snapshot);
+    let guarded: Vec<&str> = snapshot
+        .mesh_filters
+        .iter()
+        .filter(|f| matches!(f.config, FilterConfig::Unreadable(_)))
+        .flat_map(|f| f.target_refs.iter().map(String::as_str))
+        .collect();
+    assert_eq!(guarded, ["cart"], "only the service new since the refusal");
+    let model = compile(&snapshot, &ctx);
+    let cart = crate::resolve::decision::ServiceKey {
+        namespace: "shop".into(),
+        name: "cart".into(),
+    };
+    assert!(
+        model
+            .filters_of(&cart)
+            .iter()
+            .any(|f| matches!(f.config, FilterConfig::Unreadable(_)))
+    );
+    // Read again: nothing is added.
+    server.allow(meshfilters);
+    let deadline = crate::time::now() + Duration::from_secs(90);
+    while refused(&source) {
+        assert!(crate::time::now() < deadline, "the refusal did not end");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let mut snapshot = load(&source);
+    guard_unseen_policies(&source, &mut baseline, Some((&model, &[])), &mut snapshot);
+    assert!(baseline.is_none());
+    assert!(snapshot.mesh_filters.is_empty());
+}
