@@ -11,6 +11,7 @@
 use serde_json::{Value, json};
 
 use crate::model::snapshot::{FilterConfig, Snapshot};
+use crate::registry::kube::mesh_filter::MeshFilterStatus;
 use crate::registry::kube::objects::Objects;
 
 /// The condition's type.
@@ -98,16 +99,14 @@ impl Wanted {
 }
 
 /// The `Accepted` condition in a status as the object holds it.
-fn held_of(status: Option<&Value>) -> Option<Held> {
-    let conditions = status?.get("conditions")?.as_array()?;
-    let c = conditions.iter().find(|c| c["type"] == ACCEPTED)?;
-    let text = |k: &str| c[k].as_str().unwrap_or_default().to_owned();
+fn held_of(status: Option<&MeshFilterStatus>) -> Option<Held> {
+    let c = status?.conditions.iter().find(|c| c.kind == ACCEPTED)?;
     Some(Held {
-        status: text("status"),
-        reason: text("reason"),
-        message: text("message"),
-        observed_generation: c["observedGeneration"].as_i64(),
-        last_transition_time: c["lastTransitionTime"].as_str().map(str::to_owned),
+        status: c.status.clone(),
+        reason: c.reason.clone(),
+        message: c.message.clone(),
+        observed_generation: c.observed_generation,
+        last_transition_time: c.last_transition_time.clone(),
     })
 }
 

@@ -29,10 +29,44 @@ pub struct MeshFilterResource {
     pub metadata: K8sObjectMeta,
     /// The filter.
     pub spec: MeshFilterSpec,
-    /// What the registrar wrote of it (`conditions`: `Accepted`); read as it is, never as
+    /// What the registrar wrote of it (`conditions`: `Accepted`); read leniently, never as
     /// policy, so that no status makes the filter undecodable.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub status: Option<serde_json::Value>,
+    pub status: Option<MeshFilterStatus>,
+}
+
+/// `status`: the conditions the registrar writes (`registrar::filter_status`). Unknown fields
+/// are ignored here, unlike in `spec`: a status is what a writer said, not policy.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct MeshFilterStatus {
+    /// The conditions, `Accepted` among them.
+    #[serde(default)]
+    pub conditions: Vec<MeshFilterCondition>,
+}
+
+/// One condition of [`MeshFilterStatus`] (a `metav1.Condition`, every field optional here).
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct MeshFilterCondition {
+    /// `type`.
+    #[serde(default, rename = "type")]
+    pub kind: String,
+    /// `True`, `False` or `Unknown`.
+    #[serde(default)]
+    pub status: String,
+    /// `reason`.
+    #[serde(default)]
+    pub reason: String,
+    /// `message`.
+    #[serde(default)]
+    pub message: String,
+    /// `observedGeneration`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub observed_generation: Option<i64>,
+    /// `lastTransitionTime`, RFC 3339.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub last_transition_time: Option<String>,
 }
 
 /// `spec`: optional targets and exactly one configuration.

@@ -137,6 +137,21 @@ fn parents<'a>(
         .collect()
 }
 
+/// The `spec.parentRefs` of any route type, converted ([`parents`]).
+macro_rules! route_parents {
+    ($key:expr, $route:expr) => {
+        parents(
+            $key,
+            $route
+                .spec
+                .parent_refs
+                .iter()
+                .flatten()
+                .map(|p| (ref_parts!(p), p.section_name.as_deref())),
+        )
+    };
+}
+
 // === filters ===
 
 macro_rules! header_modifier {
@@ -425,13 +440,7 @@ fn http_match(m: &GatewayHttpMatch) -> HttpMatch {
 pub fn convert_http_route(route: &GatewayHttpRoute) -> Result<HttpRoute, ConvertError> {
     let key = namespaced_key("HTTPRoute", &route.metadata)?;
     let spec = &route.spec;
-    let parents = parents(
-        &key,
-        spec.parent_refs
-            .iter()
-            .flatten()
-            .map(|p| (ref_parts!(p), p.section_name.as_deref())),
-    )?;
+    let parents = route_parents!(&key, route)?;
     let mut rules = Vec::new();
     for (i, rule) in spec.rules.iter().flatten().enumerate() {
         let rfield = format!("spec.rules[{i}]");
@@ -558,13 +567,7 @@ fn grpc_match(m: &GatewayGrpcMatch) -> HttpMatch {
 pub fn convert_grpc_route(route: &GatewayGrpcRoute) -> Result<HttpRoute, ConvertError> {
     let key = namespaced_key("GRPCRoute", &route.metadata)?;
     let spec = &route.spec;
-    let parents = parents(
-        &key,
-        spec.parent_refs
-            .iter()
-            .flatten()
-            .map(|p| (ref_parts!(p), p.section_name.as_deref())),
-    )?;
+    let parents = route_parents!(&key, route)?;
     let mut rules = Vec::new();
     for (i, rule) in spec.rules.iter().flatten().enumerate() {
         let rfield = format!("spec.rules[{i}]");
@@ -615,15 +618,7 @@ macro_rules! l4_route {
     ($route:expr, $kind:literal, $hostnames:expr) => {{
         let route = $route;
         let key = namespaced_key($kind, &route.metadata)?;
-        let parents = parents(
-            &key,
-            route
-                .spec
-                .parent_refs
-                .iter()
-                .flatten()
-                .map(|p| (ref_parts!(p), p.section_name.as_deref())),
-        )?;
+        let parents = route_parents!(&key, route)?;
         let mut rules = Vec::new();
         for (i, rule) in route.spec.rules.iter().enumerate() {
             let mut backends = Vec::new();
@@ -674,16 +669,7 @@ macro_rules! unreadable {
     ($route:expr, $kind:literal, $error:expr, $make:expr) => {{
         let route = $route;
         let key = namespaced_key($kind, &route.metadata).ok()?;
-        let parents = parents(
-            &key,
-            route
-                .spec
-                .parent_refs
-                .iter()
-                .flatten()
-                .map(|p| (ref_parts!(p), p.section_name.as_deref())),
-        )
-        .ok()?;
+        let parents = route_parents!(&key, route).ok()?;
         ($make)(key, parents, $error.to_string())
     }};
 }

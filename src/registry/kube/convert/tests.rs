@@ -22,7 +22,7 @@ use crate::model::snapshot::{
 use crate::registry::kube::mesh_filter::MeshFilterResource;
 
 // The CRD's schema against the converter, on charts/aether/tests/invalid-meshfilters.yaml.
-mod crd;
+mod crd_tests;
 
 macro_rules! fixture {
     ($name:literal) => {
