@@ -1353,6 +1353,9 @@ fn grpc_a_grpcroute_matches_by_method_on_its_parent_port_only() {
     w.check("GRPC-ROUTE other port", plain, to(50052));
 }
 
+/// The variant whose MeshFilter the daemon cannot read, on purpose (legs POLICY and K-POLICY).
+const UNREADABLE_VARIANT: &str = "policy-unreadable";
+
 #[test]
 fn every_variant_loads_without_a_problem() {
     // An overlay the daemons skip a document of would leave a leg testing the base registry.
@@ -1362,6 +1365,17 @@ fn every_variant_loads_without_a_problem() {
         let e = e.unwrap();
         if e.path().is_dir() {
             let name = e.file_name().to_string_lossy().into_owned();
+            if name == UNREADABLE_VARIANT {
+                // Its one document is refused on purpose, and kept as a filter that refuses.
+                let load = aether::registry::file::load_dir(&e.path()).unwrap();
+                assert_eq!(load.problems.len(), 1, "{:?}", load.problems);
+                assert!(matches!(
+                    &load.snapshot.mesh_filters[..],
+                    [f] if matches!(f.config, aether::model::snapshot::FilterConfig::Unreadable(_))
+                ));
+                n += 1;
+                continue;
+            }
             let s = load(&format!("config/examples/variants/{name}"));
             let objects = s.http_routes.len()
                 + s.tcp_routes.len()

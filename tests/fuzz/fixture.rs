@@ -58,6 +58,9 @@ fn build() -> Fixture {
         .unwrap_or_else(|e| panic!("{}: {e}", variants.display()))
         .filter_map(|e| e.ok().map(|e| e.path()))
         .filter(|p| p.is_dir())
+        // Its one document is a MeshFilter the daemon refuses on purpose (legs POLICY and
+        // K-POLICY); it holds no route.
+        .filter(|p| !p.ends_with("policy-unreadable"))
         .collect();
     dirs.sort();
     for dir in dirs {
