@@ -618,7 +618,7 @@ pub(super) async fn read_echo(s: &mut TcpStream, want: &str) -> Result<(), Strin
     Ok(())
 }
 
-/// The address mp-a-intruder's row claims: mp-multi-0's.
+/// The address the intruder's row claims: mp-multi-0's.
 const CLAIMED_POD: &str = "mp-multi-0";
 
 /// Whether every daemon's `/model` lists a `duplicate-address` diagnostic for `ip`.
@@ -662,14 +662,16 @@ pub(super) async fn diagnosed_everywhere(
     }
 }
 
-/// The row that claims mp-multi-0's address: mp-a-intruder (which sorts before mp-multi, so
-/// the first row in sort order would have taken the address), on a node no daemon runs.
+/// The row that claims mp-multi-0's address: a pod of mp-eighty (which sorts before mp-multi,
+/// so the first row in sort order would have taken the address), on a node no daemon runs. An
+/// existing service, so that no service appears and vanishes with the claim (a vanished one is
+/// retained for 90 s, and the node recompiles meanwhile).
 fn intruder_row(ip: std::net::IpAddr) -> crate::model::snapshot::Row {
     use crate::model::port::PortProtocol;
     use crate::model::snapshot::ProtocolValue;
     crate::model::snapshot::Row {
         namespace: "mp".into(),
-        service: "mp-a-intruder".into(),
+        service: INTRUDER.into(),
         address: ip,
         port: 8080,
         ports: vec![8080],
@@ -678,10 +680,13 @@ fn intruder_row(ip: std::net::IpAddr) -> crate::model::snapshot::Row {
             ProtocolValue::Known(PortProtocol::Http),
         )])),
         ready: true,
-        pod: Some("mp-a-intruder-0".into()),
+        pod: Some("mp-eighty-9".into()),
         node: Some("node-c".into()),
     }
 }
+
+/// The service whose row claims mp-multi-0's address.
+const INTRUDER: &str = "mp-eighty";
 
 /// Make the claim (or take it away): on the etcd source a row written by hand, elsewhere the
 /// overlay `variants/dup-addr` (the same row as a Pod document); then wait until every daemon
@@ -753,25 +758,38 @@ async fn dup_addr(env: &Env) -> Check {
                 return Err(format!("during the claim: {ip}:{port} was delivered"));
             }
         }
-        // The intruder's own name sends its hop to the address; the pod there is mp-multi's
-        // and refuses a hop for another service: 503, and no application answers.
-        let host = format!("{}:8080", env.mesh("mp-a-intruder"));
-        let o = env
-            .probe(
-                "mp-client-nocapture",
-                &probe(
-                    super::loopback(),
-                    Send::Http(HttpRequest {
-                        host: crate::workload::probe::Host::Values(vec![host.clone()]),
-                        ..HttpRequest::get("/")
-                    }),
-                ),
-            )
-            .await?;
-        if o.ident().is_some() || o.status != Some(503) {
+        // The intruder's own name sends some of its hops to the address (one endpoint of
+        // three); the pod there is mp-multi's and refuses a hop for another service: those get
+        // 503, the others mp-eighty's own pods, and none reaches mp-multi-0's application.
+        let host = format!("{}:8080", env.mesh(INTRUDER));
+        let p = probe(
+            super::loopback(),
+            Send::Http(HttpRequest {
+                host: crate::workload::probe::Host::Values(vec![host.clone()]),
+                ..HttpRequest::get("/")
+            }),
+        );
+        let many = crate::workload::probe::Many {
+            count: 40,
+            concurrency: 1,
+            keep_alive: false,
+        };
+        let s = env
+            .probe_many("mp-client-nocapture", &p, many, |o| {
+                if super::answer(o, 503, "upstream-unreachable", Some("")).is_ok()
+                    || echo(o, INTRUDER, 8080).is_ok()
+                {
+                    Ok(String::new())
+                } else {
+                    Err(format!("want mp-eighty's echo or 503 upstream-unreachable, got {}", o.summary()))
+                }
+            })
+            .await
+            .map_err(|e| format!("during the claim: {host}: {e}"))?;
+        if s.by_reason.get("upstream-unreachable").copied().unwrap_or(0) == 0 {
             return Err(format!(
-                "during the claim: {host} reached an application or was not refused 503: {}",
-                o.summary()
+                "during the claim: {host}: the claimed address was never picked in 40 requests: {:?}",
+                s.by_ident
             ));
         }
         Ok::<_, String>(())
@@ -788,7 +806,7 @@ async fn dup_addr(env: &Env) -> Check {
         .await
         .map_err(|e| format!("after the claim: {e}"))?;
     Ok(format!(
-        "claimed by mp-a-intruder: plaintext from {OUTSIDE} still refused, pod-IP dials to {ip}:8080 and :9090 closed, mp-a-intruder's name 503 with no application; claim gone: delivered again"
+        "claimed by a row of {INTRUDER}: plaintext from {OUTSIDE} still refused, pod-IP dials to {ip}:8080 and :9090 closed, {INTRUDER}'s requests to the address 503 and never mp-multi's application; claim gone: delivered again"
     ))
 }
 

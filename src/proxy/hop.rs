@@ -179,10 +179,14 @@ pub fn hop_form(mut req: Request<Body>) -> Request<Body> {
     req
 }
 
-/// Pooled HTTP/2 hop connections, per (source pod IP, destination pod, port).
+/// Pooled HTTP/2 hop connections, per (source pod IP, destination pod, port, destination mesh
+/// service): what the connection's SNI named, so that a request is sent only on a connection
+/// the destination accepted for that very service and port. (Keyed by the addresses alone, a
+/// request for a service that claims another pod's address rode that pod's connection and was
+/// delivered under its service's name: issue #35 item 5.)
 #[derive(Debug, Default)]
 pub struct Pool {
-    conns: DashMap<(IpAddr, IpAddr, u16), SendRequest<Body>>,
+    conns: DashMap<(IpAddr, IpAddr, u16, ServiceKey), SendRequest<Body>>,
 }
 
 impl Pool {
@@ -198,7 +202,12 @@ impl Pool {
         req: Request<Body>,
     ) -> Result<Response<hyper::body::Incoming>, HopError> {
         let src = pod.net.ip_for(SocketAddr::new(endpoint.address, 0)).ok();
-        let key = (src.unwrap_or(endpoint.address), endpoint.address, port);
+        let key = (
+            src.unwrap_or(endpoint.address),
+            endpoint.address,
+            port,
+            endpoint.mesh_service.clone(),
+        );
         let dst = SocketAddr::new(endpoint.address, HOP_PORT);
         let kept = self
             .conns
@@ -239,7 +248,7 @@ impl Pool {
                 debug!(error = %e, %dst, "hop connection ended");
             }
         });
-        self.conns.insert(key, sender.clone());
+        self.conns.insert(key.clone(), sender.clone());
         sender.send_request(req).await.map_err(|source| {
             self.conns.remove(&key);
             HopError::Http { dst, source }
