@@ -30,6 +30,7 @@ pub mod state;
 pub mod test_util;
 pub mod time;
 pub mod workload;
+pub mod yaml;
 
 /// Displays an error with its chain of sources: `a: b: c`.
 #[derive(Debug)]

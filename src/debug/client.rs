@@ -338,7 +338,7 @@ fn readiness(v: &Value) -> Vec<String> {
 
 fn structured(v: &Value, output: Output) -> Result<String, DebugError> {
     match output {
-        Output::Yaml => serde_yaml::to_string(v).map_err(|e| DebugError::Answer(e.to_string())),
+        Output::Yaml => crate::yaml::to_string(v).map_err(|e| DebugError::Answer(e.to_string())),
         _ => serde_json::to_string_pretty(v)
             .map(|s| s + "\n")
             .map_err(|e| DebugError::Answer(e.to_string())),

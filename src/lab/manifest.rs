@@ -5,11 +5,11 @@
 //! that [`crate::lab::read_pod_env`] has read. Documents that are not Pods, or that the registry
 //! would reject, are passed over here: the registry's load reports them.
 
-use serde_yaml::Value as YamlValue;
+use serde_json::Value;
 
 use crate::lab::plan::{EnvValue, PodEnv};
 
-fn text<'a>(value: &'a YamlValue, path: &[&str]) -> Option<&'a str> {
+fn text<'a>(value: &'a Value, path: &[&str]) -> Option<&'a str> {
     path.iter().try_fold(value, |v, k| v.get(k))?.as_str()
 }
 
@@ -17,11 +17,8 @@ fn text<'a>(value: &'a YamlValue, path: &[&str]) -> Option<&'a str> {
 pub fn parse_pod_env<'a>(texts: impl IntoIterator<Item = &'a str>) -> PodEnv {
     let mut out = PodEnv::new();
     for file in texts {
-        for document in serde_yaml::Deserializer::from_str(file) {
-            let Ok(doc) = serde::Deserialize::deserialize(document) else {
-                break; // A syntax error: the parser cannot go on in this file.
-            };
-            let doc: YamlValue = doc;
+        // Up to a document that does not read: the registry's load reports it.
+        for doc in crate::yaml::documents_of(file).0 {
             if text(&doc, &["kind"]) != Some("Pod") || text(&doc, &["apiVersion"]) != Some("v1") {
                 continue;
             }
@@ -34,7 +31,7 @@ pub fn parse_pod_env<'a>(texts: impl IntoIterator<Item = &'a str>) -> PodEnv {
                 .and_then(|s| s.get("containers"))
                 .and_then(|c| c.get(0))
                 .and_then(|c| c.get("env"))
-                .and_then(YamlValue::as_sequence)
+                .and_then(Value::as_array)
                 .map(|seq| seq.iter().filter_map(env_var).collect())
                 .unwrap_or_default();
             out.insert((namespace.to_owned(), name.to_owned()), vars);
@@ -43,16 +40,16 @@ pub fn parse_pod_env<'a>(texts: impl IntoIterator<Item = &'a str>) -> PodEnv {
     out
 }
 
-fn env_var(v: &YamlValue) -> Option<(String, EnvValue)> {
+fn env_var(v: &Value) -> Option<(String, EnvValue)> {
     let name = text(v, &["name"])?.to_owned();
     if let Some(path) = text(v, &["valueFrom", "fieldRef", "fieldPath"]) {
         return Some((name, EnvValue::FieldRef(path.to_owned())));
     }
     let value = match v.get("value") {
-        None | Some(YamlValue::Null) => String::new(),
-        Some(YamlValue::String(s)) => s.clone(),
-        Some(YamlValue::Number(n)) => n.to_string(),
-        Some(YamlValue::Bool(b)) => b.to_string(),
+        None | Some(Value::Null) => String::new(),
+        Some(Value::String(s)) => s.clone(),
+        Some(Value::Number(n)) => n.to_string(),
+        Some(Value::Bool(b)) => b.to_string(),
         Some(_) => return None,
     };
     Some((name, EnvValue::Literal(value)))

@@ -353,7 +353,7 @@ impl NodeConfig {
             path: path.to_path_buf(),
             source,
         })?;
-        serde_yaml::from_str(&text).map_err(|e| ConfigError::Parse {
+        crate::yaml::from_str(&text).map_err(|e| ConfigError::Parse {
             path: path.to_path_buf(),
             message: e.to_string(),
         })
@@ -673,10 +673,10 @@ mod tests {
             .split_once("### Limits")
             .expect("docs/node.md has a Limits section");
         let limits = limits.split("\n## ").next().unwrap_or(limits);
-        let defaults = serde_yaml::to_value(NodeConfig::default()).unwrap();
-        let defaults = defaults.as_mapping().unwrap();
+        let defaults = serde_json::to_value(NodeConfig::default()).unwrap();
+        let defaults = defaults.as_object().unwrap();
         for (key, value) in defaults {
-            let key = key.as_str().unwrap();
+            let key = key.as_str();
             let row = |text: &str| {
                 text.lines()
                     .find(|l| l.starts_with(&format!("| `{key}`")))
@@ -685,7 +685,7 @@ mod tests {
             if LIMITS.contains(&key) {
                 let row = row(limits).unwrap_or_else(|| panic!("{key}: no row in Limits"));
                 let default = match value {
-                    serde_yaml::Value::Number(n) => n.to_string(),
+                    serde_json::Value::Number(n) => n.to_string(),
                     other => panic!("{key}: a limit is a number, not {other:?}"),
                 };
                 assert!(

@@ -535,7 +535,10 @@ fn read_dir(
         warn!(%problem, "registry document skipped");
     }
     for fault in &loaded.faults {
-        stats.registry_file_errors.inc();
+        stats
+            .registry_file_errors
+            .get_or_create(&[("reason", fault.issue.reason())])
+            .inc();
         warn!(%fault, "registry file not whole");
     }
     let held = loaded.faults.iter().filter(|f| f.kept_last_good).count();
@@ -1651,6 +1654,8 @@ async fn drain(inputs: &Inputs, bound: Duration) {
     }
 }
 
+#[cfg(test)]
+mod registry_tests;
 #[cfg(test)]
 mod tests;
 #[cfg(test)]

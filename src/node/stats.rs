@@ -26,9 +26,10 @@ impl Default for CompileSeconds {
 /// The control side's counters; one per daemon, shared by its tasks.
 #[derive(Debug, Default)]
 pub struct NodeStats {
-    /// Manifest files that did not read whole, counted at every load that found one so
-    /// (`aether_registry_file_errors_total`).
-    pub registry_file_errors: Counter,
+    /// Manifest files that did not read whole, counted at every load that found one so, by
+    /// reason: `unreadable`, `not-utf8`, `syntax`, `too-large`, `too-deep`, `emptied`
+    /// (`aether_registry_file_errors_total{reason}`).
+    pub registry_file_errors: ByOne<Counter>,
     /// Manifest files served from their last good content now
     /// (`aether_registry_files_held`).
     pub registry_files_held: Gauge,
@@ -163,7 +164,7 @@ impl NodeStats {
     pub fn register(&self, registry: &mut prometheus_client::registry::Registry) {
         registry.register(
             "aether_registry_file_errors",
-            "Manifest files that did not read whole (being written, not UTF-8, invalid YAML), per load",
+            "Manifest files that did not read whole (being written, not UTF-8, invalid YAML, over the size or depth bound), per load, by reason",
             self.registry_file_errors.clone(),
         );
         registry.register(

@@ -44,9 +44,8 @@ use k8s_openapi::api::core::v1::Namespace as K8sNamespace;
 use k8s_openapi::api::core::v1::Pod as K8sPod;
 use k8s_openapi::api::core::v1::Service as K8sService;
 use k8s_openapi::api::discovery::v1::EndpointSlice as K8sEndpointSlice;
-use serde::Deserialize;
 use serde::de::DeserializeOwned;
-use serde_yaml::Value as YamlValue;
+use serde_json::Value;
 
 pub use slices::{MANAGED_BY, endpoint_slices_for};
 
@@ -58,6 +57,7 @@ use crate::registry::kube::convert::{
     convert_udp_route,
 };
 use crate::registry::kube::mesh_filter::MeshFilterResource;
+use crate::yaml::YamlError;
 
 /// What [`load_dir`] read: the snapshot of every good document, and every bad one.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -138,6 +138,23 @@ pub enum FileIssue {
         document: usize,
         /// The parser's message.
         message: String,
+    },
+    /// It is larger than [`crate::yaml::MAX_BYTES`]: refused unparsed.
+    #[error("{bytes} bytes, over the limit of {limit}; not parsed")]
+    TooLarge {
+        /// Its size.
+        bytes: usize,
+        /// The limit.
+        limit: usize,
+    },
+    /// A document of it nests deeper than [`crate::yaml::MAX_DEPTH`]: refused at the first
+    /// level past the bound.
+    #[error("document {document} nests deeper than {limit} levels")]
+    TooDeep {
+        /// The 1-based index of the document.
+        document: usize,
+        /// The limit.
+        limit: usize,
     },
     /// It is empty where it had content: the state of a file truncated to be rewritten in
     /// place. Delete the file to remove its objects.
@@ -306,10 +323,7 @@ pub fn load_dir_keeping(dir: &Path, last: &mut LastGood) -> Result<FileLoad, Fil
 
 /// A file's bytes as text and documents, if it is whole: UTF-8, every document parses, and
 /// not emptied where its `last` good content had some.
-fn read_whole(
-    bytes: Vec<u8>,
-    last: Option<&String>,
-) -> Result<(String, Vec<YamlValue>), FileIssue> {
+fn read_whole(bytes: Vec<u8>, last: Option<&String>) -> Result<(String, Vec<Value>), FileIssue> {
     let text = String::from_utf8(bytes).map_err(|e| FileIssue::NotUtf8 {
         offset: e.utf8_error().valid_up_to(),
     })?;
@@ -318,22 +332,32 @@ fn read_whole(
     }
     match split_documents(&text) {
         (documents, None) => Ok((text, documents)),
-        (_, Some((document, message))) => Err(FileIssue::Syntax { document, message }),
+        (_, Some((document, error))) => Err(match error {
+            YamlError::TooLarge { bytes, limit } => FileIssue::TooLarge { bytes, limit },
+            YamlError::TooDeep { limit } => FileIssue::TooDeep { document, limit },
+            YamlError::Invalid(message) => FileIssue::Syntax { document, message },
+        }),
     }
 }
 
-/// A file's YAML documents (empty ones as `Null`) up to the first that does not parse, and
-/// that one's 1-based index and the parser's message.
-pub fn split_documents(text: &str) -> (Vec<YamlValue>, Option<(usize, String)>) {
-    let mut documents = Vec::new();
-    for (i, document) in serde_yaml::Deserializer::from_str(text).enumerate() {
-        match YamlValue::deserialize(document) {
-            Ok(v) => documents.push(v),
-            // The parser repeats the same error for every later document: stop here.
-            Err(e) => return (documents, Some((i + 1, e.to_string()))),
+impl FileIssue {
+    /// A short name of the kind of issue, for a metric's label.
+    pub fn reason(&self) -> &'static str {
+        match self {
+            Self::Unreadable { .. } => "unreadable",
+            Self::NotUtf8 { .. } => "not-utf8",
+            Self::Syntax { .. } => "syntax",
+            Self::TooLarge { .. } => "too-large",
+            Self::TooDeep { .. } => "too-deep",
+            Self::Emptied => "emptied",
         }
     }
-    (documents, None)
+}
+
+/// A file's YAML documents (empty ones as `Null`) up to the first that does not read, and
+/// that one's 1-based index and why (within the bounds of [`crate::yaml`]).
+pub fn split_documents(text: &str) -> (Vec<Value>, Option<(usize, YamlError)>) {
+    crate::yaml::documents_of(text)
 }
 
 /// Every `.yaml`/`.yml` file under `dir` (recursively), sorted by path, with its text.
@@ -475,13 +499,15 @@ fn load_texts(texts: &[(PathBuf, String)]) -> FileLoad {
     let mut files = Vec::new();
     for (path, text) in texts {
         let (documents, error) = split_documents(text);
-        if let Some((document, message)) = error {
+        if let Some((document, error)) = error {
             problems.push(ManifestProblem {
                 file: path.clone(),
                 document,
                 kind: None,
                 name: None,
-                issue: ManifestIssue::Syntax { message },
+                issue: ManifestIssue::Syntax {
+                    message: error.to_string(),
+                },
             });
         }
         files.push((path.clone(), documents));
@@ -491,7 +517,7 @@ fn load_texts(texts: &[(PathBuf, String)]) -> FileLoad {
 
 /// Converts the documents of every file, in order (pure); `problems` are reported first.
 fn load_documents(
-    files: Vec<(PathBuf, Vec<YamlValue>)>,
+    files: Vec<(PathBuf, Vec<Value>)>,
     mut problems: Vec<ManifestProblem>,
 ) -> FileLoad {
     let mut manifests = Vec::new();
@@ -525,7 +551,7 @@ fn load_documents(
 /// Reads each document of one file as a typed manifest.
 fn read_documents(
     path: &Path,
-    documents: Vec<YamlValue>,
+    documents: Vec<Value>,
     problems: &mut Vec<ManifestProblem>,
 ) -> Vec<(Origin, Manifest)> {
     let mut out = Vec::new();
@@ -547,14 +573,14 @@ fn read_documents(
     out
 }
 
-fn text_field<'a>(value: &'a YamlValue, path: &[&str]) -> Option<&'a str> {
+fn text_field<'a>(value: &'a Value, path: &[&str]) -> Option<&'a str> {
     path.iter().try_fold(value, |v, key| v.get(key))?.as_str()
 }
 
 /// Reads a document's `apiVersion` and `kind`, fills in the default namespace, and deserializes
 /// it into its typed manifest. Records the kind and name in `origin` as soon as they are known.
-fn read_manifest(mut value: YamlValue, origin: &mut Origin) -> Result<Manifest, ManifestIssue> {
-    if !value.is_mapping() {
+fn read_manifest(mut value: Value, origin: &mut Origin) -> Result<Manifest, ManifestIssue> {
+    if !value.is_object() {
         return Err(ManifestIssue::NotAnObject);
     }
     let kind = text_field(&value, &["kind"]).map(str::to_owned);
@@ -642,42 +668,30 @@ fn read_manifest(mut value: YamlValue, origin: &mut Origin) -> Result<Manifest, 
 }
 
 /// Sets `metadata.namespace: default` when the document has none.
-fn default_namespace(value: &mut YamlValue) {
-    let Some(map) = value.as_mapping_mut() else {
+fn default_namespace(value: &mut Value) {
+    let Some(map) = value.as_object_mut() else {
         return;
     };
     let meta = map
-        .entry(YamlValue::from("metadata"))
-        .or_insert_with(|| YamlValue::Mapping(serde_yaml::Mapping::new()));
-    if let Some(meta) = meta.as_mapping_mut() {
-        let ns = meta
-            .entry(YamlValue::from("namespace"))
-            .or_insert(YamlValue::Null);
+        .entry("metadata")
+        .or_insert_with(|| Value::Object(serde_json::Map::new()));
+    if let Some(meta) = meta.as_object_mut() {
+        let ns = meta.entry("namespace").or_insert(Value::Null);
         if ns.is_null() {
-            *ns = YamlValue::from("default");
+            *ns = Value::from("default");
         }
     }
 }
 
-/// Deserializes a document into `T`, with the field path in the error.
-///
-/// The value is written back to text and read again because only the text deserializer tracks
-/// the path (`spec.ports[0].port: invalid type ...`); its line numbers would refer to the
-/// rewritten text, so they are cut off.
-fn typed<T: DeserializeOwned>(
-    value: &YamlValue,
-    kind: &'static str,
-) -> Result<Box<T>, ManifestIssue> {
-    let invalid = |e: serde_yaml::Error| {
-        let message = e.to_string();
-        let message = match message.rsplit_once(" at line ") {
-            Some((head, _)) => head.to_owned(),
-            None => message,
-        };
-        ManifestIssue::Invalid { kind, message }
-    };
-    let text = serde_yaml::to_string(value).map_err(invalid)?;
-    serde_yaml::from_str(&text).map(Box::new).map_err(invalid)
+/// Deserializes a document into `T`, with the field path in the error
+/// (`spec.ports[0].port: invalid type ...`).
+fn typed<T: DeserializeOwned>(value: &Value, kind: &'static str) -> Result<Box<T>, ManifestIssue> {
+    serde_path_to_error::deserialize(value)
+        .map(Box::new)
+        .map_err(|e| ManifestIssue::Invalid {
+            kind,
+            message: e.to_string(),
+        })
 }
 
 /// Push a converted object; one the converter refused as `unreadable` makes it, if it makes

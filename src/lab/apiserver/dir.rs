@@ -51,17 +51,15 @@ pub fn load(dir: &Path) -> Result<Vec<(Key, Value)>, DirError> {
                 why: format!("not YAML: {message}"),
             });
         }
-        for (i, yaml) in documents.into_iter().enumerate() {
+        for (i, doc) in documents.into_iter().enumerate() {
             let at = |why: String| DirError::Document {
                 file: file.clone(),
                 document: i + 1,
                 why,
             };
-            if yaml.is_null() {
+            if doc.is_null() {
                 continue;
             }
-            let doc: Value =
-                serde_json::to_value(&yaml).map_err(|e| at(format!("not a JSON object: {e}")))?;
             let (key, doc) = place(doc).map_err(at)?;
             if out.contains_key(&key) {
                 return Err(at(format!(

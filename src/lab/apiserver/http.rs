@@ -221,7 +221,7 @@ async fn route(
                         ));
                     }
                     let bytes = read_body(server, req).await?;
-                    let applied: Value = serde_yaml::from_slice(&bytes).map_err(|e| {
+                    let applied: Value = crate::yaml::from_slice(&bytes).map_err(|e| {
                         ApiError::new(400, "BadRequest", format!("error decoding YAML: {e}"))
                     })?;
                     if applied["apiVersion"].as_str().is_none()

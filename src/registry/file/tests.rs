@@ -176,14 +176,14 @@ fn named_target_ports_that_pods_resolve_differently_make_one_slice_per_number() 
 
 #[test]
 fn computed_slices_skip_terminating_pods_other_namespaces_and_selectorless_services() {
-    let svc: K8sService = serde_yaml::from_str(
+    let svc: K8sService = crate::yaml::from_str(
         "apiVersion: v1\nkind: Service\nmetadata: {name: s, namespace: a}\nspec:\n  selector: {app: x}\n  ports:\n  - {port: 80, targetPort: 8080, appProtocol: http}\n",
     )
     .unwrap();
     let bare: K8sService =
-        serde_yaml::from_str("apiVersion: v1\nkind: Service\nmetadata: {name: bare, namespace: a}\nspec:\n  ports:\n  - {port: 80}\n").unwrap();
+        crate::yaml::from_str("apiVersion: v1\nkind: Service\nmetadata: {name: bare, namespace: a}\nspec:\n  ports:\n  - {port: 80}\n").unwrap();
     let pod = |name: &str, ns: &str, extra: &str| -> K8sPod {
-        serde_yaml::from_str(&format!(
+        crate::yaml::from_str(&format!(
             "apiVersion: v1\nkind: Pod\nmetadata:\n  name: {name}\n  namespace: {ns}\n  labels: {{app: x}}\n{extra}spec:\n  containers: [{{name: c}}]\nstatus:\n  podIPs: [{{ip: 10.1.0.1}}, {{ip: 'fd00::1'}}]\n"
         ))
         .unwrap()

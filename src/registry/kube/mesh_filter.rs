@@ -142,7 +142,7 @@ pub struct NameValue {
 /// One query parameter change: exactly one of `{set: {name, value}}`, `{add: {name, value}}`
 /// or `{remove: name}`.
 ///
-/// A struct rather than an enum: serde_yaml writes externally tagged enums as YAML tags
+/// A struct rather than an enum: a YAML serializer writes externally tagged enums as YAML tags
 /// (`!set`), not as the one-key mappings a manifest uses. The conversion checks that exactly
 /// one field is given.
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]

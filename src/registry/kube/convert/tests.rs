@@ -36,8 +36,11 @@ macro_rules! fixture {
 
 /// Every document of a multi-document YAML text, as `T`.
 fn docs<T: DeserializeOwned>(text: &str) -> Vec<T> {
-    serde_yaml::Deserializer::from_str(text)
-        .map(|d| T::deserialize(d).unwrap())
+    let (docs, broken) = crate::yaml::documents_of(text);
+    assert_eq!(broken, None);
+    docs.into_iter()
+        .filter(|d| !d.is_null())
+        .map(|d| serde_json::from_value(d).unwrap())
         .collect()
 }
 
@@ -435,13 +438,15 @@ fn a_refused_value_names_its_field_with_its_index() {
         "spec.ports[0].targetPort"
     );
 
-    let mut slice: K8sEndpointSlice = serde_yaml::from_str(fixture!("endpointslice.yaml")).unwrap();
+    let mut slice: K8sEndpointSlice =
+        crate::yaml::from_str(fixture!("endpointslice.yaml")).unwrap();
     slice.ports.as_mut().unwrap()[0].port = Some(0);
     assert_eq!(
         field_of(convert_endpoint_slice(&slice).unwrap_err()),
         "ports[0].port"
     );
-    let mut slice: K8sEndpointSlice = serde_yaml::from_str(fixture!("endpointslice.yaml")).unwrap();
+    let mut slice: K8sEndpointSlice =
+        crate::yaml::from_str(fixture!("endpointslice.yaml")).unwrap();
     slice.ports.as_mut().unwrap()[0].protocol = Some("ICMP".into());
     assert_eq!(
         field_of(convert_endpoint_slice(&slice).unwrap_err()),
@@ -451,7 +456,7 @@ fn a_refused_value_names_its_field_with_its_index() {
 
 #[test]
 fn endpoint_slice_converts_ports_addresses_and_pods() {
-    let slice: K8sEndpointSlice = serde_yaml::from_str(fixture!("endpointslice.yaml")).unwrap();
+    let slice: K8sEndpointSlice = crate::yaml::from_str(fixture!("endpointslice.yaml")).unwrap();
     let s = convert_endpoint_slice(&slice).unwrap();
     assert_eq!(
         (s.namespace.as_str(), s.service.as_str(), s.name.as_str()),
@@ -492,7 +497,8 @@ fn endpoint_slice_converts_ports_addresses_and_pods() {
 
 #[test]
 fn endpoint_slice_without_service_label_or_with_bad_address_is_an_error() {
-    let mut slice: K8sEndpointSlice = serde_yaml::from_str(fixture!("endpointslice.yaml")).unwrap();
+    let mut slice: K8sEndpointSlice =
+        crate::yaml::from_str(fixture!("endpointslice.yaml")).unwrap();
     slice.endpoints[1].addresses[0] = "10.244.2".into();
     let err = convert_endpoint_slice(&slice).unwrap_err();
     assert_eq!(
@@ -508,7 +514,7 @@ fn endpoint_slice_without_service_label_or_with_bad_address_is_an_error() {
 
 #[test]
 fn namespace_converts_to_its_name() {
-    let ns: K8sNamespace = serde_yaml::from_str(
+    let ns: K8sNamespace = crate::yaml::from_str(
         "apiVersion: v1\nkind: Namespace\nmetadata:\n  name: shop\n  labels:\n    kubernetes.io/metadata.name: shop\nspec:\n  finalizers: [kubernetes]\nstatus:\n  phase: Active\n",
     )
     .unwrap();
@@ -518,7 +524,7 @@ fn namespace_converts_to_its_name() {
 // === routes ===
 
 fn http_route() -> HttpRoute {
-    let route: GatewayHttpRoute = serde_yaml::from_str(fixture!("httproute.yaml")).unwrap();
+    let route: GatewayHttpRoute = crate::yaml::from_str(fixture!("httproute.yaml")).unwrap();
     convert_http_route(&route).unwrap()
 }
 
@@ -693,7 +699,7 @@ fn http_route_backends_and_timeouts_convert() {
 
 #[test]
 fn http_route_errors_name_the_field_path() {
-    let base: GatewayHttpRoute = serde_yaml::from_str(fixture!("httproute.yaml")).unwrap();
+    let base: GatewayHttpRoute = crate::yaml::from_str(fixture!("httproute.yaml")).unwrap();
 
     let mut route = base.clone();
     route.spec.rules.as_mut().unwrap()[0]
@@ -757,7 +763,7 @@ fn http_route_errors_name_the_field_path() {
 
 #[test]
 fn grpc_route_methods_become_path_matches_without_forcing_post() {
-    let route: GatewayGrpcRoute = serde_yaml::from_str(fixture!("grpcroute.yaml")).unwrap();
+    let route: GatewayGrpcRoute = crate::yaml::from_str(fixture!("grpcroute.yaml")).unwrap();
     let r = convert_grpc_route(&route).unwrap();
     assert_eq!(r.kind, HttpRouteKind::Grpc);
     assert_eq!(r.parents[0].port, Some(9000));
@@ -807,7 +813,7 @@ fn grpc_route_methods_become_path_matches_without_forcing_post() {
 
 #[test]
 fn grpc_method_regex_escapes_an_exact_method_alone() {
-    let mut route: GatewayGrpcRoute = serde_yaml::from_str(fixture!("grpcroute.yaml")).unwrap();
+    let mut route: GatewayGrpcRoute = crate::yaml::from_str(fixture!("grpcroute.yaml")).unwrap();
     let rule = &mut route.spec.rules.as_mut().unwrap()[0];
     rule.matches.as_mut().unwrap()[2]
         .method
@@ -821,14 +827,14 @@ fn grpc_method_regex_escapes_an_exact_method_alone() {
     );
 }
 
-fn l4_docs() -> Vec<serde_yaml::Value> {
+fn l4_docs() -> Vec<serde_json::Value> {
     docs(fixture!("l4routes.yaml"))
 }
 
 #[test]
 fn tls_tcp_and_udp_routes_convert_with_explicit_weights_marked() {
     let docs = l4_docs();
-    let tls: GatewayTlsRoute = serde_yaml::from_value(docs[0].clone()).unwrap();
+    let tls: GatewayTlsRoute = serde_json::from_value(docs[0].clone()).unwrap();
     let tls = convert_tls_route(&tls).unwrap();
     assert_eq!(tls.hostnames, vec!["secure.example.com"]);
     assert_eq!(
@@ -839,7 +845,7 @@ fn tls_tcp_and_udp_routes_convert_with_explicit_weights_marked() {
     assert_eq!(tls.rules[0].backends[0].port, Some(8200));
     assert!(!tls.rules[0].backends[0].weight_given);
 
-    let tcp: GatewayTcpRoute = serde_yaml::from_value(docs[1].clone()).unwrap();
+    let tcp: GatewayTcpRoute = serde_json::from_value(docs[1].clone()).unwrap();
     let tcp = convert_tcp_route(&tcp).unwrap();
     assert_eq!(tcp.parents[0].section_name.as_deref(), Some("p5432-tcp"));
     assert_eq!(tcp.rules[0].name.as_deref(), Some("split"));
@@ -854,7 +860,7 @@ fn tls_tcp_and_udp_routes_convert_with_explicit_weights_marked() {
     );
     assert!(tcp.hostnames.is_empty());
 
-    let udp: GatewayUdpRoute = serde_yaml::from_value(docs[2].clone()).unwrap();
+    let udp: GatewayUdpRoute = serde_json::from_value(docs[2].clone()).unwrap();
     let udp = convert_udp_route(&udp).unwrap();
     assert_eq!(udp.parents[0].port, None);
     assert_eq!(udp.rules[0].backends[0].port, Some(5353));
@@ -863,7 +869,7 @@ fn tls_tcp_and_udp_routes_convert_with_explicit_weights_marked() {
 
 #[test]
 fn reference_grant_converts() {
-    let g: GatewayReferenceGrant = serde_yaml::from_str(fixture!("referencegrant.yaml")).unwrap();
+    let g: GatewayReferenceGrant = crate::yaml::from_str(fixture!("referencegrant.yaml")).unwrap();
     let g = convert_reference_grant(&g).unwrap();
     assert_eq!(
         (g.namespace.as_str(), g.name.as_str()),
@@ -954,8 +960,8 @@ fn mesh_filters_convert_each_configuration() {
     );
 }
 
-fn mesh_filter_yaml(spec: &str) -> Result<MeshFilterResource, serde_yaml::Error> {
-    serde_yaml::from_str(&format!(
+fn mesh_filter_yaml(spec: &str) -> Result<MeshFilterResource, crate::yaml::YamlError> {
+    crate::yaml::from_str(&format!(
         "apiVersion: aether.io/v1alpha1\nkind: MeshFilter\nmetadata:\n  name: bad\n  namespace: shop\nspec:\n{spec}"
     ))
 }
@@ -1023,19 +1029,14 @@ fn bad_mesh_filters_are_refused() {
 
 #[test]
 fn the_crd_schema_names_exactly_the_fields_the_resource_reads() {
-    let crd: serde_yaml::Value = serde_yaml::from_str(include_str!(concat!(
+    let crd: serde_json::Value = crate::yaml::from_str(include_str!(concat!(
         env!("CARGO_MANIFEST_DIR"),
         "/charts/aether/crds/meshfilter.yaml"
     )))
     .unwrap();
     let schema = &crd["spec"]["versions"][0]["schema"]["openAPIV3Schema"]["properties"]["spec"]["properties"];
-    let keys = |v: &serde_yaml::Value| -> Vec<String> {
-        let mut k: Vec<String> = v
-            .as_mapping()
-            .unwrap()
-            .keys()
-            .map(|k| k.as_str().unwrap().to_owned())
-            .collect();
+    let keys = |v: &serde_json::Value| -> Vec<String> {
+        let mut k: Vec<String> = v.as_object().unwrap().keys().cloned().collect();
         k.sort();
         k
     };

@@ -2,7 +2,6 @@ use std::collections::BTreeSet;
 use std::path::Path;
 
 use k8s_openapi::api::core::v1::{Container, PodCondition, PodIP, Volume};
-use serde::Deserialize;
 use serde::de::DeserializeOwned;
 
 use super::*;
@@ -11,8 +10,8 @@ use crate::model::{NodeContext, compile, registrar};
 use crate::registry::file::{endpoint_slices_for, load_dir};
 use crate::registry::kube::generated::service_object;
 
-fn typed<T: DeserializeOwned>(doc: &serde_yaml::Value) -> Arc<T> {
-    Arc::new(serde_yaml::from_value(doc.clone()).expect("a fixture document deserializes"))
+fn typed<T: DeserializeOwned>(doc: &serde_json::Value) -> Arc<T> {
+    Arc::new(serde_json::from_value(doc.clone()).expect("a fixture document deserializes"))
 }
 
 /// The objects an API server would hold for a manifest directory: every document as written,
@@ -29,8 +28,9 @@ fn cluster_objects(dir: &Path, cidr: ipnet::IpNet) -> Objects {
     files.sort();
     for file in files {
         let text = std::fs::read_to_string(&file).unwrap();
-        for doc in serde_yaml::Deserializer::from_str(&text) {
-            let mut doc = serde_yaml::Value::deserialize(doc).unwrap();
+        let (docs, broken) = crate::yaml::documents_of(&text);
+        assert_eq!(broken, None, "{}", file.display());
+        for mut doc in docs {
             if doc.is_null() {
                 continue;
             }
@@ -40,7 +40,7 @@ fn cluster_objects(dir: &Path, cidr: ipnet::IpNet) -> Objects {
             }
             match kind.as_str() {
                 "Pod" => {
-                    let mut pod: Pod = serde_yaml::from_value(doc).unwrap();
+                    let mut pod: Pod = serde_json::from_value(doc).unwrap();
                     let status = pod.status.get_or_insert_with(Default::default);
                     if status.conditions.is_none() {
                         status.conditions = Some(vec![PodCondition {
@@ -409,7 +409,7 @@ fn a_conversion_that_takes_unchanged_pods_from_the_last_equals_one_from_scratch(
 fn a_mesh_filter_that_cannot_be_read_is_kept_as_one_that_refuses() {
     use crate::model::snapshot::FilterConfig;
     // issue #35 item 1: a MeshFilter the converter refuses, and one the watch could not decode.
-    let doc: serde_yaml::Value = serde_yaml::from_str(
+    let doc: serde_json::Value = crate::yaml::from_str(
         r#"
 apiVersion: aether.io/v1alpha1
 kind: MeshFilter

@@ -12,7 +12,6 @@
 
 use proptest::prelude::*;
 use regex::Regex;
-use serde::Deserialize;
 
 use super::super::{ConvertError, convert_mesh_filter};
 use crate::model::filters::is_mesh_header;
@@ -31,9 +30,10 @@ const MESH_FILTER_CRD: &str = include_str!(concat!(
 const REFUSED_AT: &str = "test.aether.io/refused-at";
 const CONVERTER: &str = "test.aether.io/converter";
 
-/// Where serde refused an object, spelt as the CRD check spells a field: serde_yaml's path
-/// (`spec.targetRefs[0]`), with the field a missing or unknown field error names.
-fn serde_location(err: &serde_yaml::Error) -> String {
+/// Where serde refused an object, spelt as the CRD check spells a field: the path the file
+/// registry reports (`spec.targetRefs[0]`), with the field a missing or unknown field error
+/// names.
+fn serde_location(err: &impl std::fmt::Display) -> String {
     let text = err.to_string();
     let Some((path, message)) = text.split_once(": ") else {
         return text;
@@ -43,6 +43,11 @@ fn serde_location(err: &serde_yaml::Error) -> String {
             .strip_prefix(named)
             .and_then(|rest| rest.split('`').next())
         {
+            // A missing field is named under the path of its object; an unknown one is the
+            // last step of the path already.
+            if path.ends_with(&format!(".{field}")) {
+                return path.to_owned();
+            }
             return format!("{path}.{field}");
         }
     }
@@ -62,6 +67,14 @@ fn convert_location(err: &ConvertError) -> String {
     }
 }
 
+/// A MeshFilter read as the file registry reads one: from its generic value, with the path
+/// of the field serde refused.
+fn read_mesh_filter(
+    object: &serde_json::Value,
+) -> Result<MeshFilterResource, serde_path_to_error::Error<serde_json::Error>> {
+    serde_path_to_error::deserialize(object)
+}
+
 /// One document of the file.
 struct Case {
     name: String,
@@ -75,13 +88,13 @@ struct Case {
 }
 
 fn invalid_cases() -> Vec<Case> {
-    let raw = serde_yaml::Deserializer::from_str(INVALID_MESH_FILTERS)
-        .map(|d| serde_yaml::Value::deserialize(d).unwrap());
-    let typed = serde_yaml::Deserializer::from_str(INVALID_MESH_FILTERS)
-        .map(MeshFilterResource::deserialize);
-    raw.zip(typed)
-        .map(|(object, read)| {
-            let text = |v: &serde_yaml::Value| v.as_str().unwrap_or_default().to_owned();
+    let (raw, broken) = crate::yaml::documents_of(INVALID_MESH_FILTERS);
+    assert_eq!(broken, None);
+    raw.into_iter()
+        .filter(|object| !object.is_null())
+        .map(|object| {
+            let read = read_mesh_filter(&object);
+            let text = |v: &serde_json::Value| v.as_str().unwrap_or_default().to_owned();
             let annotations = &object["metadata"]["annotations"];
             Case {
                 name: text(&object["metadata"]["name"]),
@@ -156,26 +169,22 @@ fn every_meshfilter_the_crd_refuses_is_refused_by_the_converter_at_the_same_fiel
 #[test]
 fn serde_refusals_are_located_as_the_crd_check_locates_them() {
     let head = "apiVersion: aether.io/v1alpha1\nkind: MeshFilter\nspec:\n";
-    let err = serde_yaml::from_str::<MeshFilterResource>(&format!(
-        "{head}  targetRefs:\n  - kind: Service\n"
-    ))
-    .unwrap_err();
+    let read = |text: String| read_mesh_filter(&crate::yaml::from_str(&text).unwrap());
+    let err = read(format!("{head}  targetRefs:\n  - kind: Service\n")).unwrap_err();
     assert_eq!(serde_location(&err), "spec.targetRefs[0].group", "{err}");
-    let err =
-        serde_yaml::from_str::<MeshFilterResource>(&format!("{head}  rbac:\n    action: No\n"))
-            .unwrap_err();
+    let err = read(format!("{head}  rbac:\n    action: No\n")).unwrap_err();
     assert_eq!(serde_location(&err), "spec.rbac.action", "{err}");
 }
 
 /// The MeshFilter CRD's `spec` schema.
-fn spec_schema() -> serde_yaml::Value {
-    let crd: serde_yaml::Value = serde_yaml::from_str(MESH_FILTER_CRD).unwrap();
+fn spec_schema() -> serde_json::Value {
+    let crd: serde_json::Value = crate::yaml::from_str(MESH_FILTER_CRD).unwrap();
     crd["spec"]["versions"][0]["schema"]["openAPIV3Schema"]["properties"]["spec"].clone()
 }
 
 /// A pattern of the schema, compiled as written: its own `^` and `$` anchor it, as for the API
 /// server, which also finds a pattern anywhere in the value.
-fn pattern(schema: &serde_yaml::Value) -> Regex {
+fn pattern(schema: &serde_json::Value) -> Regex {
     Regex::new(schema["pattern"].as_str().expect("a pattern")).unwrap()
 }
 
@@ -214,14 +223,14 @@ fn header_name_written(name: &str) -> bool {
 }
 
 /// Whether a header name schema of the CRD (pattern, `not` pattern, maxLength) accepts `name`.
-fn header_name_schema_accepts(schema: &serde_yaml::Value, name: &str) -> bool {
+fn header_name_schema_accepts(schema: &serde_json::Value, name: &str) -> bool {
     let max = schema["maxLength"].as_u64().expect("a maxLength");
     pattern(schema).is_match(name)
         && !pattern(&schema["not"]).is_match(name)
         && u64::try_from(name.chars().count()).is_ok_and(|n| n <= max)
 }
 
-fn header_schemas() -> (Vec<serde_yaml::Value>, Vec<serde_yaml::Value>) {
+fn header_schemas() -> (Vec<serde_json::Value>, Vec<serde_json::Value>) {
     let h = &spec_schema()["properties"]["headerMutation"]["properties"];
     let (mut names, mut values) = (Vec::new(), Vec::new());
     for side in ["request", "response"] {

@@ -1,0 +1,68 @@
+//! The daemon's read of a manifest directory (issue #36 item 5): a file over the parser's
+//! bounds is refused at once, named in the log and counted by reason, and every other file is
+//! read as usual.
+
+use super::*;
+use crate::registry::file::LastGood;
+
+fn pod(name: &str, ip: &str) -> String {
+    format!(
+        "apiVersion: v1\nkind: Pod\nmetadata: {{name: {name}, namespace: shop}}\nspec: {{serviceAccountName: echo, nodeName: node-a}}\nstatus: {{podIP: {ip}}}\n"
+    )
+}
+
+/// The CPU time the calling thread has spent, in microseconds.
+fn thread_cpu_micros() -> i64 {
+    let usage = nix::sys::resource::getrusage(nix::sys::resource::UsageWho::RUSAGE_THREAD)
+        .expect("getrusage");
+    let (user, system) = (usage.user_time(), usage.system_time());
+    (user.tv_sec() + system.tv_sec()) * 1_000_000 + user.tv_usec() + system.tv_usec()
+}
+
+#[test]
+fn a_deeply_nested_file_is_refused_at_once_counted_and_named() {
+    let dir = std::env::temp_dir().join(format!("aether-node-deep-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    std::fs::write(dir.join("good.yaml"), pod("good-0", "10.0.0.1")).unwrap();
+    // The file of issue #36: 200 KB of nested `[`, which stalled the registry for 25-40 s.
+    std::fs::write(dir.join("deep.yaml"), "[".repeat(200_000)).unwrap();
+    std::fs::write(dir.join("blocks.yaml"), "- ".repeat(100_000)).unwrap();
+    let config = NodeConfig {
+        registry: dir.clone(),
+        ..NodeConfig::default()
+    };
+    let stats = NodeStats::default();
+    let before = thread_cpu_micros();
+    let (snapshot, _) = read_dir(&config, &mut LastGood::default(), &stats).expect("reads");
+    let spent = thread_cpu_micros() - before;
+    assert!(spent < 100_000, "{spent} µs of CPU for the whole directory");
+    let pods: Vec<&str> = snapshot.pods.iter().map(|p| p.name.as_str()).collect();
+    assert_eq!(
+        pods,
+        ["good-0"],
+        "the good file is read, the deep ones are not"
+    );
+    assert_eq!(
+        stats
+            .registry_file_errors
+            .get_or_create(&[("reason", "too-deep")])
+            .get(),
+        2
+    );
+    // Named: the fault the log line prints says which file and why.
+    let load = crate::registry::file::load_dir(&dir).expect("reads");
+    let faults: Vec<String> = load.faults.iter().map(ToString::to_string).collect();
+    assert_eq!(faults.len(), 2, "{faults:?}");
+    for (fault, file) in faults.iter().zip(["blocks.yaml", "deep.yaml"]) {
+        assert!(fault.contains(file), "{fault}");
+        assert!(
+            fault.contains(&format!(
+                "nests deeper than {} levels",
+                crate::yaml::MAX_DEPTH
+            )),
+            "{fault}"
+        );
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+}
