@@ -103,6 +103,14 @@ impl ControlCollector {
         )?;
         per_kind(
             e,
+            "aether_registry_watch_short",
+            "Watches of the kind that ended at once with nothing in them; each makes the next wait longer",
+            None,
+            kinds,
+            |k| ConstCounter::new(k.short_watches.load(Ordering::Relaxed)),
+        )?;
+        per_kind(
+            e,
             "aether_registry_watch_relists",
             "Complete lists of the kind after its first (410 Gone, a broken watch)",
             None,

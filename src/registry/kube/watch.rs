@@ -52,10 +52,14 @@ use kube::{Api, Client, Resource};
 use serde::de::{Deserialize, DeserializeOwned, Deserializer};
 use tokio::sync::mpsc;
 use tokio::task::JoinHandle;
-use tracing::{info, warn};
+use tracing::{debug, info, warn};
 
 use super::mesh_filter::MeshFilterResource;
 use super::objects::{Objects, trim_pod, with_local_view};
+
+mod pace;
+pub use pace::Backoff;
+use pace::{Failure, Pacer};
 
 /// How one kind's watch stands.
 #[derive(Debug, Default)]
@@ -78,6 +82,9 @@ pub struct KindState {
     pub recoveries: AtomicU64,
     /// Watch errors since start.
     pub errors: AtomicU64,
+    /// Watches that ended at once with nothing delivered, each one a failure of the pace
+    /// (`aether_registry_watch_short_total`).
+    pub short_watches: AtomicU64,
     /// Complete lists after the first (a `410 Gone`, a broken watch).
     pub relists: AtomicU64,
     /// The last error, for `aether debug` (the root-only admin socket); `/ready`, served on the
@@ -86,13 +93,21 @@ pub struct KindState {
     /// When the watch last brought a change or completed a list, Unix time in milliseconds
     /// (0: never); `aether_registry_watch_last_event_timestamp_seconds`.
     pub last_event_ms: AtomicU64,
+    /// When its next list or watch may go ([`pace`]).
+    pace: Pacer,
 }
 
 impl KindState {
     /// The state of a kind not listed yet.
     pub fn new(kind: &'static str) -> Self {
+        Self::paced(kind, Backoff::default())
+    }
+
+    /// [`KindState::new`] with its requests paced by `backoff`.
+    pub fn paced(kind: &'static str, backoff: Backoff) -> Self {
         Self {
             kind,
+            pace: Pacer::new(backoff),
             ..Self::default()
         }
     }
@@ -210,6 +225,8 @@ pub struct WatchSettings {
     pub streaming_lists: bool,
     /// Page size of a paged list (when lists are not streamed).
     pub page_size: u32,
+    /// The pace of each kind's requests after failures ([`Backoff`]).
+    pub backoff: Backoff,
 }
 
 impl Default for WatchSettings {
@@ -218,6 +235,7 @@ impl Default for WatchSettings {
             node: None,
             streaming_lists: false,
             page_size: 500,
+            backoff: Backoff::default(),
         }
     }
 }
@@ -308,7 +326,7 @@ impl KubeSource {
         let mut kinds = Vec::new();
         let mut tasks = Vec::new();
         let mut start = |kind: &'static str| {
-            let state = Arc::new(KindState::new(kind));
+            let state = Arc::new(KindState::paced(kind, settings.backoff));
             kinds.push(state.clone());
             let client = Answered::client(client, &state);
             (state, changed.clone(), client)
@@ -505,7 +523,8 @@ where
                     trim(Arc::make_mut(k));
                 }
             })
-            .default_backoff()
+            // No stream back-off: each request waits its kind's pace ([`pace`]), which a
+            // stream back-off cannot keep (it resets on the `Init` before every list).
             .reflect(writer);
         let mut stream = std::pin::pin!(stream);
         while let Some(item) = stream.next().await {
@@ -565,7 +584,7 @@ impl Answered {
 }
 
 impl tower_service::Service<http::Request<kube::client::Body>> for Answered {
-    type Response = http::Response<kube::client::Body>;
+    type Response = http::Response<WatchBody>;
     type Error = kube::Error;
     type Future = std::pin::Pin<
         Box<dyn Future<Output = Result<Self::Response, Self::Error>> + Send + 'static>,
@@ -582,12 +601,103 @@ impl tower_service::Service<http::Request<kube::client::Body>> for Answered {
     fn call(&mut self, request: http::Request<kube::client::Body>) -> Self::Future {
         let (client, state) = (self.client.clone(), self.state.clone());
         Box::pin(async move {
-            let response = client.send(request).await?;
-            if response.status().is_success() {
-                state.answered();
+            if let Some(due) = state.pace.due() {
+                tokio::time::sleep_until(due).await;
             }
-            Ok(response)
+            let watch = request
+                .uri()
+                .query()
+                .is_some_and(|q| q.split('&').any(|p| p == "watch=true" || p == "watch=1"));
+            let response = client.send(request).await?;
+            if !response.status().is_success() {
+                return Ok(response.map(WatchBody::plain));
+            }
+            state.answered();
+            Ok(if watch {
+                response.map(|body| WatchBody::watch(body, state))
+            } else {
+                response.map(WatchBody::plain)
+            })
         })
+    }
+}
+
+/// A response body of a kind's client: a watch's tells the kind's pace whether it lived and
+/// delivered, or ended at once with nothing ([`pace`]).
+struct WatchBody {
+    inner: kube::client::Body,
+    /// The kind of a watch; `None` for any other answer.
+    watch: Option<Arc<KindState>>,
+    opened: tokio::time::Instant,
+    delivered: bool,
+}
+
+impl WatchBody {
+    fn plain(inner: kube::client::Body) -> Self {
+        Self {
+            inner,
+            watch: None,
+            opened: tokio::time::Instant::now(),
+            delivered: false,
+        }
+    }
+
+    fn watch(inner: kube::client::Body, state: Arc<KindState>) -> Self {
+        Self {
+            watch: Some(state),
+            ..Self::plain(inner)
+        }
+    }
+}
+
+impl http_body::Body for WatchBody {
+    type Data = bytes::Bytes;
+    type Error = kube::Error;
+
+    fn poll_frame(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Option<Result<http_body::Frame<Self::Data>, Self::Error>>> {
+        use std::task::Poll;
+        let this = &mut *self;
+        let polled = std::pin::Pin::new(&mut this.inner).poll_frame(cx);
+        let Some(state) = &this.watch else {
+            return polled;
+        };
+        match &polled {
+            Poll::Ready(Some(Ok(frame)))
+                if !this.delivered && frame.data_ref().is_some_and(|d| !d.is_empty()) =>
+            {
+                this.delivered = true;
+                state.pace.delivered();
+            }
+            // Ended cleanly. An error ends it too, and is the watcher's to report.
+            Poll::Ready(None) if !this.delivered => {
+                let now = tokio::time::Instant::now();
+                if now.duration_since(this.opened) < state.pace.backoff().short_watch {
+                    let wait = state.pace.failed(Failure::ShortWatch, now);
+                    state.short_watches.fetch_add(1, Ordering::Relaxed);
+                    debug!(
+                        kind = state.kind,
+                        ?wait,
+                        "the watch ended at once with nothing in it; the next waits"
+                    );
+                } else {
+                    state.pace.delivered();
+                }
+                this.watch = None;
+            }
+            _ => {}
+        }
+        polled
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.inner.is_end_stream()
+    }
+
+    fn size_hint(&self) -> http_body::SizeHint {
+        self.inner.size_hint()
     }
 }
 
@@ -606,6 +716,19 @@ fn on_error(state: &KindState, e: &watcher::Error, changed: &mpsc::Sender<()>) {
     let n = state.errors.fetch_add(1, Ordering::Relaxed);
     let text = crate::DisplayChain(e).to_string();
     *state.last_error.lock() = Some(text.clone());
+    let now = tokio::time::Instant::now();
+    match status_code(e) {
+        // Not served: asked for again at the slow period.
+        Some(404) => state.pace.absent(now),
+        // The watcher relists at once, as client-go does.
+        Some(410) => {}
+        Some(_) => {
+            state.pace.failed(Failure::Refused, now);
+        }
+        None => {
+            state.pace.failed(Failure::Unreachable, now);
+        }
+    }
     match status_code(e) {
         Some(404) if !state.synced.load(Ordering::Acquire) => {
             // No such resource on this server (its CRD is not installed): nothing to hold.

@@ -171,7 +171,16 @@ fn pod_on(name: &str, ip: &str, node: &str) -> Value {
 
 /// Wait (bounded) until `f` holds of the source.
 async fn until(source: &KubeSource, what: &str, f: impl Fn(&KubeSource) -> bool) {
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+    until_within(source, what, Duration::from_secs(10), f).await;
+}
+
+async fn until_within(
+    source: &KubeSource,
+    what: &str,
+    limit: Duration,
+    f: impl Fn(&KubeSource) -> bool,
+) {
+    let deadline = tokio::time::Instant::now() + limit;
     while !f(source) {
         assert!(
             tokio::time::Instant::now() < deadline,
@@ -664,4 +673,109 @@ async fn a_mesh_filter_that_does_not_decode_reaches_the_snapshot_as_unreadable()
         [f] if f.name == "garbled"
             && matches!(&f.config, crate::model::snapshot::FilterConfig::Unreadable(u) if u.whole_namespace)
     ));
+}
+
+/// How many lists (or watches) of `path` the server saw.
+fn requests_of(seen: &Mutex<Vec<String>>, path: &str, watches: bool) -> usize {
+    seen.lock()
+        .iter()
+        .filter(|r| r.starts_with(&format!("{path}?")) && r.contains("watch=true") == watches)
+        .count()
+}
+
+const TCP_ROUTES: &str = "/apis/gateway.networking.k8s.io/v1alpha2/tcproutes";
+const NAMESPACES: &str = "/api/v1/namespaces";
+
+/// Issue #36 item 1: a kind the server does not serve was listed again every ~1.2 s forever
+/// (about 500 lists in ten minutes, 2,500 a second from 1,000 nodes).
+#[tokio::test(start_paused = true)]
+async fn a_kind_the_server_does_not_serve_is_asked_for_once_per_slow_period() {
+    let mut script = Script::default();
+    script
+        .lists
+        .insert(TCP_ROUTES, vec![Answer::Status(404, "NotFound")]);
+    let (source, _changed, seen) = start(script);
+    until(&source, "every kind is listed", KubeSource::synced).await;
+    let period = Backoff::default().absent_recheck;
+    tokio::time::sleep(period * 2).await;
+    let lists = requests_of(&seen, TCP_ROUTES, false);
+    // At 0, then once per period (±25 %): two or three in two periods.
+    assert!(
+        (2..=3).contains(&lists),
+        "{lists} lists of a kind not served in {period:?} x 2"
+    );
+    assert!(kind(&source, "TCPRoute").absent.load(Ordering::Acquire));
+    assert!(source.synced());
+}
+
+/// Issue #36 item 1: a watch the server ended at once was opened again 44 ms later, 40 times
+/// a second. Now each one that ends at once with nothing in it is a failure, and the next
+/// waits twice as long (0.8 s, 1.6 s, ... ±25 %).
+#[tokio::test(start_paused = true)]
+async fn a_watch_the_server_ends_at_once_is_opened_again_after_a_growing_wait() {
+    let mut script = Script::default();
+    script
+        .watches
+        .insert(NAMESPACES, vec![Answer::Events(vec![])]);
+    let (source, _changed, seen) = start(script);
+    until(&source, "every kind is listed", KubeSource::synced).await;
+    tokio::time::sleep(Duration::from_secs(60)).await;
+    let watches = requests_of(&seen, NAMESPACES, true);
+    // 0.8 + 1.6 + 3.2 + 6.4 + 12.8 + 25.6 s = 50.4 s: about seven watches in a minute.
+    assert!(
+        (4..=9).contains(&watches),
+        "{watches} watches in a minute of a server that ends each at once"
+    );
+    let namespaces = kind(&source, "Namespace");
+    assert!(namespaces.short_watches.load(Ordering::Relaxed) >= 3);
+    assert_eq!(
+        requests_of(&seen, NAMESPACES, false),
+        1,
+        "a watch that ended is opened again, the kind is not listed again"
+    );
+}
+
+/// A watch that lived and delivered resets the wait: after a run of watches that ended at
+/// once, one with an event is followed by a watch opened again at once.
+#[tokio::test(start_paused = true)]
+async fn a_watch_that_delivered_resets_the_wait() {
+    let mut script = Script::default();
+    let ns = |name: &str, rv: &str| json!({"type": "ADDED", "object": {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": name, "resourceVersion": rv}}});
+    script.watches.insert(
+        NAMESPACES,
+        vec![
+            Answer::Events(vec![]),
+            Answer::Events(vec![]),
+            Answer::Events(vec![]),
+            Answer::Events(vec![]),
+            Answer::Events(vec![ns("shop", "5")]),
+            Answer::Hold,
+        ],
+    );
+    let (source, _changed, seen) = start(script);
+    until(&source, "every kind is listed", KubeSource::synced).await;
+    let started = tokio::time::Instant::now();
+    until_within(
+        &source,
+        "the namespace arrives",
+        Duration::from_secs(60),
+        |s| s.objects().0.namespaces.len() == 1,
+    )
+    .await;
+    // Four failures: 0.8 + 1.6 + 3.2 + 6.4 s = 12 s (±25 %) before the fifth watch.
+    let waited = started.elapsed();
+    assert!(
+        waited >= Duration::from_secs(9),
+        "the fifth watch came after {waited:?}"
+    );
+    // The sixth watch (held open) is asked for at once: the wait was reset.
+    let before = tokio::time::Instant::now();
+    for _ in 0..100 {
+        if requests_of(&seen, NAMESPACES, true) == 6 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    assert_eq!(requests_of(&seen, NAMESPACES, true), 6);
+    assert!(before.elapsed() < Duration::from_millis(500));
 }
