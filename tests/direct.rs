@@ -386,6 +386,41 @@ async fn read_one(stream: &mut TcpStream) -> Answer {
     }
 }
 
+/// Issue #36 item 7: a connection the daemon accepted just before it drains (an upgrade's
+/// hand-off) has its client's request on its way; it is answered, then closed, never closed
+/// with no answer.
+#[tokio::test]
+async fn on_drain_a_connection_accepted_before_its_request_arrives_is_answered() {
+    let w = World::start().await;
+    let five = Duration::from_secs(5);
+    let before = w.inputs.stats.active.get();
+    let mut fresh = TcpStream::connect(w.loopback()).await.unwrap();
+    tokio::time::timeout(five, async {
+        while w.inputs.stats.active.get() <= before {
+            tokio::task::yield_now().await;
+        }
+    })
+    .await
+    .expect("the daemon accepts the connection");
+    w.drain();
+    // The drain has reached the connection's task before its request is written.
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    let req = format!(
+        "GET / HTTP/1.1\r\nhost: {}\r\n\r\n",
+        name("mp-multi", Some(8080))
+    );
+    fresh.write_all(req.as_bytes()).await.unwrap();
+    let mut rest = Vec::new();
+    tokio::time::timeout(five, fresh.read_to_end(&mut rest))
+        .await
+        .expect("the connection closes after its answer")
+        .unwrap();
+    assert!(!rest.is_empty(), "closed with no answer");
+    let a = parse(&rest);
+    assert_eq!((a.status, a.body.as_str()), (200, "mp-multi:8080\n"));
+    assert_eq!(a.header("connection"), Some("close"));
+}
+
 #[tokio::test]
 async fn on_drain_a_request_in_flight_finishes_and_an_idle_connection_is_closed() {
     let w = World::start().await;
