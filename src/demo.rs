@@ -273,6 +273,9 @@ pub struct Running {
     pub summary: String,
     /// Prefix of the pods' namespaces.
     pub netns_prefix: String,
+    /// The `aether` binary the mesh runs, which the commands to try call by its path (it is
+    /// not on `PATH` after `scripts/demo`).
+    pub binary: PathBuf,
 }
 
 impl Running {
@@ -334,6 +337,14 @@ pub async fn up_until(opts: &DemoOptions, stop: &Stop) -> Result<Running, DemoEr
         .await
         .map_err(|e| io("clean up", &run_dir)(std::io::Error::other(e)))??;
     stop.check()?;
+    // A run directory used again (the e2e suites keep one each) starts with fresh logs; the
+    // last run's stay beside them as `logs.previous`.
+    let logs = run_dir.join("logs");
+    if logs.exists() {
+        let previous = run_dir.join("logs.previous");
+        let _ = std::fs::remove_dir_all(&previous);
+        std::fs::rename(&logs, &previous).map_err(io("keep the last run's logs", &logs))?;
+    }
     let registry = run_dir.join("registry");
     let _ = std::fs::remove_dir_all(&registry);
     copy_dir(&opts.registry, &registry)?;
@@ -444,6 +455,7 @@ pub async fn up_until(opts: &DemoOptions, stop: &Stop) -> Result<Running, DemoEr
         env,
         summary,
         netns_prefix: opts.netns_prefix.clone(),
+        binary: opts.binary.clone(),
     })
 }
 
@@ -874,13 +886,14 @@ pub fn try_these(running: &Running) -> String {
         .map(|ip| ip.to_string())
         .unwrap_or_default();
     let p = &running.netns_prefix;
+    let bin = running.binary.display();
     format!(
         "Try (as root, in another terminal):\n\
-         \x20 ip netns exec {p}mp-client aether probe --dial mp-multi.mp.{mesh}:9090\n\
-         \x20 ip netns exec {p}mp-client aether probe --dial mp-multi.mp.{mesh}:8080 --host mp-multi.mp.{mesh}:9090\n\
-         \x20 ip netns exec {p}mp-client-nocapture aether probe --dial 127.0.0.1:18081 --host mp-eighty.mp.{mesh}\n\
-         \x20 ip netns exec {p}mp-client aether probe --dial {multi}:7777\n\
-         \x20 ip netns exec {p}mp-client aether probe --dial mp-serverfirst.mp.{mesh}:3306 --wait --lines 2\n\
+         \x20 ip netns exec {p}mp-client {bin} probe --dial mp-multi.mp.{mesh}:9090\n\
+         \x20 ip netns exec {p}mp-client {bin} probe --dial mp-multi.mp.{mesh}:8080 --host mp-multi.mp.{mesh}:9090\n\
+         \x20 ip netns exec {p}mp-client-nocapture {bin} probe --dial 127.0.0.1:18081 --host mp-eighty.mp.{mesh}\n\
+         \x20 ip netns exec {p}mp-client {bin} probe --dial {multi}:7777\n\
+         \x20 ip netns exec {p}mp-client {bin} probe --dial mp-serverfirst.mp.{mesh}:3306 --wait --lines 2\n\
          (with curl installed: ip netns exec {p}mp-client curl -si http://mp-multi.mp.{mesh}:9090/)\n\
          {}\
          Logs: {}/logs\n",
@@ -911,12 +924,13 @@ fn debug_these(running: &Running) -> String {
             })
             .unwrap_or_default();
         let d = dir.display();
+        let bin = running.binary.display();
         s.push_str(&format!(
             "  node {node}:\n\
-             \x20   aether debug pods --state-dir {d}\n\
-             \x20   aether debug services mp-multi --state-dir {d}\n\
-             \x20   aether debug explain --state-dir {d} --from mp/mp-client --dial mp-multi.mp.{mesh}:8080 --host mp-multi.mp.{mesh}:9090\n\
-             \x20   aether debug config-dump --state-dir {d} > dump.json && aether explain --config-dump dump.json --from mp/mp-client --dial mp-multi.mp.{mesh}:8080\n"
+             \x20   {bin} debug pods --state-dir {d}\n\
+             \x20   {bin} debug services mp-multi --state-dir {d}\n\
+             \x20   {bin} debug explain --state-dir {d} --from mp/mp-client --dial mp-multi.mp.{mesh}:8080 --host mp-multi.mp.{mesh}:9090\n\
+             \x20   {bin} debug config-dump --state-dir {d} > dump.json && {bin} explain --config-dump dump.json --from mp/mp-client --dial mp-multi.mp.{mesh}:8080\n"
         ));
     }
     s

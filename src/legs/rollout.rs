@@ -87,7 +87,7 @@ pub(super) async fn rollout(env: &Env) -> Check {
         // 0 before the new daemon's take, 1 from it until the API server starts again (no
         // daemon on node-a can be ready then), 2 after.
         let phase = AtomicU8::new(0);
-        let load = load_until(env, &stop, Duration::ZERO);
+        let load = load_until(env, &stop, Duration::ZERO, 20);
         let probes = async {
             let connector = Connector::in_netns(node_ns.clone(), env.home.clone());
             let (mut answers, mut held) = (Vec::new(), Vec::new());

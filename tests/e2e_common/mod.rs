@@ -9,7 +9,11 @@ use std::process::Command;
 #[allow(clippy::print_stdout)] // The leg table is what the run shows (with --nocapture).
 pub(crate) fn demo_check(run_name: &str, args: &[&str], min_legs: usize, ids: &[&str]) {
     let root = env!("CARGO_MANIFEST_DIR");
-    let run_dir = std::env::temp_dir().join(format!("{run_name}-{}", std::process::id()));
+    // One run directory per suite, the same every run: a run that was killed (CI's timeout, a
+    // machine restart) left its state file there, and this run's start removes what it
+    // recorded (namespaces, `/etc/netns` entries, processes) instead of failing on it. The
+    // suites' prefixes differ, and cargo runs them one at a time.
+    let run_dir = std::env::temp_dir().join(run_name);
     let json = run_dir.with_extension("json");
     let out = Command::new(env!("CARGO_BIN_EXE_aether"))
         .current_dir(root)
