@@ -296,6 +296,9 @@ struct CniInstallArgs {
     /// The DaemonSet's namespace (the chart's release namespace).
     #[arg(long, env = "AETHER_RELEASE_NAMESPACE")]
     release_namespace: Option<String>,
+    /// The node this runs on, named in the User-Agent of its requests to the API server.
+    #[arg(long, env = "AETHER_NODE_NAME")]
+    node_name: Option<String>,
     /// The plugin's own keys, as a JSON object (`socket`, `ignoredNamespaces`, `timeoutSecs`);
     /// `type` is always `aether-cni`.
     #[arg(long, env = "AETHER_CNI_PLUGIN_CONFIG", default_value = "{}")]
@@ -373,7 +376,11 @@ fn run_cni_install(args: &CniInstallArgs) -> anyhow::Result<ExitCode> {
         let _ = rustls::crypto::ring::default_provider().install_default();
         let client = match &daemonset {
             None => Err("no --daemonset".to_owned()),
-            Some(ds) => match kube::Client::try_default().await {
+            Some(ds) => match aether::registry::kube::client::client(
+                args.node_name.as_deref().unwrap_or("unknown-node"),
+            )
+            .await
+            {
                 Ok(c) => Ok(c),
                 Err(e) => {
                     let why = aether::DisplayChain(&e).to_string();
@@ -422,6 +429,10 @@ struct DemoArgs {
     /// Run only these legs (repeatable, e.g. --leg A1 --leg N23).
     #[arg(long = "leg")]
     legs: Vec<String>,
+    /// Run the legs this many times in a row on the same mesh (e.g. --leg UPGRADE --repeat 30);
+    /// every run is a row of the table.
+    #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..))]
+    repeat: u32,
     /// Run the legs, print the table and exit (non-zero when a leg failed) instead of staying up.
     #[arg(long)]
     check: bool,
@@ -1122,7 +1133,13 @@ fn run_demo(args: &DemoArgs) -> anyhow::Result<ExitCode> {
         } else {
             println!("Running the legs of spec/legs.md through real sockets...");
             tokio::select! {
-                r = aether::demo::run_legs(&running, &opts.legs) => Some(r),
+                r = async {
+                    let mut all = Vec::new();
+                    for _ in 0..args.repeat {
+                        all.extend(aether::demo::run_legs(&running, &opts.legs).await);
+                    }
+                    all
+                } => Some(r),
                 _ = stop.wait() => None,
             }
         };

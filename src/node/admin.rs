@@ -118,6 +118,7 @@ async fn handle(admin: &Admin, path: &str) -> Response<Body> {
                 "registry_fingerprint": admin.fingerprint.load(std::sync::atomic::Ordering::Acquire).to_string(),
                 "kube_writes_pending": admin.kube_writes.pending(),
                 "registrar_leader": admin.kube_writes.leader(),
+                "registrar_lease_problem": admin.kube_writes.registrar.lease_problem.lock().as_ref().map(|p| &p.error),
                 "etcd": admin.etcd.as_ref().map(|e| e.report()),
                 "names": model.name_count(),
                 "pods": model.pods().count(),
@@ -143,7 +144,21 @@ async fn handle(admin: &Admin, path: &str) -> Response<Body> {
 /// no request (no traffic is routed by this pod's readiness).
 fn ready(admin: &Admin) -> Response<Body> {
     let now = crate::time::wall_ms();
-    let kinds = admin.control.kinds.iter().filter_map(|k| k.report(now));
+    // A registrar that cannot take its Lease (a missing release namespace) leaves the node
+    // serving: it is named, as a degraded kind is (issue #36 item 3).
+    let lease = admin
+        .kube_writes
+        .registrar
+        .lease_problem
+        .lock()
+        .as_ref()
+        .map(crate::registrar::LeaseProblem::report);
+    let kinds = admin
+        .control
+        .kinds
+        .iter()
+        .filter_map(|k| k.report(now))
+        .chain(lease);
     let (code, mut text, prefix) = if *admin.ready.borrow() {
         (StatusCode::OK, "ready\n".to_owned(), "degraded: ")
     } else {

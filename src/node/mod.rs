@@ -646,7 +646,9 @@ async fn run_until(
             }))
         }
         config::RegistrySource::Kube => {
-            let client = kube::Client::try_default().await.map_err(NodeError::Kube)?;
+            let client = crate::registry::kube::client::client(&config.node_name)
+                .await
+                .map_err(NodeError::Kube)?;
             writer_tx = Some(spawn_writers(&config, &client, &kube_writes, &node_stats));
             let settings = WatchSettings {
                 node: Some(config.node_name.clone()),

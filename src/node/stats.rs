@@ -60,6 +60,10 @@ pub struct NodeStats {
     pub registry_objects_skipped: Gauge,
     /// 1 while this daemon holds the registrar Lease, else 0 (`aether_registrar_leader`).
     pub registrar_leader: Gauge,
+    /// Elections that failed other than by contention (a 409), by the API server's status code
+    /// (`none`: no answer); a missing release namespace is `404`
+    /// (`aether_registrar_lease_errors_total{code}`).
+    pub registrar_lease_errors: Family<[(&'static str, String); 1], Counter>,
     /// Generated Services applied or deleted by this daemon as the registrar
     /// (`aether_registrar_writes_total`).
     pub registrar_writes: Counter,
@@ -246,6 +250,11 @@ impl NodeStats {
             "aether_etcd_keys_registered",
             "etcd source: keys this node holds in the store",
             self.etcd_keys_registered.clone(),
+        );
+        registry.register(
+            "aether_registrar_lease_errors",
+            "Registrar Lease elections that failed other than by contention, by the API server's status code (none: no answer)",
+            self.registrar_lease_errors.clone(),
         );
         registry.register(
             "aether_registrar_leader",

@@ -76,6 +76,72 @@ pub struct RegistrarState {
     pub leader: AtomicBool,
     /// This daemon leads and has writes to make for its latest input.
     pub pending: AtomicBool,
+    /// Why the Lease can be neither read nor written now (a missing release namespace: every
+    /// create answered 404), for `/ready` and `aether debug`; `None` once an election works.
+    pub lease_problem: parking_lot::Mutex<Option<LeaseProblem>>,
+}
+
+/// The registrar's Lease cannot be taken or followed: no registrar runs from this node.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct LeaseProblem {
+    /// `<namespace>/<name>` of the Lease.
+    pub lease: String,
+    /// The API server's status code, when it answered.
+    pub code: Option<u16>,
+    /// The error, whole (the log and `aether debug`; `/ready` names the code only).
+    pub error: String,
+}
+
+impl LeaseProblem {
+    /// The line `/ready` shows (no server text: it is served on the node's network).
+    pub fn report(&self) -> String {
+        let code = self
+            .code
+            .map_or_else(|| "no answer".to_owned(), |c| format!("HTTP {c}"));
+        let hint = if self.code == Some(404) {
+            " (does its namespace exist?)"
+        } else {
+            ""
+        };
+        format!(
+            "registrar: its Lease {} cannot be taken ({code}){hint}: no generated Services or statuses are written while it cannot",
+            self.lease
+        )
+    }
+}
+
+impl RegistrarState {
+    /// An election failed: remembered, logged when the problem is new or changed (its repeats
+    /// are counted, not logged), counted by code.
+    fn lease_failed(&self, e: &RegistrarError, lease: String, stats: &NodeStats) {
+        let RegistrarError::Api { source, .. } = e;
+        let code = match source {
+            kube::Error::Api(s) => Some(s.code),
+            _ => None,
+        };
+        let problem = LeaseProblem {
+            lease,
+            code,
+            error: crate::DisplayChain(e).to_string(),
+        };
+        let label = code.map_or_else(|| "none".to_owned(), |c| c.to_string());
+        stats
+            .registrar_lease_errors
+            .get_or_create(&[("code", label)])
+            .inc();
+        let mut held = self.lease_problem.lock();
+        if held.as_ref().map(|p| (p.code, &p.error)) != Some((problem.code, &problem.error)) {
+            warn!(lease = %problem.lease, error = %problem.error, "the registrar's Lease cannot be taken: no generated Services or statuses are written from this node until it can (aether_registrar_lease_errors_total counts the retries)");
+            *held = Some(problem);
+        }
+    }
+
+    /// An election worked: a problem in course has ended.
+    fn lease_worked(&self) {
+        if let Some(p) = self.lease_problem.lock().take() {
+            info!(lease = %p.lease, "the registrar's Lease can be taken again");
+        }
+    }
 }
 
 /// A Lease or Service request failed.
@@ -135,9 +201,18 @@ pub async fn run(
                 return;
             },
         }
-        if let Err(e) = elect(&leases, &settings, &mut elector, elapsed()).await {
-            elector.failed(e.is_conflict());
-            debug!(error = %crate::DisplayChain(&e), "registrar lease");
+        match elect(&leases, &settings, &mut elector, elapsed()).await {
+            // Another daemon wrote it first: the contention of an election, not a problem.
+            Err(e) if e.is_conflict() => {
+                elector.failed(true);
+                debug!(error = %crate::DisplayChain(&e), "registrar lease");
+            }
+            Err(e) => {
+                elector.failed(false);
+                let lease = format!("{}/{}", settings.namespace, settings.lease_name);
+                state.lease_failed(&e, lease, &stats);
+            }
+            Ok(()) => state.lease_worked(),
         }
         let leader = elector.is_leader(elapsed());
         if leader != was_leader {

@@ -6,6 +6,7 @@
 //! this project's own `MeshFilter` resource (group `aether.io`); [`watch`] keeps the stores
 //! (kube-rs reflectors, IO).
 
+pub mod client;
 pub mod convert;
 pub mod generated;
 pub mod mesh_filter;

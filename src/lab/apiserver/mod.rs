@@ -87,6 +87,10 @@ pub struct Settings {
     pub service_cidr: IpNet,
     /// ClusterIPs to give, by `namespace/name` (`--cluster-ips`).
     pub cluster_ips: BTreeMap<String, IpAddr>,
+    /// Refuse to create an object in a namespace that does not exist (`404`, as the real
+    /// server's admission does). Off by default: the lab's fixtures write the release
+    /// namespace's Lease without a Namespace object for it.
+    pub namespaces_must_exist: bool,
 }
 
 impl Default for Settings {
@@ -102,6 +106,7 @@ impl Default for Settings {
                 .parse()
                 .expect("the default service CIDR is a valid literal"),
             cluster_ips: BTreeMap::new(),
+            namespaces_must_exist: false,
         }
     }
 }
@@ -213,13 +218,14 @@ pub struct ApiServer {
 impl ApiServer {
     /// A server with an empty store; `dir` is what [`ApiServer::reload`] reads.
     pub fn new(settings: Settings, dir: Option<PathBuf>) -> Arc<Self> {
-        let store = Store::new(
+        let mut store = Store::new(
             settings.history_events,
             ClusterIps {
                 given: settings.cluster_ips.clone(),
                 cidr: settings.service_cidr,
             },
         );
+        store.namespaces_must_exist = settings.namespaces_must_exist;
         Arc::new(Self {
             store: Mutex::new(store),
             signal: watch::Sender::new(Signal::default()),

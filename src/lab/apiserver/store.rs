@@ -193,6 +193,8 @@ pub struct Store {
     last_applied: BTreeMap<Key, Value>,
     writes: Writes,
     cluster_ips: ClusterIps,
+    /// [`super::Settings::namespaces_must_exist`].
+    pub namespaces_must_exist: bool,
 }
 
 /// How Services get their ClusterIPs.
@@ -311,6 +313,7 @@ impl Store {
             last_applied: BTreeMap::new(),
             writes: Writes::new(),
             cluster_ips,
+            namespaces_must_exist: false,
         }
     }
 
@@ -396,6 +399,20 @@ impl Store {
                 "AlreadyExists",
                 format!("{} \"{}\" already exists", key.resource, key.name),
             ));
+        }
+        if self.namespaces_must_exist && key.resource.namespaced {
+            let namespace = super::resources::by_plural("", "namespaces").map(|resource| Key {
+                resource,
+                namespace: String::new(),
+                name: key.namespace.clone(),
+            });
+            if !namespace.is_some_and(|ns| self.objects.contains_key(&ns)) {
+                return Err(ApiError::new(
+                    404,
+                    "NotFound",
+                    format!("namespaces \"{}\" not found", key.namespace),
+                ));
+            }
         }
         if let Some(m) = body.as_object_mut() {
             m.remove("status");

@@ -957,3 +957,87 @@ async fn the_registrar_writes_why_a_mesh_filter_is_not_accepted() {
     drop(tx);
     task.await.unwrap();
 }
+
+/// Issue #36 item 3: with the release namespace missing, every Lease create failed with 404
+/// and was logged at debug only (no registrar, no generated Services, the node ready anyway).
+/// Now the problem is kept for `/ready` and `aether debug`, logged, counted by code, and ends
+/// once the namespace exists. The fake refuses a create in a missing namespace as the real
+/// server does (`namespaces_must_exist`).
+#[tokio::test]
+async fn a_missing_release_namespace_is_a_lease_problem_until_it_exists() {
+    use std::sync::atomic::Ordering;
+
+    use k8s_openapi::api::core::v1::Namespace;
+
+    use crate::registrar::{RegistrarInput, RegistrarSettings, RegistrarState, lease::LeaseTiming};
+
+    let settings = Settings {
+        namespaces_must_exist: true,
+        ..Settings::default()
+    };
+    let (_server, _, client) = serve(settings, None).await;
+    let (tx, rx) = watch::channel(Arc::new(RegistrarInput {
+        desired: Vec::new(),
+        existing: Vec::new(),
+        filters: Vec::new(),
+    }));
+    let state = Arc::new(RegistrarState::default());
+    let stats = Arc::new(crate::node::stats::NodeStats::default());
+    let task = tokio::spawn(crate::registrar::run(
+        client.clone(),
+        RegistrarSettings {
+            namespace: "aether-system".into(),
+            lease_name: crate::registrar::LEASE_NAME.into(),
+            identity: "node-a-1".into(),
+            timing: LeaseTiming::default(),
+        },
+        rx,
+        state.clone(),
+        stats.clone(),
+    ));
+    let problem = within("the Lease problem", async {
+        loop {
+            if let Some(p) = state.lease_problem.lock().clone() {
+                return p;
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    })
+    .await;
+    assert_eq!(problem.code, Some(404));
+    assert_eq!(problem.lease, "aether-system/aether-registrar");
+    assert!(problem.error.contains("not found"), "{}", problem.error);
+    let report = problem.report();
+    assert!(
+        report.starts_with("registrar: its Lease aether-system/aether-registrar cannot be taken (HTTP 404) (does its namespace exist?)"),
+        "{report}"
+    );
+    assert!(
+        stats
+            .registrar_lease_errors
+            .get_or_create(&[("code", "404".to_owned())])
+            .get()
+            >= 1
+    );
+    assert!(!state.leader.load(Ordering::Acquire));
+
+    // The namespace is made: the Lease is taken and the problem ends.
+    let namespaces: Api<Namespace> = Api::all(client.clone());
+    let ns: Namespace = serde_json::from_value(json!({
+        "apiVersion": "v1", "kind": "Namespace", "metadata": {"name": "aether-system"}
+    }))
+    .unwrap();
+    namespaces
+        .create(&PostParams::default(), &ns)
+        .await
+        .unwrap();
+    within("the Lease taken", async {
+        while !state.leader.load(Ordering::Acquire) {
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    })
+    .await;
+    assert!(state.lease_problem.lock().is_none());
+    drop(tx);
+    within("the registrar ends", task).await.unwrap();
+}
