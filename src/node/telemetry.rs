@@ -111,6 +111,14 @@ impl ControlCollector {
         )?;
         per_kind(
             e,
+            "aether_registry_watch_streaming_fallbacks",
+            "Streaming lists of the kind the API server refused (422), after which it is read with paged lists",
+            None,
+            kinds,
+            |k| ConstCounter::new(k.streaming_fallbacks.load(Ordering::Relaxed)),
+        )?;
+        per_kind(
+            e,
             "aether_registry_watch_relists",
             "Complete lists of the kind after its first (410 Gone, a broken watch)",
             None,

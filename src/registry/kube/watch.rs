@@ -85,6 +85,9 @@ pub struct KindState {
     /// Watches that ended at once with nothing delivered, each one a failure of the pace
     /// (`aether_registry_watch_short_total`).
     pub short_watches: AtomicU64,
+    /// Streaming lists the server refused (422), after which the kind is read with paged
+    /// lists.
+    pub streaming_fallbacks: AtomicU64,
     /// Complete lists after the first (a `410 Gone`, a broken watch).
     pub relists: AtomicU64,
     /// The last error, for `aether debug` (the root-only admin socket); `/ready`, served on the
@@ -472,10 +475,52 @@ fn no_trim<K>(_: &mut K) {}
 fn config(settings: &WatchSettings) -> watcher::Config {
     let c = watcher::Config::default();
     if settings.streaming_lists {
-        c.streaming_lists()
+        c.streaming_lists().page_size(settings.page_size)
     } else {
         c.page_size(settings.page_size)
     }
+}
+
+/// One kind's watcher. With streaming lists, a server that refuses them (`422`: its WatchList
+/// feature is off, as on every release before 1.32 unless enabled) makes the kind fall back to
+/// paged lists, once, logged and counted: until now it was asked again forever (issue #36
+/// item 3).
+fn kind_watcher<K>(
+    api: Api<Stored<K>>,
+    config: watcher::Config,
+    state: Arc<KindState>,
+) -> impl futures_util::Stream<Item = watcher::Result<Event<Stored<K>>>> + Send
+where
+    K: Resource + Clone + DeserializeOwned + Debug + Send + Sync + 'static,
+    K::DynamicType: Default + Eq + std::hash::Hash + Clone,
+{
+    let streaming = config.initial_list_strategy == watcher::InitialListStrategy::StreamingList;
+    let first = watch_api(api.clone(), config.clone()).boxed();
+    futures_util::stream::unfold((first, streaming), move |(mut stream, mut streaming)| {
+        let (api, config, state) = (api.clone(), config.clone(), state.clone());
+        async move {
+            loop {
+                let item = stream.next().await?;
+                if streaming && matches!(&item, Err(e) if status_code(e) == Some(422)) {
+                    let error = item
+                        .as_ref()
+                        .err()
+                        .map(|e| crate::DisplayChain(e).to_string())
+                        .unwrap_or_default();
+                    warn!(kind = state.kind, %error, "the API server refuses streaming lists (422); this kind is read with paged lists");
+                    state.streaming_fallbacks.fetch_add(1, Ordering::Relaxed);
+                    let paged = watcher::Config {
+                        initial_list_strategy: watcher::InitialListStrategy::ListWatch,
+                        ..config.clone()
+                    };
+                    stream = watch_api(api.clone(), paged).boxed();
+                    streaming = false;
+                    continue;
+                }
+                return Some((item, (stream, streaming)));
+            }
+        }
+    })
 }
 
 /// The objects of a store that deserialized, shared with the store; the others are listed in
@@ -516,7 +561,7 @@ where
 {
     let (reader, writer) = reflector::store();
     let task = tokio::spawn(async move {
-        let stream = watch_api(api, config)
+        let stream = kind_watcher(api, config, state.clone())
             .modify(move |stored: &mut Stored<K>| {
                 // Just deserialized, so not shared: `make_mut` does not copy.
                 if let Ok(k) = &mut stored.0 {
@@ -603,6 +648,10 @@ impl tower_service::Service<http::Request<kube::client::Body>> for Answered {
         Box::pin(async move {
             if let Some(due) = state.pace.due() {
                 tokio::time::sleep_until(due).await;
+            }
+            let mut request = request;
+            if let Some(uri) = consistent_initial_events(request.uri()) {
+                *request.uri_mut() = uri;
             }
             let watch = request
                 .uri()
@@ -699,6 +748,39 @@ impl http_body::Body for WatchBody {
     fn size_hint(&self) -> http_body::SizeHint {
         self.inner.size_hint()
     }
+}
+
+/// A streaming list's watch made a consistent read, as client-go makes it: kube-runtime asks
+/// for its initial events at `resourceVersion=0` (any version, the server's cache, which may be
+/// behind what this node saw elsewhere); `resourceVersion=` with `NotOlderThan` is the most
+/// recent. `None`: not a streaming list's first watch (a resumed watch keeps its version).
+fn consistent_initial_events(uri: &http::Uri) -> Option<http::Uri> {
+    let query = uri.query()?;
+    let pairs: Vec<(String, String)> = form_urlencoded::parse(query.as_bytes())
+        .map(|(k, v)| (k.into_owned(), v.into_owned()))
+        .collect();
+    let initial = pairs
+        .iter()
+        .any(|(k, v)| k == "sendInitialEvents" && v == "true");
+    let at_zero = pairs
+        .iter()
+        .any(|(k, v)| k == "resourceVersion" && v == "0");
+    if !initial || !at_zero {
+        return None;
+    }
+    let mut out = form_urlencoded::Serializer::new(String::new());
+    for (k, v) in &pairs {
+        let v = if k == "resourceVersion" {
+            ""
+        } else {
+            v.as_str()
+        };
+        out.append_pair(k, v);
+    }
+    let path_and_query = format!("{}?{}", uri.path(), out.finish());
+    let mut parts = uri.clone().into_parts();
+    parts.path_and_query = Some(path_and_query.parse().ok()?);
+    http::Uri::from_parts(parts).ok()
 }
 
 /// The HTTP status of a watch error, when the API server answered with one.

@@ -779,3 +779,63 @@ async fn a_watch_that_delivered_resets_the_wait() {
     assert_eq!(requests_of(&seen, NAMESPACES, true), 6);
     assert!(before.elapsed() < Duration::from_millis(500));
 }
+
+/// Issue #36 item 3: with streaming lists asked for, a server without them (`422`) was asked
+/// again forever and no kind ever listed. Each kind now falls back to paged lists; and a
+/// streaming list's first watch is a consistent read (`resourceVersion=` with
+/// `NotOlderThan`), as client-go makes it, not kube-runtime's `resourceVersion=0`.
+#[tokio::test(start_paused = true)]
+async fn a_server_without_streaming_lists_is_read_with_paged_lists() {
+    let mut script = Script::default();
+    for path in PATHS {
+        script.watches.insert(
+            path,
+            vec![
+                Answer::Status(422, "Invalid"),
+                // The paged watcher's watch, after its list.
+                Answer::Hold,
+            ],
+        );
+    }
+    let settings = WatchSettings {
+        streaming_lists: true,
+        ..WatchSettings::default()
+    };
+    let (source, _changed, seen) = start_with(script, &settings);
+    until(&source, "every kind is listed", KubeSource::synced).await;
+    for kind in source.kinds() {
+        assert_eq!(
+            kind.streaming_fallbacks.load(Ordering::Relaxed),
+            1,
+            "{}",
+            kind.kind
+        );
+    }
+    let seen = seen.lock().clone();
+    for path in PATHS {
+        let of_path: Vec<&String> = seen
+            .iter()
+            .filter(|r| r.starts_with(&format!("{path}?")))
+            .collect();
+        let streaming: Vec<&&String> = of_path
+            .iter()
+            .filter(|r| r.contains("sendInitialEvents=true"))
+            .collect();
+        assert_eq!(streaming.len(), 1, "{path}: {of_path:?}");
+        assert!(
+            streaming[0].contains("resourceVersion=&")
+                || streaming[0].ends_with("resourceVersion="),
+            "not a consistent read: {}",
+            streaming[0]
+        );
+        assert!(
+            streaming[0].contains("resourceVersionMatch=NotOlderThan"),
+            "{}",
+            streaming[0]
+        );
+        assert!(
+            of_path.iter().any(|r| !r.contains("watch=true")),
+            "{path}: no paged list after the refusal: {of_path:?}"
+        );
+    }
+}
