@@ -778,6 +778,7 @@ async fn run_until(
     let shared = Shared {
         inputs: inputs.clone(),
         stats: node_stats.clone(),
+        not_served: Arc::default(),
         home,
         dns: dns::DnsShared {
             table: dns_table.clone(),
@@ -1605,8 +1606,83 @@ async fn handle_cni(
     }
 }
 
+/// The pods not served, as last logged (issue #36 item 6: 10,000 pods the daemon could not
+/// serve wrote 20,000 ERROR lines every 2 s). A pod is logged when it fails first or for
+/// another reason, and once more when it is served; a retry that fails the same way is only
+/// counted, and the count is logged at most once a minute.
+#[derive(Debug, Default)]
+pub struct NotServedLog {
+    reasons: BTreeMap<(String, String), String>,
+    repeats: u64,
+    summed_at: Option<std::time::Instant>,
+}
+
+/// How often the retries that failed as before are summed up in the log.
+const NOT_SERVED_SUMMARY: Duration = Duration::from_secs(60);
+
+/// What one reconcile's outcome adds to the log ([`NotServedLog::record`]).
+#[derive(Debug, Default, PartialEq, Eq)]
+struct NotServedLines {
+    /// Pods that failed first, or for another reason than before.
+    failed: Vec<((String, String), String)>,
+    /// Pods that failed before and do not now.
+    recovered: Vec<(String, String)>,
+    /// `(pods not served, retries that failed as before)`, once a minute at most.
+    summary: Option<(usize, u64)>,
+}
+
+impl NotServedLog {
+    fn record(
+        &mut self,
+        failed: &BTreeMap<(String, String), String>,
+        now: std::time::Instant,
+    ) -> NotServedLines {
+        let mut lines = NotServedLines::default();
+        for (key, reason) in failed {
+            if self.reasons.get(key) == Some(reason) {
+                self.repeats += 1;
+            } else {
+                lines.failed.push((key.clone(), reason.clone()));
+            }
+        }
+        lines.recovered = self
+            .reasons
+            .keys()
+            .filter(|k| !failed.contains_key(*k))
+            .cloned()
+            .collect();
+        self.reasons.clone_from(failed);
+        let due = self
+            .summed_at
+            .is_none_or(|at| now.duration_since(at) >= NOT_SERVED_SUMMARY);
+        if self.repeats > 0 && due {
+            lines.summary = Some((failed.len(), self.repeats));
+            self.repeats = 0;
+            self.summed_at = Some(now);
+        }
+        lines
+    }
+
+    /// [`NotServedLog::record`], written to the log.
+    fn log(&mut self, failed: &BTreeMap<(String, String), String>) {
+        let lines = self.record(failed, crate::time::now());
+        for ((ns, pod), reason) in &lines.failed {
+            error!(namespace = %ns, pod = %pod, error = %reason, "pod not served; retrying every 2 s (logged again when the reason changes)");
+        }
+        for (ns, pod) in &lines.recovered {
+            info!(namespace = %ns, pod = %pod, "pod served after retries, or no longer wanted");
+        }
+        if let Some((pods, retries)) = lines.summary {
+            warn!(
+                pods,
+                retries, "pods still not served, each as logged before; retrying"
+            );
+        }
+    }
+}
+
 /// Reconcile the local pods with the current model; the pods not served, with the reason
-/// (each logged; every local pod is served when it is empty).
+/// (logged through [`NotServedLog`]; every local pod is served when it is empty).
 async fn reconcile(
     config: &NodeConfig,
     shared: &Shared,
@@ -1623,14 +1699,12 @@ async fn reconcile(
         &config.inbound_trusted_sources,
     );
     let failed = pods.lock().await.reconcile(shared, want).await;
-    failed
+    let failed = failed
         .into_iter()
-        .map(|((ns, pod), e)| {
-            let reason = crate::DisplayChain(&e).to_string();
-            error!(namespace = %ns, pod = %pod, error = %reason, "pod not served; retrying");
-            ((ns, pod), reason)
-        })
-        .collect()
+        .map(|(key, e)| (key, crate::DisplayChain(&e).to_string()))
+        .collect();
+    shared.not_served.lock().log(&failed);
+    failed
 }
 
 /// Stop accepting on the pods' listeners; HTTP connections finish what is in flight and close.

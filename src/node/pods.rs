@@ -202,6 +202,8 @@ pub struct Shared {
     pub dns: crate::node::dns::DnsShared,
     /// The control side's counters (capture programming, pods served).
     pub stats: Arc<crate::node::stats::NodeStats>,
+    /// The pods not served, as last logged.
+    pub not_served: Arc<parking_lot::Mutex<crate::node::NotServedLog>>,
 }
 
 /// A pod could not be served.

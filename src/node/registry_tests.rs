@@ -4,6 +4,7 @@
 
 use super::*;
 use crate::registry::file::LastGood;
+use std::collections::BTreeMap;
 
 fn pod(name: &str, ip: &str) -> String {
     format!(
@@ -65,4 +66,49 @@ fn a_deeply_nested_file_is_refused_at_once_counted_and_named() {
         );
     }
     let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// Issue #36 item 6: a pod that cannot be served is logged when it fails first or otherwise,
+/// and when it is served; the retries that fail as before are summed up once a minute.
+#[test]
+fn a_pod_not_served_is_logged_once_per_reason_and_its_retries_are_summed_up() {
+    let key = |p: &str| ("mp".to_owned(), p.to_owned());
+    let failed = |pairs: &[(&str, &str)]| -> BTreeMap<(String, String), String> {
+        pairs
+            .iter()
+            .map(|(p, r)| (key(p), (*r).to_owned()))
+            .collect()
+    };
+    let mut log = NotServedLog::default();
+    let t0 = crate::time::now();
+    let first = log.record(&failed(&[("a", "no netns"), ("b", "no netns")]), t0);
+    assert_eq!(first.failed.len(), 2);
+    assert_eq!(first.summary, None);
+    // 29 retries of 2 s that fail as before: nothing but one summary line.
+    let mut lines = Vec::new();
+    for i in 1..30u64 {
+        let at = t0 + Duration::from_secs(2 * i);
+        lines.push(log.record(&failed(&[("a", "no netns"), ("b", "no netns")]), at));
+    }
+    assert!(
+        lines
+            .iter()
+            .all(|l| l.failed.is_empty() && l.recovered.is_empty())
+    );
+    let summaries: Vec<(usize, u64)> = lines.iter().filter_map(|l| l.summary).collect();
+    assert_eq!(
+        summaries,
+        [(2, 2)],
+        "the first summary at once, then one a minute"
+    );
+    // Another reason is logged; a pod served is logged once.
+    let t = t0 + Duration::from_secs(62);
+    let changed = log.record(&failed(&[("a", "capture failed")]), t);
+    assert_eq!(changed.failed, [(key("a"), "capture failed".to_owned())]);
+    assert_eq!(changed.recovered, [key("b")]);
+    assert_eq!(
+        changed.summary,
+        Some((1, 56)),
+        "the retries since the last summary"
+    );
 }

@@ -107,6 +107,7 @@ fn shared_with(manifests: &str) -> (NodeConfig, Shared) {
         }),
         home: Arc::new(Netns::current().unwrap()),
         stats: Arc::new(NodeStats::default()),
+        not_served: Arc::default(),
         dns: dns::DnsShared {
             table: Arc::new(ArcSwap::from_pointee(followed.dns)),
             upstreams: Vec::new(),
