@@ -531,16 +531,32 @@ fn read_dir(
             path: config.registry.clone(),
             source,
         })?;
+    // Each problem is logged when it appears, not at every reload; the faults are counted at
+    // every load that finds them (the metric's contract).
+    let mut reported = BTreeSet::new();
     for problem in &loaded.problems {
-        warn!(%problem, "registry document skipped");
+        let line = problem.to_string();
+        if !last.reported.contains(&line) {
+            warn!(%problem, "registry document skipped (logged again only if it changes)");
+        }
+        reported.insert(line);
     }
     for fault in &loaded.faults {
         stats
             .registry_file_errors
             .get_or_create(&[("reason", fault.issue.reason())])
             .inc();
-        warn!(%fault, "registry file not whole");
+        let line = fault.to_string();
+        if !last.reported.contains(&line) {
+            warn!(%fault, "registry file not whole (logged again only if it changes)");
+        }
+        reported.insert(line);
     }
+    let gone = last.reported.difference(&reported).count();
+    if gone > 0 {
+        info!(resolved = gone, "registry problems logged before are gone");
+    }
+    last.reported = reported;
     let held = loaded.faults.iter().filter(|f| f.kept_last_good).count();
     stats
         .registry_files_held

@@ -112,3 +112,30 @@ fn a_pod_not_served_is_logged_once_per_reason_and_its_retries_are_summed_up() {
         "the retries since the last summary"
     );
 }
+
+/// Issue #36 item 6: each bad file or document was logged again at every reload. The daemon
+/// keeps what it reported, logs what is new, and forgets what is fixed.
+#[test]
+fn a_registry_problem_is_reported_once_until_it_changes() {
+    let dir = std::env::temp_dir().join(format!("aether-node-reported-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    std::fs::write(dir.join("good.yaml"), pod("good-0", "10.0.0.1")).unwrap();
+    std::fs::write(dir.join("bad.yaml"), "kind: Pod\n").unwrap();
+    let config = NodeConfig {
+        registry: dir.clone(),
+        ..NodeConfig::default()
+    };
+    let stats = NodeStats::default();
+    let mut last = LastGood::default();
+    read_dir(&config, &mut last, &stats).expect("reads");
+    let first = last.reported.clone();
+    assert_eq!(first.len(), 1, "{first:?}");
+    assert!(first.iter().all(|l| l.contains("bad.yaml")), "{first:?}");
+    read_dir(&config, &mut last, &stats).expect("reads");
+    assert_eq!(last.reported, first, "the same problem, nothing new to log");
+    std::fs::write(dir.join("bad.yaml"), pod("bad-0", "10.0.0.2")).unwrap();
+    read_dir(&config, &mut last, &stats).expect("reads");
+    assert!(last.reported.is_empty(), "{:?}", last.reported);
+    let _ = std::fs::remove_dir_all(&dir);
+}

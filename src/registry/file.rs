@@ -77,6 +77,9 @@ pub struct FileLoad {
 #[derive(Clone, Debug, Default)]
 pub struct LastGood {
     files: BTreeMap<PathBuf, String>,
+    /// The problems and faults the last load reported, as logged: the daemon logs each once
+    /// per change, not at every reload (issue #36 item 6).
+    pub reported: std::collections::BTreeSet<String>,
 }
 
 impl LastGood {

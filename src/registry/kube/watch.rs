@@ -60,6 +60,8 @@ use super::objects::{Objects, trim_pod, with_local_view};
 mod pace;
 pub use pace::Backoff;
 use pace::{Failure, Pacer};
+pub mod versions;
+use versions::{Served, Versions};
 
 /// How one kind's watch stands.
 #[derive(Debug, Default)]
@@ -98,6 +100,13 @@ pub struct KindState {
     pub last_event_ms: AtomicU64,
     /// When its next list or watch may go ([`pace`]).
     pace: Pacer,
+    /// The versions it can be read at, for a kind whose group serves several ([`versions`]).
+    versions: Option<Versions>,
+    /// The version discovery chose last, when not the compiled one.
+    served_at: Mutex<Option<String>>,
+    /// The server serves it only at versions this build cannot read: what `/ready` says
+    /// (the kind is not synced while it lasts).
+    pub version_problem: Mutex<Option<String>>,
 }
 
 impl KindState {
@@ -111,6 +120,7 @@ impl KindState {
         Self {
             kind,
             pace: Pacer::new(backoff),
+            versions: versions::of(kind),
             ..Self::default()
         }
     }
@@ -143,7 +153,12 @@ impl KindState {
         let kind = self.kind;
         match self.phase() {
             KindPhase::Synced => None,
-            KindPhase::Listing => Some(format!("{kind}: not listed yet")),
+            KindPhase::Listing => Some(
+                self.version_problem
+                    .lock()
+                    .clone()
+                    .unwrap_or_else(|| format!("{kind}: not listed yet")),
+            ),
             KindPhase::ForbiddenUnlisted => Some(format!(
                 "{kind}: may not be read (403) and was never listed: no pod is served until it is"
             )),
@@ -653,6 +668,16 @@ impl tower_service::Service<http::Request<kube::client::Body>> for Answered {
             if let Some(uri) = consistent_initial_events(request.uri()) {
                 *request.uri_mut() = uri;
             }
+            if let Some(versions) = state.versions {
+                let uri = request.uri().clone();
+                if let Some(refusal) = choose_version(&client, &state, &versions, &uri).await {
+                    return Ok(refusal);
+                }
+                let at = state.served_at.lock().clone();
+                if let Some(uri) = at.and_then(|v| versions.rewrite(request.uri(), &v)) {
+                    *request.uri_mut() = uri;
+                }
+            }
             let watch = request
                 .uri()
                 .query()
@@ -747,6 +772,89 @@ impl http_body::Body for WatchBody {
 
     fn size_hint(&self) -> http_body::SizeHint {
         self.inner.size_hint()
+    }
+}
+
+/// Before a list (or a streaming list's first watch) of a kind whose group serves several
+/// versions, ask discovery where it is served ([`versions`]) and remember the choice. A kind
+/// served only at versions this build cannot read gets a refusal (`406`) instead of a request,
+/// so it is not synced and says why; a discovery that fails keeps the last choice.
+async fn choose_version(
+    client: &Client,
+    state: &KindState,
+    versions: &Versions,
+    uri: &http::Uri,
+) -> Option<http::Response<WatchBody>> {
+    let query = uri.query().unwrap_or("");
+    let resumed_watch = query
+        .split('&')
+        .any(|p| p == "watch=true" || p == "watch=1")
+        && !query.split('&').any(|p| p == "sendInitialEvents=true");
+    if resumed_watch {
+        return None;
+    }
+    let get = |path: String| http::Request::get(path).body(Vec::new());
+    let group = match get(format!("/apis/{}", versions.group)) {
+        Ok(req) => client.request::<versions::ApiGroup>(req).await,
+        Err(_) => return None,
+    };
+    let served = match group {
+        Ok(group) => {
+            let mut served = Vec::new();
+            for version in versions.candidates(&group) {
+                let Ok(req) = get(format!("/apis/{}/{version}", versions.group)) else {
+                    continue;
+                };
+                match client.request::<versions::ResourceList>(req).await {
+                    Ok(list) if versions.listed_in(&list) => served.push(version),
+                    Ok(_) => {}
+                    // Not known whole: keep the last choice.
+                    Err(_) => return None,
+                }
+            }
+            versions.choose(&served)
+        }
+        Err(kube::Error::Api(s)) if s.code == 404 => Served::Nowhere,
+        Err(_) => return None,
+    };
+    match served {
+        Served::At(version) => {
+            let other = (version != versions.compiled).then_some(version);
+            let mut at = state.served_at.lock();
+            if *at != other {
+                info!(
+                    kind = state.kind,
+                    version = other.as_deref().unwrap_or(versions.compiled),
+                    "the API server serves this kind at this version; it is read there"
+                );
+                *at = other;
+            }
+            *state.version_problem.lock() = None;
+            None
+        }
+        Served::Nowhere => {
+            *state.served_at.lock() = None;
+            *state.version_problem.lock() = None;
+            None
+        }
+        Served::Unreadable(listed) => {
+            let problem = versions.problem(state.kind, &listed);
+            let mut held = state.version_problem.lock();
+            if held.as_deref() != Some(problem.as_str()) {
+                warn!(kind = state.kind, served = ?listed, "{problem}");
+                *held = Some(problem.clone());
+            }
+            let status = serde_json::json!({
+                "apiVersion": "v1", "kind": "Status", "status": "Failure",
+                "reason": "NotAcceptable", "code": 406, "message": problem,
+            });
+            let body = kube::client::Body::from(status.to_string().into_bytes());
+            http::Response::builder()
+                .status(406)
+                .header(http::header::CONTENT_TYPE, "application/json")
+                .body(WatchBody::plain(body))
+                .ok()
+        }
     }
 }
 

@@ -56,6 +56,10 @@ type ScriptBody = BoxBody<Bytes, std::convert::Infallible>;
 struct Script {
     lists: BTreeMap<&'static str, Vec<Answer>>,
     watches: BTreeMap<&'static str, Vec<Answer>>,
+    /// Collection paths served besides [`PATHS`] (a kind at another version).
+    more_paths: Vec<&'static str>,
+    /// Discovery documents, by exact path (`/apis/<group>`, `/apis/<group>/<version>`).
+    discovery: BTreeMap<&'static str, Value>,
 }
 
 fn next(answers: Option<&mut Vec<Answer>>, default: Answer) -> Answer {
@@ -125,7 +129,18 @@ fn start_with(
             let path = req.uri().path().to_owned();
             let query = req.uri().query().unwrap_or("").to_owned();
             log.lock().push(format!("{path}?{query}"));
-            let Some(&known) = PATHS.iter().find(|p| **p == path) else {
+            if let Some(doc) = script.discovery.get(path.as_str()) {
+                let body = BodyExt::boxed(http_body_util::Full::new(Bytes::from(doc.to_string())));
+                send.send_response(
+                    Response::builder()
+                        .header("content-type", "application/json")
+                        .body(body)
+                        .unwrap(),
+                );
+                continue;
+            }
+            let more = script.more_paths.clone();
+            let Some(&known) = PATHS.iter().chain(more.iter()).find(|p| **p == path) else {
                 send.send_response(respond(&Answer::Status(404, "NotFound")).unwrap());
                 continue;
             };
@@ -838,4 +853,110 @@ async fn a_server_without_streaming_lists_is_read_with_paged_lists() {
             "{path}: no paged list after the refusal: {of_path:?}"
         );
     }
+}
+
+const GATEWAY_GROUP: &str = "/apis/gateway.networking.k8s.io";
+
+/// A discovery document of the Gateway API group serving `versions`, each with `plurals`.
+fn gateway_discovery(script: &mut Script, versions: &[(&'static str, &[&str])], preferred: &str) {
+    script.discovery.insert(
+        GATEWAY_GROUP,
+        json!({
+            "kind": "APIGroup", "name": "gateway.networking.k8s.io",
+            "versions": versions.iter().map(|(v, _)| json!({"groupVersion": format!("gateway.networking.k8s.io/{v}"), "version": v})).collect::<Vec<_>>(),
+            "preferredVersion": {"groupVersion": format!("gateway.networking.k8s.io/{preferred}"), "version": preferred},
+        }),
+    );
+    for (v, plurals) in versions {
+        let path: &'static str = Box::leak(format!("{GATEWAY_GROUP}/{v}").into_boxed_str());
+        script.discovery.insert(
+            path,
+            json!({"kind": "APIResourceList", "groupVersion": format!("gateway.networking.k8s.io/{v}"),
+                   "resources": plurals.iter().map(|p| json!({"name": p, "namespaced": true, "kind": "X", "verbs": ["list", "watch"]})).collect::<Vec<_>>()}),
+        );
+    }
+}
+
+const GATEWAY_V1: &[&str] = &["httproutes", "grpcroutes", "tlsroutes"];
+
+/// Issue #36 item 2: a server that serves ReferenceGrant at v1beta1 only answered the v1 list
+/// 404, and the daemon ignored every grant as "not installed". Discovery now names v1beta1,
+/// and the grant is read there.
+#[tokio::test]
+async fn a_reference_grant_served_at_v1beta1_only_is_read_there() {
+    const GRANTS_V1BETA1: &str = "/apis/gateway.networking.k8s.io/v1beta1/referencegrants";
+    let mut script = Script::default();
+    gateway_discovery(
+        &mut script,
+        &[
+            ("v1", GATEWAY_V1),
+            ("v1beta1", &["referencegrants"]),
+            ("v1alpha2", &["tcproutes", "udproutes"]),
+        ],
+        "v1",
+    );
+    script.more_paths.push(GRANTS_V1BETA1);
+    script.lists.insert(
+        "/apis/gateway.networking.k8s.io/v1/referencegrants",
+        vec![Answer::Status(404, "NotFound")],
+    );
+    let grant = json!({
+        "apiVersion": "gateway.networking.k8s.io/v1beta1", "kind": "ReferenceGrant",
+        "metadata": {"name": "allow-web", "namespace": "db", "resourceVersion": "4"},
+        "spec": {"from": [{"group": "", "kind": "Service", "namespace": "web"}], "to": [{"group": "", "kind": "Service"}]},
+    });
+    script
+        .lists
+        .insert(GRANTS_V1BETA1, vec![Answer::List("4", vec![grant])]);
+    let (source, _changed, seen) = start(script);
+    until(&source, "every kind is listed", KubeSource::synced).await;
+    let grants = source.objects().0.reference_grants;
+    assert_eq!(sorted_names(&grants), ["allow-web"]);
+    let grants_state = kind(&source, "ReferenceGrant");
+    assert!(
+        !grants_state.absent.load(Ordering::Acquire),
+        "taken for not installed"
+    );
+    assert!(
+        requests_of(
+            &seen,
+            "/apis/gateway.networking.k8s.io/v1/referencegrants",
+            false
+        ) == 0,
+        "asked at v1"
+    );
+}
+
+/// A kind served only at a version this build cannot read keeps the source unsynced (fail
+/// closed) and says which versions the server has.
+#[tokio::test]
+async fn a_kind_served_only_at_an_unknown_version_keeps_the_node_unready_and_says_why() {
+    let mut script = Script::default();
+    gateway_discovery(
+        &mut script,
+        &[
+            ("v1", &["httproutes", "grpcroutes", "referencegrants"]),
+            ("v9", &["tlsroutes"]),
+            ("v1alpha2", &["tcproutes", "udproutes"]),
+        ],
+        "v1",
+    );
+    let (source, _changed, _) = start(script);
+    until(&source, "TLSRoute's version problem is seen", |s| {
+        kind(s, "TLSRoute").version_problem.lock().is_some()
+    })
+    .await;
+    until(&source, "the other kinds are listed", |s| {
+        kind(s, "HTTPRoute").is_synced()
+    })
+    .await;
+    assert!(
+        !source.synced(),
+        "a kind it cannot read left the node to serve"
+    );
+    let report = kind(&source, "TLSRoute").report(0).unwrap();
+    assert!(
+        report.starts_with("TLSRoute: served at v9 only, which this build cannot read"),
+        "{report}"
+    );
 }
