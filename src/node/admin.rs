@@ -67,6 +67,8 @@ pub struct Admin {
     pub debug: super::debug::DebugInputs,
     /// What `/metrics` reads at each scrape (watches, process, runtime).
     pub control: Arc<super::telemetry::ControlCollector>,
+    /// The local pods not served, as last logged: `/ready` names them while it waits.
+    pub not_served: Arc<parking_lot::Mutex<super::NotServedLog>>,
 }
 
 fn json(value: &serde_json::Value) -> Response<Body> {
@@ -173,10 +175,26 @@ fn ready(admin: &Admin) -> Response<Body> {
         text.push_str(&kind);
         text.push('\n');
     }
+    // While it waits for pods, it names them (at most ten; their reasons are in the log).
+    if code != StatusCode::OK {
+        let not_served = admin.not_served.lock().pods();
+        for (ns, pod) in not_served.iter().take(READY_PODS_NAMED) {
+            text.push_str(&format!("pod {ns}/{pod}: not served yet\n"));
+        }
+        if not_served.len() > READY_PODS_NAMED {
+            text.push_str(&format!(
+                "and {} more pods not served yet\n",
+                not_served.len() - READY_PODS_NAMED
+            ));
+        }
+    }
     let mut r = Response::new(respond::full(text));
     *r.status_mut() = code;
     r
 }
+
+/// How many pods not served `/ready` names.
+const READY_PODS_NAMED: usize = 10;
 
 /// The largest body `PUT /access-log` reads.
 const ACCESS_LOG_BODY_MAX: usize = 64;
@@ -377,6 +395,7 @@ pub(super) mod tests {
             etcd: None,
             debug,
             control: Arc::default(),
+            not_served: Arc::default(),
         }
     }
 
@@ -574,6 +593,38 @@ pub(super) mod tests {
         let status = r.status();
         let body = r.into_body().collect().await.unwrap().to_bytes();
         (status, String::from_utf8_lossy(&body).into_owned())
+    }
+
+    /// Issue #36 item 6: `/ready` names what it waits for, pods included (at most ten).
+    #[tokio::test]
+    async fn ready_names_the_pods_it_waits_for() {
+        let admin = admin(false);
+        let failed: std::collections::BTreeMap<(String, String), String> = (0..12)
+            .map(|i| {
+                (
+                    ("mp".to_owned(), format!("p-{i:02}")),
+                    "no netns".to_owned(),
+                )
+            })
+            .collect();
+        admin.not_served.lock().record(&failed, crate::time::now());
+        let (status, body) = ready_answer(&admin).await;
+        assert_eq!(status, StatusCode::SERVICE_UNAVAILABLE);
+        let lines: Vec<&str> = body.lines().collect();
+        assert_eq!(lines[0], "not ready");
+        assert_eq!(lines[1], "pod mp/p-00: not served yet");
+        assert_eq!(lines[10], "pod mp/p-09: not served yet");
+        assert_eq!(lines[11], "and 2 more pods not served yet");
+        // Ready: nothing named.
+        let ready = admin_with_pods_ready(&admin);
+        let (status, body) = ready_answer(&ready).await;
+        assert_eq!((status, body.as_str()), (StatusCode::OK, "ready\n"));
+    }
+
+    fn admin_with_pods_ready(waiting: &Admin) -> Admin {
+        let mut ready = admin(true);
+        ready.not_served = waiting.not_served.clone();
+        ready
     }
 
     /// The four states of a kind, as `/ready` tells them: listing and refused before its list

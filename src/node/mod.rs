@@ -899,7 +899,7 @@ async fn run_until(
         .await
         .is_empty()
         && registry_ok;
-    let _ = ready_tx.send(all_served);
+    set_ready(&ready_tx, all_served);
     let mut retry = tokio::time::interval(Duration::from_secs(2));
     retry.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
 
@@ -930,6 +930,7 @@ async fn run_until(
             runtime: Some(tokio::runtime::Handle::current()),
             identities: Some(identities.clone()),
         }),
+        not_served: shared.not_served.clone(),
     };
     let admin = Arc::new(admin);
     let admin_sock = state_dir.join("admin.sock");
@@ -976,14 +977,14 @@ async fn run_until(
     let mut handed_off = false;
     // A successor has taken the sockets and does not serve yet (`handoff`).
     let mut handing_over = false;
-    info!(node = %config.node_name, admin = %admin_sock.display(), "ready");
+    info!(node = %config.node_name, admin = %admin_sock.display(), ready = *ready_tx.borrow(), "started; ready once the registry is read whole and every local pod is served (logged when it is)");
     loop {
         tokio::select! {
             () = &mut stop => break,
             Some(h) = handing_rx.recv() => match h {
                 Handing::Taking(reply) => {
                     handing_over = true;
-                    let _ = ready_tx.send(false);
+                    set_ready(&ready_tx, false);
                     let mut offered = pods.lock().await.handoff_listeners();
                     offered.extend(node_listeners.lock().offer());
                     info!(sockets = offered.len(), "a successor daemon takes the listening sockets: not ready, CNI ADDs answered try-again, no pod reconciled until it serves");
@@ -1089,7 +1090,7 @@ async fn run_until(
                         // While a successor takes over, the pods stay as they were handed.
                         if !handing_over {
                             let ok = reconcile(&config, &shared, &pods, &cni_pods).await.is_empty();
-                            let _ = ready_tx.send(ok);
+                            set_ready(&ready_tx, ok);
                         }
                         // Published and reconciled: what `/model` reports as loaded.
                         if let Some(settled) = settled {
@@ -1108,7 +1109,7 @@ async fn run_until(
                     Err(NodeError::NotSynced) => {
                         debug!("registry not synced");
                         registry_ok = false;
-                        let _ = ready_tx.send(false);
+                        set_ready(&ready_tx, false);
                     }
                     // A failed load keeps the previous model.
                     Err(e) => error!(error = %crate::DisplayChain(&e), "registry reload failed; keeping the previous model"),
@@ -1122,7 +1123,7 @@ async fn run_until(
                 if !*ready_tx.borrow() && !handing_over {
                     let ok = reconcile(&config, &shared, &pods, &cni_pods).await.is_empty()
                         && registry_ok;
-                    let _ = ready_tx.send(ok);
+                    set_ready(&ready_tx, ok);
                     if ok && offering.is_none() {
                         hand_over_done(&mut predecessor, &pods).await;
                         offering = serve_handoff(&handoff_path, handing_tx.clone());
@@ -1147,7 +1148,7 @@ async fn run_until(
                 let (outcome, ok) =
                     handle_cni(&req.command, &config, &shared, &pods, &cni_pods, &node_stats).await;
                 if let Some(ok) = ok {
-                    let _ = ready_tx.send(ok && registry_ok);
+                    set_ready(&ready_tx, ok && registry_ok);
                 }
                 let _ = req.reply.send(outcome.map_err(CniRefusal::Refused));
             }
@@ -1648,6 +1649,11 @@ struct NotServedLines {
 }
 
 impl NotServedLog {
+    /// The pods not served at the last reconcile.
+    pub fn pods(&self) -> Vec<(String, String)> {
+        self.reasons.keys().cloned().collect()
+    }
+
     fn record(
         &mut self,
         failed: &BTreeMap<(String, String), String>,
@@ -1694,6 +1700,17 @@ impl NotServedLog {
                 retries, "pods still not served, each as logged before; retrying"
             );
         }
+    }
+}
+
+/// Set the node's readiness, logged when it changes (issue #36 item 6: "ready" was logged at
+/// start, before anything had been listed).
+fn set_ready(ready: &watch::Sender<bool>, now: bool) {
+    let was = ready.send_replace(now);
+    match (was, now) {
+        (false, true) => info!("ready: the registry is read whole and every local pod is served"),
+        (true, false) => warn!("not ready: /ready names what it waits for"),
+        _ => {}
     }
 }
 
