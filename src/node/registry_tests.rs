@@ -12,14 +12,6 @@ fn pod(name: &str, ip: &str) -> String {
     )
 }
 
-/// The CPU time the calling thread has spent, in microseconds.
-fn thread_cpu_micros() -> i64 {
-    let usage = nix::sys::resource::getrusage(nix::sys::resource::UsageWho::RUSAGE_THREAD)
-        .expect("getrusage");
-    let (user, system) = (usage.user_time(), usage.system_time());
-    (user.tv_sec() + system.tv_sec()) * 1_000_000 + user.tv_usec() + system.tv_usec()
-}
-
 #[test]
 fn a_deeply_nested_file_is_refused_at_once_counted_and_named() {
     let dir = std::env::temp_dir().join(format!("aether-node-deep-{}", std::process::id()));
@@ -34,9 +26,9 @@ fn a_deeply_nested_file_is_refused_at_once_counted_and_named() {
         ..NodeConfig::default()
     };
     let stats = NodeStats::default();
-    let before = thread_cpu_micros();
+    let before = crate::test_util::thread_cpu_micros();
     let (snapshot, _) = read_dir(&config, &mut LastGood::default(), &stats).expect("reads");
-    let spent = thread_cpu_micros() - before;
+    let spent = crate::test_util::thread_cpu_micros() - before;
     assert!(spent < 100_000, "{spent} µs of CPU for the whole directory");
     let pods: Vec<&str> = snapshot.pods.iter().map(|p| p.name.as_str()).collect();
     assert_eq!(

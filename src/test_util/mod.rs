@@ -249,3 +249,12 @@ pub fn mp_fixture() -> crate::model::Snapshot {
     crate::model::registrar::complete_snapshot(&mut snapshot, "10.96.0.0/16".parse().unwrap());
     snapshot
 }
+
+/// The CPU time the calling thread has spent, in microseconds: a bound on work that must be
+/// cheap (a refusal), unmoved by other threads' load.
+pub fn thread_cpu_micros() -> i64 {
+    let usage = nix::sys::resource::getrusage(nix::sys::resource::UsageWho::RUSAGE_THREAD)
+        .expect("getrusage");
+    let (user, system) = (usage.user_time(), usage.system_time());
+    (user.tv_sec() + system.tv_sec()) * 1_000_000 + user.tv_usec() + system.tv_usec()
+}

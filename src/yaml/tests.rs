@@ -57,14 +57,6 @@ fn the_core_schema_of_yaml_1_2_and_no_key_twice() {
     );
 }
 
-/// The CPU time of the calling thread, in microseconds.
-fn thread_cpu_micros() -> i64 {
-    let usage = nix::sys::resource::getrusage(nix::sys::resource::UsageWho::RUSAGE_THREAD)
-        .expect("getrusage");
-    let (user, system) = (usage.user_time(), usage.system_time());
-    (user.tv_sec() + system.tv_sec()) * 1_000_000 + user.tv_usec() + system.tv_usec()
-}
-
 #[test]
 fn deep_nesting_is_refused_at_once() {
     // The file of issue #36: 200 KB of nested `[`, which cost serde_yaml 6-10 s of CPU.
@@ -73,9 +65,9 @@ fn deep_nesting_is_refused_at_once() {
         "{a: ".repeat(50_000),
         "- ".repeat(100_000),
     ] {
-        let before = thread_cpu_micros();
+        let before = crate::test_util::thread_cpu_micros();
         let (docs, error) = documents_of(&text);
-        let spent = thread_cpu_micros() - before;
+        let spent = crate::test_util::thread_cpu_micros() - before;
         assert!(docs.is_empty());
         assert_eq!(
             error,

@@ -715,7 +715,7 @@ async fn the_registrar_and_the_status_writer_write_through_a_real_client() {
 
     use crate::model::port::Transport;
     use crate::model::snapshot::{ServicePort as SnapPort, TargetPort};
-    use crate::registrar::{RegistrarInput, RegistrarSettings, RegistrarState, lease::LeaseTiming};
+    use crate::registrar::{RegistrarInput, RegistrarState};
 
     let (_server, _, client) = serve(Settings::default(), None).await;
     let desired = crate::model::snapshot::Service {
@@ -741,12 +741,7 @@ async fn the_registrar_and_the_status_writer_write_through_a_real_client() {
     let state = Arc::new(RegistrarState::default());
     let task = tokio::spawn(crate::registrar::run(
         client.clone(),
-        RegistrarSettings {
-            namespace: "aether-system".into(),
-            lease_name: crate::registrar::LEASE_NAME.into(),
-            identity: "node-a-1".into(),
-            timing: LeaseTiming::default(),
-        },
+        node_a_registrar(),
         rx,
         state.clone(),
         Arc::default(),
@@ -859,7 +854,7 @@ async fn the_registrar_and_the_status_writer_write_through_a_real_client() {
 /// nothing left to write.
 #[tokio::test]
 async fn the_registrar_writes_why_a_mesh_filter_is_not_accepted() {
-    use crate::registrar::{RegistrarInput, RegistrarSettings, RegistrarState, lease::LeaseTiming};
+    use crate::registrar::{RegistrarInput, RegistrarState};
 
     let (_server, _, client) = serve(Settings::default(), None).await;
     let resource = kube::api::ApiResource {
@@ -902,12 +897,7 @@ async fn the_registrar_writes_why_a_mesh_filter_is_not_accepted() {
     let state = Arc::new(RegistrarState::default());
     let task = tokio::spawn(crate::registrar::run(
         client.clone(),
-        RegistrarSettings {
-            namespace: "aether-system".into(),
-            lease_name: crate::registrar::LEASE_NAME.into(),
-            identity: "node-a-1".into(),
-            timing: LeaseTiming::default(),
-        },
+        node_a_registrar(),
         rx,
         state.clone(),
         Arc::default(),
@@ -969,7 +959,7 @@ async fn a_missing_release_namespace_is_a_lease_problem_until_it_exists() {
 
     use k8s_openapi::api::core::v1::Namespace;
 
-    use crate::registrar::{RegistrarInput, RegistrarSettings, RegistrarState, lease::LeaseTiming};
+    use crate::registrar::{RegistrarInput, RegistrarState};
 
     let settings = Settings {
         namespaces_must_exist: true,
@@ -985,12 +975,7 @@ async fn a_missing_release_namespace_is_a_lease_problem_until_it_exists() {
     let stats = Arc::new(crate::node::stats::NodeStats::default());
     let task = tokio::spawn(crate::registrar::run(
         client.clone(),
-        RegistrarSettings {
-            namespace: "aether-system".into(),
-            lease_name: crate::registrar::LEASE_NAME.into(),
-            identity: "node-a-1".into(),
-            timing: LeaseTiming::default(),
-        },
+        node_a_registrar(),
         rx,
         state.clone(),
         stats.clone(),
@@ -1040,4 +1025,14 @@ async fn a_missing_release_namespace_is_a_lease_problem_until_it_exists() {
     assert!(state.lease_problem.lock().is_none());
     drop(tx);
     within("the registrar ends", task).await.unwrap();
+}
+
+/// The registrar settings of node-a's daemon, its Lease in `aether-system`.
+fn node_a_registrar() -> crate::registrar::RegistrarSettings {
+    crate::registrar::RegistrarSettings {
+        namespace: "aether-system".into(),
+        lease_name: crate::registrar::LEASE_NAME.into(),
+        identity: "node-a-1".into(),
+        timing: crate::registrar::lease::LeaseTiming::default(),
+    }
 }
