@@ -494,9 +494,22 @@ async fn an_add_is_answered_once_its_pod_is_served_or_with_the_reason_it_is_not(
         None,
         "the failed ADD left a record"
     );
-    // The port is free again: the retried ADD is answered once the pod is served.
+    // The port is free again: the retried ADD is answered once the pod is served. Retried as
+    // the runtime retries an ADD: under load a process another test spawns can hold a copy of
+    // a just-closed socket until it execs, and the port stays taken for that moment (seen once
+    // in eight loaded runs; the daemon's own reconcile retries the same way).
     drop(blocker);
-    assert_eq!(ask(&d, &add(&path)).await, Ok(()));
+    let deadline = crate::time::now() + Duration::from_secs(20);
+    let mut answer = ask(&d, &add(&path)).await;
+    while answer
+        .as_ref()
+        .is_err_and(|e| e.contains("Address already in use"))
+        && crate::time::now() < deadline
+    {
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        answer = ask(&d, &add(&path)).await;
+    }
+    assert_eq!(answer, Ok(()));
     let served = d.pods.lock().await.list();
     assert_eq!(served.len(), 1, "{served:?}");
     assert_eq!(served[0]["netns"], path.display().to_string());
