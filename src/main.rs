@@ -1134,18 +1134,26 @@ fn run_demo(args: &DemoArgs) -> anyhow::Result<ExitCode> {
             println!("Running the legs of spec/legs.md through real sockets...");
             tokio::select! {
                 r = async {
+                    // The legs start from the registry as the daemons hold it: on etcd each
+                    // daemon writes its pods' rows once it has probed them, after the pods
+                    // listen, and the other node must have seen them.
+                    running.env.settle().await?;
                     let mut all = Vec::new();
                     for _ in 0..args.repeat {
                         all.extend(aether::demo::run_legs(&running, &opts.legs).await);
                     }
-                    all
+                    Ok::<_, String>(all)
                 } => Some(r),
                 _ = stop.wait() => None,
             }
         };
         let mut code = ExitCode::SUCCESS;
         match &results {
-            Some(results) => {
+            Some(Err(e)) => {
+                say(format_args!("The daemons did not settle before the legs: {e}"));
+                code = ExitCode::from(1);
+            }
+            Some(Ok(results)) => {
                 print!("{}", aether::legs::table(results));
                 if let Some(path) = &args.json {
                     std::fs::write(path, serde_json::to_string_pretty(results)?)
