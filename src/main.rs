@@ -206,6 +206,21 @@ struct NodeArgs {
     /// The largest ext_authz answer body read, in bytes.
     #[arg(long, env = "AETHER_EXT_AUTHZ_MAX_BODY_BYTES")]
     ext_authz_max_body_bytes: Option<usize>,
+    /// The most HTTP/2 streams one peer may have open at once over all its connections.
+    #[arg(long, env = "AETHER_MAX_STREAMS_PER_PEER")]
+    max_streams_per_peer: Option<usize>,
+    /// The memory the overload manager measures against, in bytes; 0: the memory cgroup's limit.
+    #[arg(long, env = "AETHER_OVERLOAD_MEMORY_LIMIT_BYTES")]
+    overload_memory_limit_bytes: Option<u64>,
+    /// Memory use, in percent of the limit, at which new connections are refused.
+    #[arg(long, env = "AETHER_OVERLOAD_REFUSE_PERCENT")]
+    overload_refuse_percent: Option<u64>,
+    /// Memory use, in percent of the limit, at which idle and partial connections are shed.
+    #[arg(long, env = "AETHER_OVERLOAD_SHED_PERCENT")]
+    overload_shed_percent: Option<u64>,
+    /// How often the overload manager reads the memory in use, in milliseconds.
+    #[arg(long, env = "AETHER_OVERLOAD_INTERVAL_MS")]
+    overload_interval_ms: Option<u64>,
     /// The largest request body the admin socket's debug endpoints read, in bytes.
     #[arg(long, env = "AETHER_DEBUG_MAX_BODY_BYTES")]
     debug_max_body_bytes: Option<usize>,
@@ -1014,6 +1029,11 @@ fn node_config(args: &NodeArgs) -> anyhow::Result<aether::node::NodeConfig> {
         tcp_idle_timeout_secs,
         mirror_max_body_bytes,
         ext_authz_max_body_bytes,
+        max_streams_per_peer,
+        overload_memory_limit_bytes,
+        overload_refuse_percent,
+        overload_shed_percent,
+        overload_interval_ms,
         debug_max_body_bytes,
         debug_capture_timeout_ms,
         etcd_endpoints,

@@ -16,6 +16,8 @@
 mod client;
 #[path = "direct/http.rs"]
 mod http_hardening;
+#[path = "direct/overload.rs"]
+mod overload;
 #[path = "direct/world.rs"]
 mod world;
 

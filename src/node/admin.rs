@@ -97,6 +97,7 @@ async fn handle(admin: &Admin, path: &str) -> Response<Body> {
                 admin.inputs.metrics.clone(),
             )));
             admin.node_stats.register(&mut registry);
+            admin.inputs.overload.register_metrics(&mut registry);
             registry.register_collector(Box::new(admin.control.clone()));
             let generation = prometheus_client::metrics::gauge::Gauge::<i64>::default();
             generation.set(i64::try_from(admin.inputs.model.generation()).unwrap_or(i64::MAX));
@@ -385,6 +386,7 @@ pub(super) mod tests {
                 stats: Stats::default(),
                 metrics: Arc::default(),
                 access: crate::proxy::access::AccessLog::default(),
+                overload: Arc::default(),
             }),
             pods: Arc::new(Mutex::new(Pods::default())),
             ready: rx,

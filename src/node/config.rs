@@ -235,6 +235,22 @@ pub struct NodeConfig {
     pub mirror_max_body_bytes: usize,
     /// The largest `ext_authz` answer body read, in bytes. Default 64 KiB.
     pub ext_authz_max_body_bytes: usize,
+    /// The most HTTP/2 streams one peer (a local pod on the source side; an identity from its
+    /// address on the mesh hop) may have open at once over all its connections; a stream over
+    /// it is refused (`REFUSED_STREAM`). Default 2000.
+    pub max_streams_per_peer: usize,
+    /// The memory the overload manager measures against, in bytes; 0 (the default): the limit
+    /// of the daemon's memory cgroup (v2 or v1), and no shedding where there is none.
+    pub overload_memory_limit_bytes: u64,
+    /// Memory use (in percent of the limit) at which new connections are closed at accept.
+    /// Default 90.
+    pub overload_refuse_percent: u64,
+    /// Memory use (in percent of the limit) at which new HTTP/2 streams are refused and HTTP
+    /// connections with no request in flight are closed, the largest partial heads first.
+    /// Default 95.
+    pub overload_shed_percent: u64,
+    /// How often the overload manager reads the memory in use, in milliseconds. Default 100.
+    pub overload_interval_ms: u64,
     /// The largest request body the admin socket's debug endpoints read (an `aether debug
     /// explain` question, a log filter), in bytes, *for each request*; a larger one is answered
     /// `413`. Default 65536. Key `debug_max_body_bytes`, `AETHER_DEBUG_MAX_BODY_BYTES`.
@@ -312,6 +328,11 @@ impl Default for NodeConfig {
             tcp_idle_timeout_secs: 3600,
             mirror_max_body_bytes: 1024 * 1024,
             ext_authz_max_body_bytes: 64 * 1024,
+            max_streams_per_peer: crate::proxy::overload::DEFAULT_MAX_STREAMS_PER_PEER,
+            overload_memory_limit_bytes: 0,
+            overload_refuse_percent: 90,
+            overload_shed_percent: 95,
+            overload_interval_ms: 100,
         }
     }
 }
@@ -440,6 +461,11 @@ impl NodeConfig {
                 "ext_authz_max_body_bytes",
                 u64::try_from(self.ext_authz_max_body_bytes).unwrap_or(u64::MAX),
             ),
+            (
+                "max_streams_per_peer",
+                u64::try_from(self.max_streams_per_peer).unwrap_or(u64::MAX),
+            ),
+            ("overload_interval_ms", self.overload_interval_ms),
         ] {
             if value == 0 {
                 return Err(ConfigError::Invalid {
@@ -461,6 +487,21 @@ impl NodeConfig {
                     message: format!("{value} is under 1024 bytes: no real request fits"),
                 });
             }
+        }
+        if !(1..=100).contains(&self.overload_shed_percent) {
+            return Err(ConfigError::Invalid {
+                setting: "overload_shed_percent",
+                message: format!("{} is not from 1 to 100", self.overload_shed_percent),
+            });
+        }
+        if !(1..=self.overload_shed_percent).contains(&self.overload_refuse_percent) {
+            return Err(ConfigError::Invalid {
+                setting: "overload_refuse_percent",
+                message: format!(
+                    "{} is not from 1 to overload_shed_percent ({})",
+                    self.overload_refuse_percent, self.overload_shed_percent
+                ),
+            });
         }
         if !(1..=64).contains(&self.worker_threads) {
             return Err(ConfigError::Invalid {
@@ -656,6 +697,7 @@ mod tests {
         "max_headers",
         "mirror_max_body_bytes",
         "ext_authz_max_body_bytes",
+        "max_streams_per_peer",
         "udp_max_flows_per_pod",
         "udp_idle_secs",
         "dns_tcp_max_clients",

@@ -10,6 +10,7 @@ pub mod dns;
 pub mod handoff;
 pub mod listeners;
 pub mod liveness;
+pub mod memory;
 mod pace;
 pub mod pods;
 mod retire;
@@ -758,6 +759,7 @@ async fn run_until(
                 .then(|| Duration::from_secs(config.tcp_idle_timeout_secs)),
             mirror_max_body_bytes: config.mirror_max_body_bytes,
             ext_authz_max_body_bytes: config.ext_authz_max_body_bytes,
+            max_streams_per_peer: config.max_streams_per_peer,
             ..ProxySettings::default()
         },
         pool: crate::proxy::hop::Pool::default(),
@@ -778,6 +780,9 @@ async fn run_until(
                 })
                 .map_err(NodeError::from)?,
         ),
+        overload: Arc::new(crate::proxy::overload::Overload::new(
+            config.max_streams_per_peer,
+        )),
     });
     let upstreams = if config.dns_upstreams.is_empty() {
         std::fs::read_to_string("/etc/resolv.conf")
@@ -829,6 +834,16 @@ async fn run_until(
         stats: node_stats.clone(),
     };
     tokio::spawn(gate.run(socket_rx, cni_tx));
+    // The overload manager: sheds by memory before the OOM killer would (issue #36 item 4).
+    tokio::spawn(memory::monitor(
+        inputs.overload.clone(),
+        memory::Source::of_this_process(config.overload_memory_limit_bytes),
+        crate::proxy::overload::Thresholds {
+            refuse_percent: config.overload_refuse_percent,
+            shed_percent: config.overload_shed_percent,
+        },
+        Duration::from_millis(config.overload_interval_ms),
+    ));
 
     // A daemon already running here (an upgrade): take its listening sockets, so that no
     // connection is refused while the two change places (issue #8 §4, `handoff`). It hands

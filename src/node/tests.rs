@@ -104,6 +104,7 @@ fn shared_with(manifests: &str) -> (NodeConfig, Shared) {
             stats: Stats::default(),
             metrics: Arc::default(),
             access: crate::proxy::access::AccessLog::default(),
+            overload: Arc::default(),
         }),
         home: Arc::new(Netns::current().unwrap()),
         stats: Arc::new(NodeStats::default()),

@@ -257,6 +257,21 @@ async fn bound_source(
     }
 }
 
+/// The deadlines of an inbound connection's HTTP, from now, in the overload manager's registry;
+/// its HTTP/2 streams count against the identity the hop proved, from the address source
+/// binding checked ([`Overload::open_stream`]).
+///
+/// [`Overload::open_stream`]: super::overload::Overload::open_stream
+fn hop_watch(inputs: &Inputs, proto: Proto, peer: &Peer, to: &Delivery) -> Watch {
+    Watch::guarded(
+        proto,
+        &inputs.settings,
+        Some(tokio::time::Instant::now()),
+        &inputs.overload,
+        Arc::from(format!("{} {}", peer.id, to.client_ip)),
+    )
+}
+
 /// Serve the HTTP of one inbound hop connection (HTTP/2, or HTTP/1.1 for an [`ALPN_H1`] hop)
 /// with the head and idle deadlines of every HTTP server of the daemon ([`limits`]).
 async fn serve_hop_http<T>(
@@ -270,7 +285,7 @@ async fn serve_hop_http<T>(
     T: tokio::io::AsyncRead + tokio::io::AsyncWrite + Send + Unpin + 'static,
 {
     let proto = if h1 { Proto::Http1 } else { Proto::Http2 };
-    let watch = Watch::new(proto, &inputs.settings, Some(tokio::time::Instant::now()));
+    let watch = hop_watch(&inputs, proto, &peer, &to);
     let io = TokioIo::new(Watched::new(tls, bytes::Bytes::new(), watch.clone()));
     let pod_name = pod.name.clone();
     let peer = Arc::new(peer);
@@ -287,8 +302,11 @@ async fn serve_hop_http<T>(
             // Boxed, as on the source side (`http::serve`): an idle connection keeps no room
             // for a request's future.
             Box::pin(async move {
+                let Some(in_flight) = in_flight else {
+                    return Err(limits::refused_stream());
+                };
                 let resp = inbound_request(&inputs, &pod, &peer, &to, req, &in_flight).await;
-                Ok::<_, std::convert::Infallible>(resp.map(|b| track(b, &in_flight)))
+                Ok(resp.map(|b| track(b, &in_flight)))
             })
         })
     };
@@ -626,7 +644,7 @@ async fn l4_http<S>(
     } else {
         Proto::Http1
     };
-    let watch = Watch::new(proto, &inputs.settings, Some(tokio::time::Instant::now()));
+    let watch = hop_watch(&inputs, proto, &peer, &to);
     let io = TokioIo::new(Watched::new(stream, prefix, watch.clone()));
     let peer = Arc::new(peer);
     let to = Arc::new(to);
@@ -640,6 +658,9 @@ async fn l4_http<S>(
             let to = to.clone();
             let in_flight = watch.begin(&inputs.stats);
             Box::pin(async move {
+                let Some(in_flight) = in_flight else {
+                    return Err(limits::refused_stream());
+                };
                 let started = crate::time::now();
                 let logged = inputs.access.pick();
                 let request_bytes = logged.then(|| Arc::new(AtomicU64::new(0)));
@@ -672,9 +693,7 @@ async fn l4_http<S>(
                                 started,
                                 request_bytes,
                             );
-                            return Ok::<_, std::convert::Infallible>(
-                                denied.map(|b| track(b, &in_flight)),
-                            );
+                            return Ok::<_, h2::Error>(denied.map(|b| track(b, &in_flight)));
                         }
                     }
                 }

@@ -18,6 +18,7 @@ pub mod log_gate;
 pub mod mesh_call;
 pub mod metrics;
 pub mod outbound;
+pub mod overload;
 pub mod passthrough;
 pub mod peek;
 pub mod read_ahead;
@@ -162,6 +163,9 @@ pub struct ProxySettings {
     /// relayed to the client, and what is over this is not read (the denial goes without a
     /// body; counted in `aether_ext_authz_body_over_limit`).
     pub ext_authz_max_body_bytes: usize,
+    /// The most HTTP/2 streams one peer may have open at once over all its connections
+    /// ([`overload::Overload::open_stream`]; node setting `max_streams_per_peer`).
+    pub max_streams_per_peer: usize,
 }
 
 impl Default for ProxySettings {
@@ -186,6 +190,7 @@ impl Default for ProxySettings {
             tcp_idle_timeout: Some(Duration::from_secs(3600)),
             mirror_max_body_bytes: 1024 * 1024,
             ext_authz_max_body_bytes: 64 * 1024,
+            max_streams_per_peer: overload::DEFAULT_MAX_STREAMS_PER_PEER,
         }
     }
 }
@@ -210,6 +215,9 @@ pub struct Inputs {
     pub metrics: Arc<metrics::DataPlane>,
     /// The access log's switch ([`access`]).
     pub access: access::AccessLog,
+    /// The overload manager's level, its registry of HTTP connections and each peer's HTTP/2
+    /// streams ([`overload`]).
+    pub overload: Arc<overload::Overload>,
 }
 
 /// Data-plane counters (exported by `admin` through prometheus-client).
@@ -491,6 +499,11 @@ impl Active {
     /// caller closes the connection and keeps serving the ones already open.
     pub fn admit(inputs: &Inputs, pod: &Arc<PodCtx>) -> Option<Self> {
         let settings = &inputs.settings;
+        // Under memory pressure nothing new is taken on (counted by the overload manager).
+        if inputs.overload.refuses_connections() {
+            tracing::debug!(pod = %pod.name, "memory pressure: closed at accept");
+            return None;
+        }
         let mine = pod.open.fetch_add(1, Ordering::AcqRel);
         let all = inputs.stats.active.inc();
         let over_pod = mine >= settings.max_connections_per_pod;

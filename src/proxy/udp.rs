@@ -385,6 +385,7 @@ spec:
             stats: Stats::default(),
             metrics: Arc::default(),
             access: crate::proxy::access::AccessLog::default(),
+            overload: Arc::default(),
         });
         let ip: Ipv4Addr = format!("{base}.1").parse().unwrap();
         let net = LoopbackNet::new(ip);

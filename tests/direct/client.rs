@@ -86,3 +86,18 @@ pub(crate) async fn get(addr: SocketAddr, target: &str, host: &str, extra: &[&st
     raw.push_str("connection: close\r\n\r\n");
     parse(&exchange(addr, raw.as_bytes()).await)
 }
+
+/// An HTTP/2 (prior knowledge) connection to `addr`, driven by a task of its own: its sender.
+pub(crate) async fn h2_sender(
+    addr: SocketAddr,
+) -> hyper::client::conn::http2::SendRequest<http_body_util::Full<bytes::Bytes>> {
+    let stream = TcpStream::connect(addr).await.unwrap();
+    let (send, conn) = hyper::client::conn::http2::handshake(
+        hyper_util::rt::TokioExecutor::new(),
+        hyper_util::rt::TokioIo::new(stream),
+    )
+    .await
+    .unwrap();
+    tokio::spawn(conn);
+    send
+}

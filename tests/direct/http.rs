@@ -520,12 +520,7 @@ async fn an_http2_client_at_the_stream_limit_waits_for_a_stream_and_the_limit_is
         ..ProxySettings::default()
     })
     .await;
-    let stream = TcpStream::connect(w.loopback()).await.unwrap();
-    let (send, conn) =
-        hyper::client::conn::http2::handshake(TokioExecutor::new(), TokioIo::new(stream))
-            .await
-            .unwrap();
-    tokio::spawn(conn);
+    let send = crate::client::h2_sender(w.loopback()).await;
     let req = |delay: &str| {
         http::Request::builder()
             .uri(format!("http://{}/", name("mp-guarded", 8080)))

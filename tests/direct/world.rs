@@ -256,6 +256,7 @@ impl World {
         let identities = Arc::new(Identities::new(ca, IdentitySettings::default()).unwrap());
         let metrics = Arc::new(aether::proxy::metrics::DataPlane::default());
         metrics.rebuild(&model);
+        let max_streams_per_peer = settings.max_streams_per_peer;
         let inputs = Arc::new(Inputs {
             model: Arc::new(ModelHandle::new(model)),
             tls: Arc::new(IdentityTls::new(identities.clone())),
@@ -265,6 +266,7 @@ impl World {
             stats: Stats::default(),
             metrics,
             access: aether::proxy::access::AccessLog::default(),
+            overload: Arc::new(aether::proxy::overload::Overload::new(max_streams_per_peer)),
         });
         let ip = |host: u8| Ipv4Addr::new(block[0], block[1], block[2], host);
         let pod = |name: &str, sa: &str, net: &LoopbackNet| {

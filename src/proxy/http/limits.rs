@@ -34,6 +34,7 @@ use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::time::Instant;
 use tracing::debug;
 
+use crate::proxy::overload::{Overload, PeerStream, Registered, Sheddable};
 use crate::proxy::rewind::Rewind;
 use crate::proxy::{Body, BoxError, Inputs, ProxySettings, Stats, count};
 
@@ -68,6 +69,32 @@ struct Shared {
     head_timeout: Duration,
     idle_timeout: Duration,
     max_streams: usize,
+    /// Bytes read of an HTTP/1 head not yet whole (what a shed closes first).
+    partial: AtomicUsize,
+    /// Told by the overload manager to close now.
+    shed: tokio::sync::Notify,
+    /// Its place in the overload manager's registry, and the peer its HTTP/2 streams count
+    /// against; unset for a connection nothing sheds (tests).
+    guard: std::sync::OnceLock<(Registered, Arc<str>)>,
+}
+
+impl Sheddable for Shared {
+    fn in_flight(&self) -> usize {
+        self.in_flight.load(Ordering::SeqCst)
+    }
+
+    fn partial_bytes(&self) -> usize {
+        self.partial.load(Ordering::Relaxed)
+    }
+
+    fn idle_since(&self) -> Instant {
+        self.instant(self.idle_since.load(Ordering::SeqCst))
+            .unwrap_or(self.base)
+    }
+
+    fn shed(&self) {
+        self.shed.notify_one();
+    }
 }
 
 impl Shared {
@@ -103,6 +130,9 @@ impl Watch {
             idle_timeout: settings.http_idle_timeout,
             max_streams: usize::try_from(settings.http2_max_concurrent_streams)
                 .unwrap_or(usize::MAX),
+            partial: AtomicUsize::new(0),
+            shed: tokio::sync::Notify::new(),
+            guard: std::sync::OnceLock::new(),
         };
         shared
             .idle_since
@@ -113,26 +143,61 @@ impl Watch {
         Self(Arc::new(shared))
     }
 
+    /// As [`Watch::new`], for a connection the overload manager may shed, whose HTTP/2 streams
+    /// count against `peer`'s.
+    pub fn guarded(
+        proto: Proto,
+        settings: &ProxySettings,
+        head_started: Option<Instant>,
+        overload: &Arc<Overload>,
+        peer: Arc<str>,
+    ) -> Self {
+        let watch = Self::new(proto, settings, head_started);
+        let weak: std::sync::Weak<dyn Sheddable> = Arc::downgrade(&watch.0) as _;
+        let _ = watch.0.guard.set((overload.register(weak), peer));
+        watch
+    }
+
+    /// Until the overload manager sheds this connection.
+    async fn shed(&self) {
+        self.0.shed.notified().await;
+    }
+
     /// A request (its head complete, or an HTTP/2 stream) was handed over; it is in flight until
     /// the returned value and every clone of it are dropped ([`track`]). An HTTP/2 connection
     /// that reaches its stream limit is counted.
-    pub fn begin(&self, stats: &Stats) -> Arc<InFlight> {
+    ///
+    /// `None`: an HTTP/2 stream the overload manager refuses (its peer has its streams open, or
+    /// memory is critical); the caller resets it with `REFUSED_STREAM` ([`refused_stream`]).
+    pub fn begin(&self, stats: &Stats) -> Option<Arc<InFlight>> {
         let w = &self.0;
+        let stream = match (w.proto, w.guard.get()) {
+            (Proto::Http2, Some((registered, peer))) => {
+                Some(registered.overload().open_stream(peer)?)
+            }
+            _ => None,
+        };
         w.head_started.store(0, Ordering::SeqCst);
+        w.partial.store(0, Ordering::Relaxed);
         let now = w.in_flight.fetch_add(1, Ordering::SeqCst) + 1;
         if w.proto == Proto::Http2 && now >= w.max_streams {
             count(&stats.http2_stream_limit);
         }
-        Arc::new(InFlight(self.clone()))
+        Some(Arc::new(InFlight {
+            watch: self.clone(),
+            _stream: stream,
+        }))
     }
 
-    /// Bytes arrived: on HTTP/1 with no request in flight they begin a head.
-    fn read(&self) {
+    /// `n` bytes arrived: on HTTP/1 with no request in flight they are part of a head, and the
+    /// first begins its clock.
+    fn read(&self, n: usize) {
         let w = &self.0;
-        if w.proto != Proto::Http1
-            || w.in_flight.load(Ordering::SeqCst) > 0
-            || w.head_started.load(Ordering::SeqCst) != 0
-        {
+        if w.proto != Proto::Http1 || w.in_flight.load(Ordering::SeqCst) > 0 {
+            return;
+        }
+        w.partial.fetch_add(n, Ordering::Relaxed);
+        if w.head_started.load(Ordering::SeqCst) != 0 {
             return;
         }
         let now = w.stamp(Instant::now());
@@ -197,15 +262,27 @@ impl Watch {
     }
 }
 
-/// One request in flight on a watched connection ([`Watch::begin`]).
+/// One request in flight on a watched connection ([`Watch::begin`]), with its place among its
+/// peer's HTTP/2 streams.
 #[derive(Debug)]
-pub struct InFlight(Watch);
+pub struct InFlight {
+    watch: Watch,
+    /// Held for its drop: the stream leaves its peer's count with the request.
+    _stream: Option<PeerStream>,
+}
+
+/// The error a service returns for a stream [`Watch::begin`] refused: hyper resets the stream
+/// with `REFUSED_STREAM` (RFC 9113 §8.7: not processed, safe to retry).
+pub fn refused_stream() -> h2::Error {
+    h2::Error::from(h2::Reason::REFUSED_STREAM)
+}
 
 impl Drop for InFlight {
     fn drop(&mut self) {
-        let w = &self.0.0;
+        let w = &self.watch.0;
         // Bytes read while a request was in flight belong to it (or were pipelined).
         w.head_started.store(0, Ordering::SeqCst);
+        w.partial.store(0, Ordering::Relaxed);
         if w.in_flight.fetch_sub(1, Ordering::SeqCst) == 1 {
             // No wake-up: the idle deadline this starts is later than the watcher's timer.
             w.idle_since
@@ -260,6 +337,10 @@ pub struct Watched<T> {
 impl<T> Watched<T> {
     /// Watch `io`, whose first bytes `prefix` were already read from it.
     pub fn new(io: T, prefix: Bytes, watch: Watch) -> Self {
+        // What the sniffer read of a first head is part of it.
+        if watch.0.proto == Proto::Http1 && watch.0.in_flight.load(Ordering::SeqCst) == 0 {
+            watch.0.partial.fetch_add(prefix.len(), Ordering::Relaxed);
+        }
         Self {
             io: Rewind::new(prefix, io),
             watch,
@@ -280,7 +361,7 @@ impl<T: AsyncRead + Unpin> AsyncRead for Watched<T> {
         let before = buf.filled().len();
         let polled = Pin::new(&mut self.io).poll_read(cx, buf);
         if matches!(polled, Poll::Ready(Ok(()))) && buf.filled().len() > before {
-            self.watch.read();
+            self.watch.read(buf.filled().len() - before);
         }
         polled
     }
@@ -316,6 +397,9 @@ impl<T: AsyncWrite + Unpin> AsyncWrite for Watched<T> {
     }
 }
 
+/// How long a shed connection with no head on its way may take to send what it has written.
+const SHED_FLUSH: Duration = Duration::from_secs(1);
+
 /// How often a draining connection looks whether the head it waits for has arrived.
 const HEAD_POLL: Duration = Duration::from_millis(5);
 
@@ -342,6 +426,16 @@ where
     let mut draining = inputs.drain.subscribe();
     tokio::select! {
         out = conn.as_mut() => out,
+        () = watch.shed() => {
+            debug!("connection shed under memory pressure: closed");
+            // A partial head is owed nothing. Otherwise the last answer may still be in the
+            // connection's buffers: shut it down gracefully, briefly.
+            if watch.head_pending() {
+                return Ok(());
+            }
+            graceful(conn.as_mut());
+            tokio::time::timeout(SHED_FLUSH, conn).await.unwrap_or(Ok(()))
+        }
         () = async { drop(draining.wait_for(|d| *d).await) } => {
             // Polled only while a drain waits for a head: nothing wakes a connection when its
             // request begins (see `Watch::expired`).
@@ -352,6 +446,7 @@ where
             };
             tokio::select! {
                 out = conn.as_mut() => return out,
+                () = watch.shed() => return Ok(()),
                 () = head => {}
                 what = watch.expired() => if what == Expired::Head {
                     count(&inputs.stats.header_timeouts);
@@ -402,20 +497,20 @@ mod tests {
             Some((start + Duration::from_secs(300), Expired::Idle))
         );
         tokio::time::sleep(Duration::from_secs(1)).await;
-        watch.read();
+        watch.read(1);
         assert_eq!(
             watch.next(),
             Some((start + Duration::from_secs(11), Expired::Head))
         );
         // Later bytes of the same head do not move its deadline.
         tokio::time::sleep(Duration::from_secs(5)).await;
-        watch.read();
+        watch.read(1);
         assert_eq!(watch.next().unwrap().0, start + Duration::from_secs(11));
-        let request = watch.begin(&stats);
+        let request = watch.begin(&stats).unwrap();
         let body = request.clone();
         assert_eq!(watch.next(), None);
         // Bytes while a request is in flight begin no head.
-        watch.read();
+        watch.read(1);
         drop(request);
         assert_eq!(watch.next(), None, "its body still runs");
         tokio::time::sleep(Duration::from_secs(2)).await;
@@ -436,11 +531,11 @@ mod tests {
             ..settings()
         };
         let watch = Watch::new(Proto::Http2, &settings, Some(Instant::now()));
-        watch.read();
+        watch.read(1);
         assert_eq!(watch.next().unwrap().1, Expired::Idle);
-        let a = watch.begin(&stats);
+        let a = watch.begin(&stats).unwrap();
         assert_eq!(stats.http2_stream_limit.get(), 0);
-        let b = watch.begin(&stats);
+        let b = watch.begin(&stats).unwrap();
         assert_eq!(stats.http2_stream_limit.get(), 1);
         drop((a, b));
         assert_eq!(watch.next().unwrap().1, Expired::Idle);

@@ -10,7 +10,6 @@
 //! only the protocol switches the mesh carries are spliced (I11); a request held for the model
 //! is resolved again, never answered from the older value.
 
-use std::convert::Infallible;
 use std::sync::Arc;
 use std::sync::atomic::AtomicU64;
 
@@ -44,7 +43,11 @@ use crate::resolve::resolve_request;
 pub async fn serve(inputs: Arc<Inputs>, pod: Arc<PodCtx>, mut stream: TcpStream, entry: HttpEntry) {
     let accepted = tokio::time::Instant::now();
     let deadline = accepted + inputs.settings.header_read_timeout;
-    let (prefix, proto) = match precheck(&inputs, &mut stream, entry, deadline).await {
+    // Until hyper has it, the first head is held here: a shed closes it as a partial head.
+    let (pending, registered) = inputs.overload.pending();
+    let first = precheck(&inputs, &mut stream, entry, deadline, &pending).await;
+    drop((pending, registered));
+    let (prefix, proto) = match first {
         First::Serve(prefix, proto) => (prefix, proto),
         First::Answer(reason) => {
             match reason {
@@ -88,7 +91,13 @@ pub async fn serve(inputs: Arc<Inputs>, pod: Arc<PodCtx>, mut stream: TcpStream,
         }
         First::Close => return,
     };
-    let watch = Watch::new(proto, &inputs.settings, Some(accepted));
+    let watch = Watch::guarded(
+        proto,
+        &inputs.settings,
+        Some(accepted),
+        &inputs.overload,
+        Arc::from(format!("{}/{}", pod.namespace, pod.name)),
+    );
     let io = TokioIo::new(Watched::new(stream, prefix, watch.clone()));
     let settings = &inputs.settings;
     let service = {
@@ -102,9 +111,23 @@ pub async fn serve(inputs: Arc<Inputs>, pod: Arc<PodCtx>, mut stream: TcpStream,
             // connection's whole life, so an unboxed one (kilobytes) would cost every idle
             // keep-alive connection that much (issue #8, finding 13).
             Box::pin(async move {
+                let Some(in_flight) = in_flight else {
+                    return Err(limits::refused_stream());
+                };
                 let req = req.map(|b| track(b.map_err(BoxError::from).boxed(), &in_flight));
-                let resp = handle(&inputs, &pod, entry, req).await;
-                Ok::<_, Infallible>(resp.map(|b| track(b, &in_flight)))
+                let mut resp = handle(&inputs, &pod, entry, req).await;
+                // Draining: an HTTP/1 answer says the connection closes after it (hyper then
+                // closes it), so that a client never sends its next request into the close.
+                if proto == Proto::Http1
+                    && *inputs.drain.borrow()
+                    && resp.status() != http::StatusCode::SWITCHING_PROTOCOLS
+                {
+                    resp.headers_mut().insert(
+                        http::header::CONNECTION,
+                        http::HeaderValue::from_static("close"),
+                    );
+                }
+                Ok(resp.map(|b| track(b, &in_flight)))
             })
         })
     };
@@ -162,6 +185,7 @@ async fn precheck(
     stream: &mut TcpStream,
     entry: HttpEntry,
     deadline: tokio::time::Instant,
+    pending: &crate::proxy::overload::Pending,
 ) -> First {
     let limit = inputs.settings.max_header_bytes;
     let mut buf = BytesMut::new();
@@ -178,7 +202,15 @@ async fn precheck(
         let room = (limit + 1).saturating_sub(buf.len());
         buf.reserve(room.min(16 * 1024));
         let mut window = (&mut *stream).take(u64::try_from(room).unwrap_or(u64::MAX));
-        match tokio::time::timeout_at(deadline, window.read_buf(&mut buf)).await {
+        let read = tokio::select! {
+            read = tokio::time::timeout_at(deadline, window.read_buf(&mut buf)) => read,
+            () = pending.shed() => {
+                debug!(entry = ?entry, bytes = buf.len(), "first request head shed under memory pressure: closed");
+                return First::Close;
+            }
+        };
+        pending.read(buf.len());
+        match read {
             Err(_) => {
                 count(&inputs.stats.header_timeouts);
                 debug!(entry = ?entry, "first request head not received in time: closed");
