@@ -226,7 +226,7 @@ fn resident() -> std::io::Result<u64> {
 }
 
 /// What the monitor measures.
-#[derive(Clone, Debug)]
+#[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Source {
     /// The cgroup, if one was found.
     pub meter: Option<Meter>,
@@ -259,32 +259,35 @@ impl Source {
     }
 }
 
+/// How often the monitor looks again for its cgroup and limit: a process can be moved to
+/// another cgroup, and a limit changed in place (a pod resized).
+pub const REDISCOVER: Duration = Duration::from_secs(2);
+
 /// Check the memory every `interval` and set `overload`'s level; at the critical level, shed.
-/// Runs for the daemon's life. A level change is logged once with its figures; a memory file
-/// that stops reading is logged once and leaves the level where it was.
-pub async fn monitor(overload: Arc<Overload>, source: Source, th: Thresholds, interval: Duration) {
-    let Some(limit) = source.limit else {
-        tracing::info!(
-            cgroup = ?source.meter.as_ref().map(|m| m.dir.display().to_string()),
-            "no memory limit found (cgroup or overload_memory_limit_bytes): nothing is shed by memory"
-        );
-        return;
-    };
-    overload
-        .limit_bytes
-        .set(i64::try_from(limit).unwrap_or(i64::MAX));
-    tracing::info!(
-        limit,
-        cgroup = ?source.meter.as_ref().map(|m| m.dir.display().to_string()),
-        refuse_percent = th.refuse_percent,
-        shed_percent = th.shed_percent,
-        "overload manager: memory measured against its limit"
-    );
+/// Runs for the daemon's life; the cgroup and its limit are looked up again every
+/// [`REDISCOVER`]. A change of level or of limit is logged once with its figures; a memory
+/// file that stops reading is logged once and leaves the level where it was.
+pub async fn monitor(overload: Arc<Overload>, configured: u64, th: Thresholds, interval: Duration) {
+    let mut source = Source::of_this_process(configured);
+    announce(&overload, &source, th);
+    let mut found_at = tokio::time::Instant::now();
     let mut tick = tokio::time::interval(interval);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     let mut failing = false;
     loop {
         tick.tick().await;
+        if found_at.elapsed() >= REDISCOVER {
+            found_at = tokio::time::Instant::now();
+            let fresh = Source::of_this_process(configured);
+            if fresh != source {
+                source = fresh;
+                announce(&overload, &source, th);
+            }
+        }
+        let Some(limit) = source.limit else {
+            overload.set_level(Level::Normal);
+            continue;
+        };
         let used = match source.used() {
             Ok(u) => {
                 if failing {
@@ -333,6 +336,29 @@ pub async fn monitor(overload: Arc<Overload>, source: Source, th: Thresholds, in
             let (partial, idle) = overload.shed_some();
             tracing::debug!(partial, idle, used, "memory critical: connections shed");
         }
+    }
+}
+
+/// Say what the overload manager measures against, and show the limit on `/metrics`.
+fn announce(overload: &Overload, source: &Source, th: Thresholds) {
+    let cgroup = source.meter.as_ref().map(|m| m.dir.display().to_string());
+    overload.limit_bytes.set(
+        source
+            .limit
+            .map_or(0, |l| i64::try_from(l).unwrap_or(i64::MAX)),
+    );
+    match source.limit {
+        Some(limit) => tracing::info!(
+            limit,
+            ?cgroup,
+            refuse_percent = th.refuse_percent,
+            shed_percent = th.shed_percent,
+            "overload manager: memory measured against its limit"
+        ),
+        None => tracing::info!(
+            ?cgroup,
+            "overload manager: no memory limit (cgroup or overload_memory_limit_bytes): nothing is shed by memory"
+        ),
     }
 }
 

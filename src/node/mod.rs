@@ -837,7 +837,7 @@ async fn run_until(
     // The overload manager: sheds by memory before the OOM killer would (issue #36 item 4).
     tokio::spawn(memory::monitor(
         inputs.overload.clone(),
-        memory::Source::of_this_process(config.overload_memory_limit_bytes),
+        config.overload_memory_limit_bytes,
         crate::proxy::overload::Thresholds {
             refuse_percent: config.overload_refuse_percent,
             shed_percent: config.overload_shed_percent,

@@ -4,11 +4,12 @@
 //!
 //! - [`Level::Pressure`], memory at or over `overload_refuse_percent` of the limit: every new
 //!   connection (captured, loopback, inbound hop) is closed at accept.
-//! - [`Level::Critical`], at or over `overload_shed_percent`: new HTTP/2 streams are refused
-//!   too (`REFUSED_STREAM`, which tells the client nothing was processed), and each check closes
-//!   a quarter of the HTTP connections that have no request in flight: those holding the most
-//!   bytes of an unfinished request head first, then the longest idle. Requests in flight and
-//!   relayed byte streams go on.
+//! - [`Level::Critical`], at or over `overload_shed_percent`: a peer holding a tenth of its
+//!   stream cap or more gets no new HTTP/2 stream (`REFUSED_STREAM`, which tells the client
+//!   nothing was processed), and each check closes a quarter of the HTTP connections that have
+//!   no request in flight: those holding the most bytes of an unfinished request head first,
+//!   then the longest idle. Requests in flight, relayed byte streams and the few streams of
+//!   ordinary peers go on.
 //! - The level falls back to normal only once memory is [`HYSTERESIS_PERCENT`] under the refuse
 //!   threshold, so that it does not flap at the line.
 //!
@@ -23,6 +24,11 @@ use dashmap::DashMap;
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
+
+/// At the critical level a peer may open new HTTP/2 streams only while it holds fewer than
+/// `max_streams_per_peer` divided by this: the peers holding the most are refused, the ordinary
+/// traffic of the others (a few streams each, the mesh hop's included) goes on.
+pub const CRITICAL_SHARE: usize = 10;
 
 /// How long a connection must have been idle before a shed may close it.
 pub const MIN_IDLE: std::time::Duration = std::time::Duration::from_secs(1);
@@ -115,7 +121,7 @@ pub trait Sheddable: Send + Sync {
 pub enum Shed {
     /// A new connection closed at accept under memory pressure.
     AcceptRefused,
-    /// A new HTTP/2 stream refused at the critical level.
+    /// A new HTTP/2 stream refused at the critical level (its peer held a tenth of its cap).
     StreamRefused,
     /// A connection holding part of a request head, closed at the critical level.
     PartialHeadClosed,
@@ -269,17 +275,24 @@ impl Overload {
         self.conns.len()
     }
 
-    /// Open one HTTP/2 stream of `peer`: `None` (counted) at the critical level or when the
-    /// peer has `max_streams_per_peer` open; the stream is open until the [`PeerStream`] drops.
+    /// Open one HTTP/2 stream of `peer`: `None` (counted) when the peer has
+    /// `max_streams_per_peer` open, or at the critical level a tenth of it
+    /// ([`CRITICAL_SHARE`]); the stream is open until the [`PeerStream`] drops.
     pub fn open_stream(self: &Arc<Self>, peer: &Arc<str>) -> Option<PeerStream> {
-        if self.level() == Level::Critical {
-            self.count(Shed::StreamRefused);
-            return None;
-        }
+        let critical = self.level() == Level::Critical;
+        let cap = if critical {
+            (self.max_streams_per_peer / CRITICAL_SHARE).max(1)
+        } else {
+            self.max_streams_per_peer
+        };
         let mut open = self.peers.entry(peer.clone()).or_insert(0);
-        if *open >= self.max_streams_per_peer {
+        if *open >= cap {
             drop(open);
-            self.count(Shed::PeerStreams);
+            self.count(if critical && cap < self.max_streams_per_peer {
+                Shed::StreamRefused
+            } else {
+                Shed::PeerStreams
+            });
             return None;
         }
         *open += 1;
@@ -585,9 +598,12 @@ mod tests {
             o.peers.get(&a).is_none(),
             "a peer with no stream leaves no entry"
         );
+        // At the critical level a peer holds a tenth of its cap (here: 1).
         o.set_level(Level::Critical);
+        let one = o.open_stream(&a).expect("a first stream still opens");
         assert!(o.open_stream(&a).is_none());
         assert_eq!(shed_count(&o, Shed::StreamRefused), 1);
+        drop(one);
         o.set_level(Level::Pressure);
         assert!(o.refuses_connections());
         assert_eq!(shed_count(&o, Shed::AcceptRefused), 1);

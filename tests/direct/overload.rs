@@ -236,11 +236,21 @@ async fn a_peer_holds_at_most_its_streams_over_all_its_connections_and_critical_
     .await
     .expect("the streams leave the count");
     assert_eq!(b.send_request(req("0")).await.unwrap().status(), 200);
-    // At the critical level no new stream is taken.
+    // At the critical level a peer holds a tenth of its cap (here: one stream) and no more.
     w.inputs.overload.set_level(Level::Critical);
+    let mut first = b.clone();
+    let held = tokio::spawn(async move { first.send_request(req("1500")).await.unwrap().status() });
+    tokio::time::timeout(FIVE, async {
+        while w.inputs.overload.streams_open() < 1 {
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+    })
+    .await
+    .expect("the stream is open");
     let refused = b.send_request(req("0")).await.unwrap_err();
     assert!(refused_stream(&refused), "REFUSED_STREAM, not {refused:?}");
     assert_eq!(shed(&w, Shed::StreamRefused), 1);
+    assert_eq!(held.await.unwrap(), 200);
     w.inputs.overload.set_level(Level::Normal);
     assert_eq!(b.send_request(req("0")).await.unwrap().status(), 200);
 }
