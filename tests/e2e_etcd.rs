@@ -44,6 +44,7 @@ fn every_leg_on_the_etcd_source() {
             "DUMP",
             "BINDING",
             "DUP-ADDR",
+            "OVERLOAD",
             "H2C-SAME",
             "GRPC-SAME",
             "POLICY",

@@ -50,6 +50,7 @@ fn every_leg_on_the_kubernetes_source() {
             "K-FORBID",
             "BINDING",
             "DUP-ADDR",
+            "OVERLOAD",
             "H2C-SAME",
             "GRPC-SAME",
             "K-ROLLOUT",

@@ -41,6 +41,7 @@ fn every_leg_through_real_sockets() {
             "DUMP",
             "BINDING",
             "DUP-ADDR",
+            "OVERLOAD",
             "H2C-SAME",
             "GRPC-SAME",
             "POLICY",

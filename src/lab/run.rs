@@ -485,10 +485,12 @@ impl Lab {
 
     /// Starts `argv` in `netns`. `env`: the whole environment (a pod's), else the caller's;
     /// `add_env` is added on top either way.
+    #[allow(clippy::too_many_arguments)] // One private spawner, every caller names each.
     fn spawn(
         &mut self,
         what: String,
         netns: &str,
+        enter: Enter,
         argv: &[String],
         env: Option<&[(String, String)]>,
         add_env: &[(String, String)],
@@ -496,9 +498,20 @@ impl Lab {
     ) -> Result<u32, LabError> {
         let out = File::create(&log).map_err(io_err(&log))?;
         let err = out.try_clone().map_err(io_err(&log))?;
-        let mut cmd = Command::new("ip");
-        cmd.args(["netns", "exec", netns])
-            .args(argv)
+        let (mut cmd, how) = match enter {
+            Enter::Pod => {
+                let mut cmd = Command::new("ip");
+                cmd.args(["netns", "exec", netns]);
+                (cmd, format!("ip netns exec {netns}"))
+            }
+            Enter::Node => {
+                let path = Path::new(NETNS_DIR).join(netns);
+                let mut cmd = Command::new("nsenter");
+                cmd.arg(format!("--net={}", path.display())).arg("--");
+                (cmd, format!("nsenter --net={} --", path.display()))
+            }
+        };
+        cmd.args(argv)
             .stdin(Stdio::null())
             .stdout(out)
             .stderr(err)
@@ -510,7 +523,7 @@ impl Lab {
         }
         cmd.envs(add_env.iter().map(|(k, v)| (k, v)));
         let child = cmd.spawn().map_err(|source| LabError::Spawn {
-            command: format!("ip netns exec {netns} {}", argv.join(" ")),
+            command: format!("{how} {}", argv.join(" ")),
             source,
         })?;
         let pid = child.id();
@@ -554,7 +567,8 @@ impl Lab {
             .clone())
     }
 
-    /// Starts `argv` in node `node`'s namespace (`ip netns exec <node-ns> argv...`), with the
+    /// Starts `argv` in node `node`'s namespace (`nsenter --net=<node-ns> argv...`, see
+    /// [`Enter::Node`]), with the
     /// caller's environment plus `env`, output to `<run>/logs/node-<node>.log`. An argv\[0\] of
     /// `aether` is replaced by the plan's binary. Returns the PID.
     pub fn start_daemon(
@@ -570,7 +584,15 @@ impl Lab {
             .run_dir
             .join("logs")
             .join(format!("node-{node}.log"));
-        self.spawn(format!("node {node}"), &netns, &argv, None, env, log)
+        self.spawn(
+            format!("node {node}"),
+            &netns,
+            Enter::Node,
+            &argv,
+            None,
+            env,
+            log,
+        )
     }
 
     /// Gives the underlay bridge the address [`APISERVER_IP`] and starts `argv` (the lab's API
@@ -581,7 +603,15 @@ impl Lab {
         let underlay = self.registry_address()?;
         let argv = self.resolve_argv("the lab's API server", argv)?;
         let log = self.opts.run_dir.join("logs").join("apiserver.log");
-        self.spawn("apiserver".to_owned(), &underlay, &argv, None, &[], log)
+        self.spawn(
+            "apiserver".to_owned(),
+            &underlay,
+            Enter::Pod,
+            &argv,
+            None,
+            &[],
+            log,
+        )
     }
 
     /// Gives the underlay bridge the address [`APISERVER_IP`], where the nodes reach the
@@ -737,7 +767,7 @@ impl Lab {
             .chain((1..).map(|n| logs.join(format!("{base}.log.{n}"))))
             .find(|p| !p.exists())
             .unwrap_or_else(|| logs.join(format!("{base}.log")));
-        self.spawn(what.to_owned(), &netns, &argv, None, env, log)
+        self.spawn(what.to_owned(), &netns, Enter::Node, &argv, None, env, log)
     }
 
     /// Stops the process `pid` the lab started (SIGTERM, SIGKILL after `grace`) and waits for
@@ -769,7 +799,15 @@ impl Lab {
         for pod in pods.iter().filter(|p| !p.argv.is_empty()) {
             let log = self.opts.run_dir.join("logs").join(&pod.log_name);
             let what = format!("pod {}/{}", pod.namespace, pod.name);
-            self.spawn(what, &pod.netns, &pod.argv, Some(&pod.env), &[], log)?;
+            self.spawn(
+                what,
+                &pod.netns,
+                Enter::Pod,
+                &pod.argv,
+                Some(&pod.env),
+                &[],
+                log,
+            )?;
             n += 1;
         }
         Ok(n)
@@ -787,7 +825,7 @@ impl Lab {
         self.home.clone()
     }
 
-    /// The PID of node `node`'s running daemon (`ip netns exec` execs it, so the PID the lab
+    /// The PID of node `node`'s running daemon (`nsenter` execs it, so the PID the lab
     /// started is the daemon's own), to read its `/proc` figures.
     pub fn daemon_pid(&self, node: &str) -> Option<u32> {
         let what = format!("node {node}");
@@ -987,3 +1025,16 @@ impl Drop for Lab {
 
 #[cfg(test)]
 mod tests;
+
+/// How a process enters its network namespace.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Enter {
+    /// `ip netns exec`: also a mount namespace of its own, with a sysfs of the network
+    /// namespace and `/etc/netns/<name>` files over `/etc` (a pod's `resolv.conf`).
+    Pod,
+    /// `nsenter --net`: the network namespace only. A node's processes (the daemon, the CNI
+    /// installer) see the host's mounts as a DaemonSet's containers see theirs, the cgroup file
+    /// system included (the daemon reads its memory limit there); `ip netns exec` mounts a
+    /// fresh sysfs over `/sys`, which hides it.
+    Node,
+}

@@ -8,6 +8,7 @@ use std::time::Duration;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 
+use super::overload::overload;
 use super::{Check, Env, Leg, Need, admin_get, echo, name, probe};
 use crate::workload::probe::{Connector, HttpRequest, Send};
 
@@ -54,6 +55,12 @@ pub static HOSTILE: &[Leg] = &[
         "an ext_authz the daemon cannot read: its Service refuses 403 authz-unavailable on every path, plaintext too, with a diagnostic",
         None,
         policy
+    ),
+    leg!(
+        "OVERLOAD",
+        "a daemon in a 256 MiB memory cgroup, flooded with held HTTP/2 streams and 8,000 half-written heads: not killed, sheds by its counters, its pods' established traffic served throughout",
+        None,
+        overload
     ),
     leg!(
         "DUP-ADDR",

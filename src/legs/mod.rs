@@ -44,6 +44,7 @@ mod extra;
 mod hostile;
 mod kube;
 mod metrics;
+mod overload;
 mod rollout;
 mod rules;
 

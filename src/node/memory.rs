@@ -14,7 +14,7 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
 
-use crate::proxy::overload::{Level, Overload, Thresholds, next_level};
+use crate::proxy::overload::{HYSTERESIS_PERCENT, Level, Overload, Thresholds, next_level};
 
 /// A limit at or over this is no limit (v1 writes about 2^63 for "unlimited").
 const UNLIMITED: u64 = 1 << 60;
@@ -263,25 +263,46 @@ impl Source {
 /// another cgroup, and a limit changed in place (a pod resized).
 pub const REDISCOVER: Duration = Duration::from_secs(2);
 
-/// Check the memory every `interval` and set `overload`'s level; at the critical level, shed.
-/// Runs for the daemon's life; the cgroup and its limit are looked up again every
-/// [`REDISCOVER`]. A change of level or of limit is logged once with its figures; a memory
-/// file that stops reading is logged once and leaves the level where it was.
-pub async fn monitor(overload: Arc<Overload>, configured: u64, th: Thresholds, interval: Duration) {
+/// How often the memory is read while over the refuse threshold: a flood grows fast.
+pub const PRESSED_INTERVAL: Duration = Duration::from_millis(20);
+
+/// Start the monitor on a thread of its own: it must act while the runtime's thread is busiest
+/// (a flood keeps it so), so it is never queued behind the work it sheds.
+pub fn spawn_monitor(
+    overload: Arc<Overload>,
+    configured: u64,
+    th: Thresholds,
+    interval: Duration,
+) -> std::io::Result<()> {
+    std::thread::Builder::new()
+        .name("aether-memory".into())
+        .spawn(move || monitor(&overload, configured, th, interval))
+        .map(drop)
+}
+
+/// Read the memory every `interval` (every [`PRESSED_INTERVAL`] over the refuse threshold)
+/// and set `overload`'s level; at the critical level, shed what brings the use back under the
+/// refuse threshold. The cgroup and its limit are looked up again every [`REDISCOVER`]. A
+/// change of level or of limit is logged once with its figures; a memory file that stops
+/// reading is logged once and leaves the level where it was.
+fn monitor(overload: &Overload, configured: u64, th: Thresholds, interval: Duration) {
     let mut source = Source::of_this_process(configured);
-    announce(&overload, &source, th);
-    let mut found_at = tokio::time::Instant::now();
-    let mut tick = tokio::time::interval(interval);
-    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    announce(overload, &source, th);
+    let mut found_at = crate::time::now();
     let mut failing = false;
     loop {
-        tick.tick().await;
+        let pause = if overload.level() > Level::Normal {
+            PRESSED_INTERVAL.min(interval)
+        } else {
+            interval
+        };
+        std::thread::sleep(pause);
         if found_at.elapsed() >= REDISCOVER {
-            found_at = tokio::time::Instant::now();
+            found_at = crate::time::now();
             let fresh = Source::of_this_process(configured);
             if fresh != source {
                 source = fresh;
-                announce(&overload, &source, th);
+                announce(overload, &source, th);
             }
         }
         let Some(limit) = source.limit else {
@@ -333,7 +354,9 @@ pub async fn monitor(overload: Arc<Overload>, configured: u64, th: Thresholds, i
             }
         }
         if level == Level::Critical {
-            let (partial, idle) = overload.shed_some();
+            // What is over the line where new connections are taken again.
+            let line = limit / 100 * th.refuse_percent.saturating_sub(HYSTERESIS_PERCENT);
+            let (partial, idle) = overload.shed_some(used.saturating_sub(line));
             tracing::debug!(partial, idle, used, "memory critical: connections shed");
         }
     }

@@ -84,6 +84,9 @@ pub enum NodeError {
         "the registry has not been listed whole yet (the Kubernetes source's kinds, or etcd's prefix)"
     )]
     NotSynced,
+    /// The memory monitor's thread could not be started.
+    #[error("start the memory monitor's thread")]
+    Monitor(#[source] std::io::Error),
 }
 
 /// Where this daemon reads its registry.
@@ -835,7 +838,7 @@ async fn run_until(
     };
     tokio::spawn(gate.run(socket_rx, cni_tx));
     // The overload manager: sheds by memory before the OOM killer would (issue #36 item 4).
-    tokio::spawn(memory::monitor(
+    memory::spawn_monitor(
         inputs.overload.clone(),
         config.overload_memory_limit_bytes,
         crate::proxy::overload::Thresholds {
@@ -843,7 +846,8 @@ async fn run_until(
             shed_percent: config.overload_shed_percent,
         },
         Duration::from_millis(config.overload_interval_ms),
-    ));
+    )
+    .map_err(NodeError::Monitor)?;
 
     // A daemon already running here (an upgrade): take its listening sockets, so that no
     // connection is refused while the two change places (issue #8 §4, `handoff`). It hands

@@ -293,6 +293,8 @@ pub struct Stats {
     pub hop_unbound: Family<[(&'static str, &'static str); 1], Counter>,
     /// The warning of a hop refused by source binding, at most once a second.
     pub hop_unbound_log: log_gate::LogGate,
+    /// The warning of a delivery whose mesh hop failed, at most once a second.
+    pub hop_failed_log: log_gate::LogGate,
 }
 
 impl Stats {

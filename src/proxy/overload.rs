@@ -30,6 +30,10 @@ use prometheus_client::metrics::gauge::Gauge;
 /// traffic of the others (a few streams each, the mesh hop's included) goes on.
 pub const CRITICAL_SHARE: usize = 10;
 
+/// What a connection with no partial head is reckoned to hold when a shed adds up what it
+/// frees: its task, its buffers, its sockets (an idle one measured 11 to 14 KiB, docs/node.md).
+pub const CONNECTION_BYTES: usize = 16 * 1024;
+
 /// How long a connection must have been idle before a shed may close it.
 pub const MIN_IDLE: std::time::Duration = std::time::Duration::from_secs(1);
 
@@ -114,6 +118,8 @@ pub trait Sheddable: Send + Sync {
     fn idle_since(&self) -> tokio::time::Instant;
     /// Close it now.
     fn shed(&self);
+    /// Whether it was told to close already.
+    fn is_shed(&self) -> bool;
 }
 
 /// Why work was shed: the label of `aether_shed_total`.
@@ -328,17 +334,19 @@ impl Overload {
         self.peers.get(peer).map_or(0, |n| *n)
     }
 
-    /// Close a quarter (at least one) of the connections with no request in flight: the most
-    /// bytes of an unfinished head first, then the longest idle; what was closed, as (partial,
-    /// idle). A connection idle for less than [`MIN_IDLE`] is left alone: it was just opened
-    /// for a request on its way, or has just answered one.
-    pub fn shed_some(&self) -> (usize, usize) {
+    /// Close connections with no request in flight, the most bytes of an unfinished head
+    /// first, then the longest idle: a quarter of them (at least one), and more until what
+    /// they hold (at least [`CONNECTION_BYTES`] each) covers `excess` bytes. What was closed,
+    /// as (partial, idle). A connection idle for less than [`MIN_IDLE`] is left alone: it was
+    /// just opened for a request on its way, or has just answered one; one already told to
+    /// close is not counted twice.
+    pub fn shed_some(&self, excess: u64) -> (usize, usize) {
         let now = tokio::time::Instant::now();
         let mut candidates: Vec<(usize, tokio::time::Instant, Arc<dyn Sheddable>)> = self
             .conns
             .iter()
             .filter_map(|e| e.value().upgrade())
-            .filter(|c| c.in_flight() == 0)
+            .filter(|c| c.in_flight() == 0 && !c.is_shed())
             .map(|c| (c.partial_bytes(), c.idle_since(), c))
             .filter(|(partial, since, _)| {
                 *partial > 0 || now.saturating_duration_since(*since) >= MIN_IDLE
@@ -351,9 +359,13 @@ impl Overload {
                 .map(|(p, i, _)| (*p, *i))
                 .collect::<Vec<_>>(),
         );
-        let (mut partial, mut idle) = (0, 0);
-        for i in order.into_iter().take(n) {
+        let (mut partial, mut idle, mut freed) = (0, 0, 0u64);
+        for (k, i) in order.into_iter().enumerate() {
+            if k >= n && freed >= excess {
+                break;
+            }
             let (bytes, _, conn) = &candidates[i];
+            freed += u64::try_from((*bytes).max(CONNECTION_BYTES)).unwrap_or(u64::MAX);
             conn.shed();
             if *bytes > 0 {
                 partial += 1;
@@ -387,6 +399,7 @@ pub struct Pending {
     bytes: std::sync::atomic::AtomicUsize,
     since: tokio::time::Instant,
     shed: tokio::sync::Notify,
+    told: std::sync::atomic::AtomicBool,
 }
 
 impl Pending {
@@ -415,7 +428,12 @@ impl Sheddable for Pending {
     }
 
     fn shed(&self) {
+        self.told.store(true, Ordering::Relaxed);
         self.shed.notify_one();
+    }
+
+    fn is_shed(&self) -> bool {
+        self.told.load(Ordering::Relaxed)
     }
 }
 
@@ -427,6 +445,7 @@ impl Overload {
             bytes: std::sync::atomic::AtomicUsize::new(0),
             since: tokio::time::Instant::now(),
             shed: tokio::sync::Notify::new(),
+            told: std::sync::atomic::AtomicBool::new(false),
         });
         let weak: Weak<dyn Sheddable> = Arc::downgrade(&pending) as _;
         let registered = self.register(weak);
@@ -529,6 +548,9 @@ mod tests {
         fn shed(&self) {
             self.shed.store(true, Ordering::SeqCst);
         }
+        fn is_shed(&self) -> bool {
+            self.shed.load(Ordering::SeqCst)
+        }
     }
 
     fn shed_count(o: &Overload, why: Shed) -> u64 {
@@ -567,12 +589,19 @@ mod tests {
             .collect();
         assert_eq!(o.connections(), 9);
         // 8 candidates (the one with a request in flight is not): 2 shed, the largest heads.
-        assert_eq!(o.shed_some(), (2, 0));
+        assert_eq!(o.shed_some(0), (2, 0));
         let shed: Vec<usize> = (0..9)
             .filter(|&i| conns[i].shed.load(Ordering::SeqCst))
             .collect();
         assert_eq!(shed, vec![1, 2]);
         assert_eq!(shed_count(&o, Shed::PartialHeadClosed), 2);
+        // Not twice; and more than a quarter (here 2 of 6) when what must go is more: the last
+        // partial head and two idle ones, reckoned at 16 KiB each at least, cover 40,000 bytes.
+        assert_eq!(o.shed_some(40_000), (1, 2));
+        let idle_shed: Vec<usize> = (3..8)
+            .filter(|&i| conns[i].shed.load(Ordering::SeqCst))
+            .collect();
+        assert_eq!(idle_shed, vec![6, 7], "the longest idle first");
         drop(regs);
         assert_eq!(o.connections(), 0);
         conns.clear();

@@ -138,7 +138,7 @@ async fn at_the_critical_level_a_partial_head_goes_before_idle_connections_and_w
     w.inputs.overload.set_level(Level::Critical);
     // The candidates are the idle connections (this one, and the hop's behind it) and the
     // partial head: a quarter of them, rounded up, begins with the head.
-    let (partials, _) = w.inputs.overload.shed_some();
+    let (partials, _) = w.inputs.overload.shed_some(0);
     assert_eq!(partials, 1);
     assert!(
         closed_unanswered(&mut partial).await,
@@ -149,7 +149,7 @@ async fn at_the_critical_level_a_partial_head_goes_before_idle_connections_and_w
     // within a few rounds.
     let mut rounds = 0;
     loop {
-        let (partials, _) = w.inputs.overload.shed_some();
+        let (partials, _) = w.inputs.overload.shed_some(0);
         assert_eq!(partials, 0);
         rounds += 1;
         let mut buf = [0u8; 16];

@@ -265,8 +265,14 @@ pub async fn deliver(
     let mut resp = match result {
         Ok(r) => r,
         Err(e) => {
-            warn!(error = %crate::DisplayChain(&*e), endpoint = %endpoint.address,
+            // At most a line a second: a client that floods and cancels its requests would
+            // otherwise write one per request (every failure is answered and counted).
+            tracing::debug!(error = %crate::DisplayChain(&*e), endpoint = %endpoint.address,
                 "mesh hop failed");
+            if let Some(left_out) = inputs.stats.hop_failed_log.pass() {
+                warn!(error = %crate::DisplayChain(&*e), endpoint = %endpoint.address,
+                    left_out, "mesh hop failed (and {left_out} more since the last line)");
+            }
             return respond::reason(Reason::UpstreamUnreachable);
         }
     };

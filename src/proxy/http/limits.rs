@@ -73,6 +73,8 @@ struct Shared {
     partial: AtomicUsize,
     /// Told by the overload manager to close now.
     shed: tokio::sync::Notify,
+    /// Whether it was told.
+    told: std::sync::atomic::AtomicBool,
     /// Its place in the overload manager's registry, and the peer its HTTP/2 streams count
     /// against; unset for a connection nothing sheds (tests).
     guard: std::sync::OnceLock<(Registered, Arc<str>)>,
@@ -93,7 +95,12 @@ impl Sheddable for Shared {
     }
 
     fn shed(&self) {
+        self.told.store(true, Ordering::Relaxed);
         self.shed.notify_one();
+    }
+
+    fn is_shed(&self) -> bool {
+        self.told.load(Ordering::Relaxed)
     }
 }
 
@@ -132,6 +139,7 @@ impl Watch {
                 .unwrap_or(usize::MAX),
             partial: AtomicUsize::new(0),
             shed: tokio::sync::Notify::new(),
+            told: std::sync::atomic::AtomicBool::new(false),
             guard: std::sync::OnceLock::new(),
         };
         shared
