@@ -293,21 +293,12 @@ async fn ext_authz<B>(
         return Some(respond::reason(Reason::AuthzUnavailable));
     };
     let timeout = Duration::from_millis(ext.timeout_ms.max(1));
-    // A check whose hop failed before any answer is sent once more on a new connection, within
-    // the same timeout: a pooled hop connection can be closed by a peer daemon that drains (an
-    // upgrade) just as the check is sent on it. The check has no body and no effect but its
-    // answer, so sending it twice is safe; the request itself is never resent.
+    // A check the peer refused unprocessed (a daemon that drains or sheds) is sent once more
+    // by the hop pool itself (`hop::Pool::send`): the check has no body.
     let call = async {
-        match super::mesh_call::mesh_send(inputs, pod, server, check).await {
-            Err(super::mesh_call::MeshCallError::Hop(e)) => {
-                tracing::debug!(error = %crate::DisplayChain(&e), "ext_authz check: hop failed, sent once more");
-                let again = check_request(req, server, service, peer)?;
-                super::mesh_call::mesh_send(inputs, pod, server, again)
-                    .await
-                    .ok()
-            }
-            other => other.ok(),
-        }
+        super::mesh_call::mesh_send(inputs, pod, server, check)
+            .await
+            .ok()
     };
     let answer = tokio::time::timeout(timeout, call)
         .await

@@ -5,8 +5,9 @@
 //! [`super::inbound`].
 //!
 //! May import: `socket`, the proxy's shared types, `resolve` types; never `http`, `filters`,
-//! `mesh_call` or `inbound` (they import this module). Invariant: a request that has left on a
-//! kept connection is never sent twice.
+//! `mesh_call` or `inbound` (they import this module). Invariant: a request that has left is
+//! sent again only when the peer says it did not process it (`REFUSED_STREAM`, or a GOAWAY
+//! below its stream), only once, and only when it has no body (its head is kept for that).
 
 use std::net::{IpAddr, SocketAddr};
 use std::sync::Arc;
@@ -192,8 +193,31 @@ pub struct Pool {
 impl Pool {
     /// Send one request over a pooled hop connection, opening one when needed. A kept
     /// connection that turns out to be gone (the peer restarted, sent GOAWAY) before the request
-    /// left is replaced once; a request that has left is never sent twice.
+    /// left is replaced once. A request without a body that the peer refused unprocessed (a
+    /// daemon shedding under load, or draining for an upgrade, issue #36 items 4 and 7) is sent
+    /// once more on a new connection; any other request that has left is never sent twice.
     pub async fn send(
+        &self,
+        inputs: &Inputs,
+        pod: &PodCtx,
+        endpoint: &Endpoint,
+        port: u16,
+        req: Request<Body>,
+    ) -> Result<Response<hyper::body::Incoming>, HopError> {
+        let again = http_body::Body::is_end_stream(req.body()).then(|| head_of(&req));
+        match (
+            self.send_once(inputs, pod, endpoint, port, req).await,
+            again,
+        ) {
+            (Err(HopError::Http { dst, source }), Some(req)) if unprocessed(&source) => {
+                debug!(error = %source, %dst, "hop request refused unprocessed: sent once more on a new connection");
+                self.send_once(inputs, pod, endpoint, port, req).await
+            }
+            (first, _) => first,
+        }
+    }
+
+    async fn send_once(
         &self,
         inputs: &Inputs,
         pod: &PodCtx,
@@ -254,6 +278,31 @@ impl Pool {
             HopError::Http { dst, source }
         })
     }
+}
+
+/// A copy of a request without a body, to send it again.
+fn head_of(req: &Request<Body>) -> Request<Body> {
+    let mut copy = Request::new(super::respond::empty());
+    *copy.method_mut() = req.method().clone();
+    *copy.uri_mut() = req.uri().clone();
+    *copy.version_mut() = req.version();
+    *copy.headers_mut() = req.headers().clone();
+    copy
+}
+
+/// Whether the peer said it did not process the request: the stream was refused
+/// (`REFUSED_STREAM`), or the connection went away (GOAWAY) below its stream. RFC 9113 §8.7:
+/// such a request may be retried.
+fn unprocessed(e: &hyper::Error) -> bool {
+    let mut cause: Option<&(dyn std::error::Error + 'static)> = std::error::Error::source(e);
+    while let Some(c) = cause {
+        if let Some(h2) = c.downcast_ref::<h2::Error>() {
+            return h2.reason() == Some(h2::Reason::REFUSED_STREAM)
+                || (h2.is_go_away() && h2.is_remote());
+        }
+        cause = c.source();
+    }
+    false
 }
 
 /// One unit of a pool gauge, given back when dropped.
