@@ -567,8 +567,8 @@ impl Lab {
             .clone())
     }
 
-    /// Starts `argv` in node `node`'s namespace (`nsenter --net=<node-ns> argv...`, see
-    /// [`Enter::Node`]), with the
+    /// Starts `argv` in node `node`'s namespace (`nsenter --net=<node-ns> argv...`: the host's
+    /// mounts, its cgroup file system included), with the
     /// caller's environment plus `env`, output to `<run>/logs/node-<node>.log`. An argv\[0\] of
     /// `aether` is replaced by the plan's binary. Returns the PID.
     pub fn start_daemon(
