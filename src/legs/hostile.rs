@@ -626,15 +626,24 @@ pub(super) async fn raw_stream(env: &Env) -> Result<TcpStream, String> {
     Ok(raw)
 }
 
-/// Read until a line holding `want` arrives (bounded).
+/// Read until a line holding `want` arrives (within 3 s).
 pub(super) async fn read_echo(s: &mut TcpStream, want: &str) -> Result<(), String> {
+    read_echo_within(s, want, Duration::from_secs(3)).await
+}
+
+/// Read until a line holding `want` arrives, within `bound`.
+pub(super) async fn read_echo_within(
+    s: &mut TcpStream,
+    want: &str,
+    bound: Duration,
+) -> Result<(), String> {
     let mut got = Vec::new();
     let mut buf = [0u8; 1024];
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(3);
+    let deadline = tokio::time::Instant::now() + bound;
     while !String::from_utf8_lossy(&got).contains(want) {
         let n = tokio::time::timeout_at(deadline, s.read(&mut buf))
             .await
-            .map_err(|_| format!("no echo of {want:?}"))?
+            .map_err(|_| format!("no echo of {want:?} within {bound:?}"))?
             .map_err(|e| format!("read: {e}"))?;
         if n == 0 {
             return Err(format!("closed before the echo of {want:?}"));

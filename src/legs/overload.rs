@@ -16,7 +16,7 @@ use bytes::Bytes;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 
-use super::hostile::raw_stream;
+use super::hostile::{raw_stream, read_echo_within};
 use super::{Check, Env, Need, admin_get};
 use crate::node::memory::{parse_mountinfo, parse_proc_cgroup};
 use crate::workload::probe::{Connector, HttpRequest, Send};
@@ -180,7 +180,9 @@ async fn established(
         let outcome = if i.is_multiple_of(2) {
             let line = format!("line {i}\n");
             match raw.write_all(line.as_bytes()).await {
-                Ok(()) => echoed(&mut raw, &line).await,
+                Ok(()) => read_echo_within(&mut raw, line.trim_end(), ANSWER_BOUND)
+                    .await
+                    .map_err(|e| format!("raw stream: {e}")),
                 Err(e) => Err(format!("raw stream: {e}")),
             }
         } else {
@@ -202,24 +204,6 @@ async fn established(
 /// one thread busy (on a machine four times slower, under two busy processes, a raw stream's
 /// echo took more than 3 s): late is served, closed or wrong is failed.
 const ANSWER_BOUND: Duration = Duration::from_secs(30);
-
-/// The raw stream's echo of `line`, within [`ANSWER_BOUND`].
-async fn echoed(s: &mut TcpStream, line: &str) -> Result<(), String> {
-    let mut got = Vec::new();
-    let mut buf = [0u8; 1024];
-    let deadline = tokio::time::Instant::now() + ANSWER_BOUND;
-    while !String::from_utf8_lossy(&got).contains(line) {
-        let n = tokio::time::timeout_at(deadline, s.read(&mut buf))
-            .await
-            .map_err(|_| format!("raw stream: no echo of {line:?} within {ANSWER_BOUND:?}"))?
-            .map_err(|e| format!("raw stream: {e}"))?;
-        if n == 0 {
-            return Err(format!("raw stream: closed before the echo of {line:?}"));
-        }
-        got.extend_from_slice(&buf[..n]);
-    }
-    Ok(())
-}
 
 /// One request on the kept connection, its answer `200 mp-httponly:8080`.
 async fn one_answer(s: &mut TcpStream, request: &str) -> Result<(), String> {
@@ -308,7 +292,7 @@ async fn stream_flood(
 
 /// A request body that never sends a byte nor ends.
 #[derive(Default)]
-pub(super) struct FloodBody;
+struct FloodBody;
 
 impl http_body::Body for FloodBody {
     type Data = Bytes;
