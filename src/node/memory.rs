@@ -266,6 +266,10 @@ pub const REDISCOVER: Duration = Duration::from_secs(2);
 /// How often the memory is read while over the refuse threshold: a flood grows fast.
 pub const PRESSED_INTERVAL: Duration = Duration::from_millis(20);
 
+/// The least time between two sheds: what one freed must show in the reading before the next
+/// decides (read every 20 ms, a level that lags its shed closed every idle connection).
+pub const SHED_SPACING: Duration = Duration::from_millis(250);
+
 /// Start the monitor on a thread of its own: it must act while the runtime's thread is busiest
 /// (a flood keeps it so), so it is never queued behind the work it sheds.
 pub fn spawn_monitor(
@@ -290,6 +294,7 @@ fn monitor(overload: &Overload, configured: u64, th: Thresholds, interval: Durat
     announce(overload, &source, th);
     let mut found_at = crate::time::now();
     let mut failing = false;
+    let mut last_shed: Option<std::time::Instant> = None;
     loop {
         let pause = if overload.level() > Level::Normal {
             PRESSED_INTERVAL.min(interval)
@@ -353,7 +358,8 @@ fn monitor(overload: &Overload, configured: u64, th: Thresholds, interval: Durat
                 );
             }
         }
-        if level == Level::Critical {
+        if level == Level::Critical && last_shed.is_none_or(|t| t.elapsed() >= SHED_SPACING) {
+            last_shed = Some(crate::time::now());
             // What is over the line where new connections are taken again.
             let line = limit / 100 * th.refuse_percent.saturating_sub(HYSTERESIS_PERCENT);
             let (partial, idle) = overload.shed_some(used.saturating_sub(line));

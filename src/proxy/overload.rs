@@ -335,7 +335,8 @@ impl Overload {
     }
 
     /// Close connections with no request in flight, the most bytes of an unfinished head
-    /// first, then the longest idle: a quarter of them (at least one), and more until what
+    /// first, idle ones (the longest idle first) only when no partial head is left: a quarter
+    /// of them (at least one), and more until what
     /// they hold (at least [`CONNECTION_BYTES`] each) covers `excess` bytes. What was closed,
     /// as (partial, idle). A connection idle for less than [`MIN_IDLE`] is left alone: it was
     /// just opened for a request on its way, or has just answered one; one already told to
@@ -352,6 +353,11 @@ impl Overload {
                 *partial > 0 || now.saturating_duration_since(*since) >= MIN_IDLE
             })
             .collect();
+        // Idle connections only once no partial head is left: a client's kept connection
+        // between two requests is not the flood.
+        if candidates.iter().any(|(partial, _, _)| *partial > 0) {
+            candidates.retain(|(partial, _, _)| *partial > 0);
+        }
         let n = candidates.len().div_ceil(4);
         let order = pick_order(
             &candidates
@@ -588,20 +594,24 @@ mod tests {
             })
             .collect();
         assert_eq!(o.connections(), 9);
-        // 8 candidates (the one with a request in flight is not): 2 shed, the largest heads.
-        assert_eq!(o.shed_some(0), (2, 0));
+        // The one with a request in flight is no candidate, idle ones are none while partial
+        // heads are left: a quarter of the three heads, the largest.
+        assert_eq!(o.shed_some(0), (1, 0));
         let shed: Vec<usize> = (0..9)
             .filter(|&i| conns[i].shed.load(Ordering::SeqCst))
             .collect();
-        assert_eq!(shed, vec![1, 2]);
-        assert_eq!(shed_count(&o, Shed::PartialHeadClosed), 2);
-        // Not twice; and more than a quarter (here 2 of 6) when what must go is more: the last
-        // partial head and two idle ones, reckoned at 16 KiB each at least, cover 40,000 bytes.
-        assert_eq!(o.shed_some(40_000), (1, 2));
+        assert_eq!(shed, vec![2]);
+        assert_eq!(shed_count(&o, Shed::PartialHeadClosed), 1);
+        // Not twice; more than a quarter when what must go is more (both heads left, reckoned
+        // at 16 KiB each, do not cover 40,000 bytes: all of them, and no idle one yet).
+        assert_eq!(o.shed_some(40_000), (2, 0));
+        // Then more than a quarter (here 3 of 5) when what must go is more: three idle ones,
+        // reckoned at 16 KiB each, cover 40,000 bytes; the longest idle first.
+        assert_eq!(o.shed_some(40_000), (0, 3));
         let idle_shed: Vec<usize> = (3..8)
             .filter(|&i| conns[i].shed.load(Ordering::SeqCst))
             .collect();
-        assert_eq!(idle_shed, vec![6, 7], "the longest idle first");
+        assert_eq!(idle_shed, vec![5, 6, 7], "the longest idle first");
         drop(regs);
         assert_eq!(o.connections(), 0);
         conns.clear();
