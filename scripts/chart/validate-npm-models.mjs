@@ -1,14 +1,20 @@
-// Validates every Gateway API object in the YAML files given (or found under the directories
-// given) against the Gateway API schemas of npm @kubernetes-models/gateway-api
-// (scripts/check-chart). Exits 1 when an object fails, when its kind or version has no model,
-// or when no object was found at all.
+// Validates every object of a group that has an npm model package (the Gateway API's routes,
+// the Prometheus Operator's PodMonitor) in the YAML files given (or found under the directories
+// given) against that package's schemas (scripts/check-chart). Exits 1 when an object fails,
+// when its kind or version has no model, or when no such object was found at all.
 //
-//   node validate-routes.mjs [--expect-invalid] PATH...
+//   node validate-npm-models.mjs [--expect-invalid] PATH...
 //
 // With --expect-invalid every object must fail instead (the check that the check can fail).
 import { readFileSync, readdirSync, statSync } from "node:fs";
 import { join } from "node:path";
 import { parseAllDocuments } from "yaml";
+
+// The API groups checked here, each with the npm package of its models (package.json).
+const PACKAGES = {
+  "gateway.networking.k8s.io": "@kubernetes-models/gateway-api",
+  "monitoring.coreos.com": "@kubernetes-models/prometheus-operator",
+};
 
 const args = process.argv.slice(2);
 const expectInvalid = args[0] === "--expect-invalid";
@@ -32,14 +38,13 @@ for (const file of paths.flatMap(yamlFiles)) {
     }
     const obj = doc.toJS();
     const apiVersion = obj?.apiVersion ?? "";
-    if (!apiVersion.startsWith("gateway.networking.k8s.io/")) continue;
-    const version = apiVersion.split("/")[1];
+    const [group, version] = apiVersion.split("/");
+    const pkg = PACKAGES[group];
+    if (pkg === undefined) continue;
     const what = `${file}: ${obj.kind} ${obj.metadata?.namespace}/${obj.metadata?.name}`;
     let Model;
     try {
-      const mod = await import(
-        `@kubernetes-models/gateway-api/gateway.networking.k8s.io/${version}/${obj.kind}`
-      );
+      const mod = await import(`${pkg}/${group}/${version}/${obj.kind}`);
       Model = mod[obj.kind];
     } catch (e) {
       console.log(`FAIL ${what}: no schema for ${apiVersion} ${obj.kind}`);
@@ -69,8 +74,8 @@ for (const file of paths.flatMap(yamlFiles)) {
   }
 }
 if (checked === 0) {
-  console.log("FAIL no Gateway API object found");
+  console.log("FAIL no object of a group with an npm model found");
   process.exit(1);
 }
-console.log(`${checked} Gateway API objects checked, ${failed} failed`);
+console.log(`${checked} objects checked, ${failed} failed`);
 process.exit(failed > 0 ? 1 : 0);
