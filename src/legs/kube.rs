@@ -27,7 +27,7 @@ use super::{
 pub static KUBE: &[Leg] = &[
     leg!(
         "KWRITES",
-        "the registrar (its Lease, the generated Services by server-side apply) and the route-status writer write through the API server",
+        "the registrar (its Lease, the generated Services by server-side apply) and the route-status writer write through the API server, a route change once rather than once per node",
         None,
         writes
     ),
@@ -385,16 +385,26 @@ async fn writes(env: &Env) -> Check {
             "no server-side apply of a Service by {FIELD_MANAGER}; writes: {writes}"
         ));
     }
-    let statuses = count(&|r| {
+    let route_status = |r: &serde_json::Value| {
         r["resource"]
             .as_str()
             .is_some_and(|res| res.ends_with("/status") && res.contains("routes"))
-    });
+    };
+    let statuses = count(&|r| route_status(r) && r["verb"] != "update-conflict");
     if statuses == 0 {
         return Err(format!("no route status written; writes: {writes}"));
     }
+    // issue #36 item 3: the Lease holder writes a change first and the other node finds it
+    // written, so a change costs no 409. Both nodes wrote every change before (measured: 20
+    // writes and 15 answered 409); a few may still meet at start, before a Lease is read.
+    let conflicts = count(&|r| route_status(r) && r["verb"] == "update-conflict");
+    if conflicts * 2 >= statuses {
+        return Err(format!(
+            "{conflicts} route status PUTs answered 409 for {statuses} written: both nodes write each change; writes: {writes}"
+        ));
+    }
     Ok(format!(
-        "Lease held by {holder}; {applies} Service applies by {FIELD_MANAGER}; {statuses} route status writes"
+        "Lease held by {holder}; {applies} Service applies by {FIELD_MANAGER}; {statuses} route status writes, {conflicts} answered 409"
     ))
 }
 

@@ -1328,11 +1328,13 @@ fn spawn_writers(
         )
         .instrument(tracing::info_span!("registrar")),
     );
+    let lease = writes.registrar.clone();
     tokio::spawn(
         crate::route_status::run(
             client.clone(),
             st_rx,
             writes.status_pending.clone(),
+            move || lease.follows.load(std::sync::atomic::Ordering::Acquire),
             stats.clone(),
         )
         .instrument(tracing::info_span!("route_status")),

@@ -72,12 +72,19 @@ pub struct NodeStats {
     pub registrar_write_errors: Counter,
     /// Route status writes made (`aether_route_status_writes_total`).
     pub route_status_writes: Counter,
-    /// Route status writes that failed, a `409` conflict included; each is retried
+    /// Route status writes that failed (after [`crate::route_status::CONFLICT_RETRIES`]
+    /// conflicts, or any other error); each is retried
     /// (`aether_route_status_write_errors_total`).
     pub route_status_write_errors: Counter,
     /// Route status writes held back because another writer keeps overwriting aether's entry
     /// (spec/routes.md §6.5) (`aether_route_status_backoffs_total`).
     pub route_status_backoffs: Counter,
+    /// Route status PUTs the API server answered `409` (another writer changed the route since
+    /// it was read); each is read again and retried (`aether_route_status_conflicts_total`).
+    pub route_status_conflicts: Counter,
+    /// Changed route statuses this daemon, following the registrar's Lease, left to the holder
+    /// first (issue #36 item 3) (`aether_route_status_deferred_total`).
+    pub route_status_deferred: Counter,
     /// Models compiled from the registry (`aether_model_compiles_total`).
     pub model_compiles: Counter,
     /// How long each took: reading the snapshot into the compiled model, DNS table aside
@@ -278,13 +285,23 @@ impl NodeStats {
         );
         registry.register(
             "aether_route_status_write_errors",
-            "Route status writes that failed, conflicts included (retried)",
+            "Route status writes that failed (retried)",
             self.route_status_write_errors.clone(),
         );
         registry.register(
             "aether_route_status_backoffs",
             "Route status rewrites held back: another writer keeps overwriting aether's entry",
             self.route_status_backoffs.clone(),
+        );
+        registry.register(
+            "aether_route_status_conflicts",
+            "Route status PUTs answered 409 (read again and retried)",
+            self.route_status_conflicts.clone(),
+        );
+        registry.register(
+            "aether_route_status_deferred",
+            "Changed route statuses left to the registrar's lease holder first",
+            self.route_status_deferred.clone(),
         );
         registry.register(
             "aether_model_compiles",

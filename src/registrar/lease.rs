@@ -141,18 +141,13 @@ impl<T: Clone + PartialEq> Elector<T> {
         };
         self.observed = Some((record.clone(), version.clone(), seen_at));
         let holder = record.holder.clone().filter(|h| !h.is_empty());
-        if let Some(holder) = holder.as_ref().filter(|h| **h != self.identity) {
-            // The holder's own duration decides when its Lease lapses; ours if it wrote none.
-            let duration = record
-                .lease_duration_secs
-                .and_then(|s| u64::try_from(s).ok())
-                .map_or(self.timing.lease_duration, Duration::from_secs);
-            if now < seen_at + duration {
-                self.renewed_at = None;
-                return Attempt::Follow {
-                    holder: holder.clone(),
-                };
-            }
+        if let Some(holder) = holder.as_ref().filter(|h| **h != self.identity)
+            && now < self.lapses_at(&record, seen_at)
+        {
+            self.renewed_at = None;
+            return Attempt::Follow {
+                holder: holder.clone(),
+            };
         }
         let ours = holder.as_deref() == Some(self.identity.as_str());
         let mut next = record;
@@ -205,6 +200,29 @@ impl<T: Clone + PartialEq> Elector<T> {
             transitions: record.transitions,
         };
         Some((released, version))
+    }
+
+    /// Whether another claimant holds the Lease at `now`, as last read: its record names another
+    /// holder and has not lapsed by this claimant's clock (the rule [`Elector::attempt`] follows
+    /// by). False when nothing was read, or the last read found no holder.
+    pub fn follows(&self, now: Duration) -> bool {
+        let Some((record, _, seen_at)) = &self.observed else {
+            return false;
+        };
+        let Some(holder) = record.holder.as_deref().filter(|h| !h.is_empty()) else {
+            return false;
+        };
+        holder != self.identity && now < self.lapses_at(record, *seen_at)
+    }
+
+    /// When a Lease whose record was first seen at `seen_at` lapses for this claimant: the
+    /// holder's own duration decides, ours if it wrote none.
+    fn lapses_at(&self, record: &LeaseRecord<T>, seen_at: Duration) -> Duration {
+        let duration = record
+            .lease_duration_secs
+            .and_then(|s| u64::try_from(s).ok())
+            .map_or(self.timing.lease_duration, Duration::from_secs);
+        seen_at + duration
     }
 
     /// Whether this claimant may act as the leader at `now`: its last renewal succeeded less
@@ -272,6 +290,27 @@ mod tests {
         assert_eq!(record.holder.as_deref(), Some("node-b"));
         assert_eq!(record.acquire_time, Some(999));
         assert_eq!(record.transitions, Some(1));
+    }
+
+    #[test]
+    fn a_claimant_follows_another_holder_until_its_lease_lapses_and_never_itself() {
+        let mut b = Elector::new("node-b", LeaseTiming::default());
+        assert!(!b.follows(S(0)), "nothing read yet");
+        b.attempt(S(100), 999, Some((held_by("node-a", 0), "7".to_owned())));
+        assert!(b.follows(S(100)));
+        assert!(b.follows(S(114)));
+        assert!(!b.follows(S(115)), "lapsed by the observer's clock");
+        let mut a = Elector::new("node-a", LeaseTiming::default());
+        let Attempt::Create(r) = a.attempt(S(0), 1, None) else {
+            panic!("expected a create");
+        };
+        a.written(S(0), r, "1".into());
+        assert!(!a.follows(S(1)), "the holder follows nobody");
+        let mut c = Elector::new("node-c", LeaseTiming::default());
+        let mut free = held_by("node-a", 0);
+        free.holder = None;
+        c.attempt(S(0), 1, Some((free, "9".to_owned())));
+        assert!(!c.follows(S(0)), "a Lease with no holder");
     }
 
     #[test]

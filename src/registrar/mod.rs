@@ -74,6 +74,9 @@ pub struct RegistrarInput {
 pub struct RegistrarState {
     /// This daemon holds the Lease.
     pub leader: AtomicBool,
+    /// Another daemon holds the Lease, as last read ([`Elector::follows`]): the route-status
+    /// writer lets the holder write a changed status first.
+    pub follows: AtomicBool,
     /// This daemon leads and has writes to make for its latest input.
     pub pending: AtomicBool,
     /// Why the Lease can be neither read nor written now (a missing release namespace: every
@@ -195,6 +198,7 @@ pub async fn run(
             _ = tick.tick() => {}
             changed = input.changed() => if changed.is_err() {
                 state.leader.store(false, Ordering::Release);
+                state.follows.store(false, Ordering::Release);
                 state.pending.store(false, Ordering::Release);
                 stats.registrar_leader.set(0);
                 release(&leases, &settings, &mut elector).await;
@@ -222,6 +226,9 @@ pub async fn run(
             filters_written.clear();
         }
         state.leader.store(leader, Ordering::Release);
+        state
+            .follows
+            .store(elector.follows(elapsed()), Ordering::Release);
         stats.registrar_leader.set(i64::from(leader));
         let current = input.borrow_and_update().clone();
         if !leader || done.as_ref().is_some_and(|d| Arc::ptr_eq(d, &current)) {

@@ -16,7 +16,8 @@
 //!   (`Unknown`/`NotChecked`) and the route holds a `True` or `False` verdict for the same
 //!   generation, that verdict is kept as a fact, not overwritten.
 //! - Rewriting over another writer is bounded (routes.md §6.5, [`Backoff`]); a changed verdict
-//!   is never delayed.
+//!   is never held back by it. A node that follows the registrar's Lease leaves a changed status
+//!   to the holder for [`FOLLOWER_GRACE`], so that nodes agreeing on it do not all write it.
 
 use std::time::Duration;
 
@@ -142,6 +143,14 @@ pub const BACKOFF_FIRST: Duration = Duration::from_secs(5);
 /// The longest wait between rewrites over another writer.
 pub const BACKOFF_CAP: Duration = Duration::from_secs(300);
 
+/// How long a node that follows the registrar's Lease leaves a changed status to the holder
+/// before writing it itself (issue #36 item 3). Nodes with the same facts write the same
+/// entries (routes.md §6.1), so after the holder's write every follower's watch shows the route
+/// settled and nothing more is written: one write per change where every node wrote (one `200`
+/// and the rest `409`). A follower whose entries differ from the holder's writes them this much
+/// later, and writes at once when no holder is known.
+pub const FOLLOWER_GRACE: Duration = Duration::from_secs(2);
+
 /// What to do with one route now.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Turn {
@@ -151,6 +160,9 @@ pub enum Turn {
     Write,
     /// Another writer replaced this node's unchanged entries: write again no sooner than this.
     Wait(Duration),
+    /// A changed status left to the Lease holder: write it no sooner than this
+    /// ([`FOLLOWER_GRACE`]), if the route does not hold it by then.
+    Defer(Duration),
 }
 
 /// One node's rewrites of one route (routes.md §6.5), counted per route.
@@ -160,21 +172,45 @@ pub struct Backoff {
     last: Option<(Vec<Entry>, Duration)>,
     /// Rewrites of an unchanged verdict made since it last changed.
     restores: u32,
+    /// A changed status this node, following, left to the holder, and since when.
+    deferred: Option<(Vec<Entry>, Duration)>,
 }
 
 impl Backoff {
-    /// Decide at `now` whether to write `want`, given what the route holds (`held`).
-    pub fn turn(&self, now: Duration, want: &[Entry], held: &[Entry]) -> Turn {
+    /// Decide at `now` whether to write `want`, given what the route holds (`held`) and whether
+    /// another node holds the registrar's Lease (`follows`).
+    pub fn turn(&mut self, now: Duration, want: &[Entry], held: &[Entry], follows: bool) -> Turn {
         if same_facts(want, held) {
+            self.deferred = None;
             return Turn::Settled;
         }
-        let Some((last, at)) = &self.last else {
+        let changed = self
+            .last
+            .as_ref()
+            .is_none_or(|(last, _)| !same_facts(last, want));
+        if changed {
+            // A changed verdict is never held back by the rewrite back-off; a follower leaves
+            // it to the holder for FOLLOWER_GRACE.
+            if !follows {
+                return Turn::Write;
+            }
+            let since = match &self.deferred {
+                Some((deferred, since)) if same_facts(deferred, want) => *since,
+                _ => {
+                    self.deferred = Some((want.to_vec(), now));
+                    now
+                }
+            };
+            let due = since + FOLLOWER_GRACE;
+            return if now >= due {
+                Turn::Write
+            } else {
+                Turn::Defer(due)
+            };
+        }
+        let Some((_, at)) = &self.last else {
             return Turn::Write;
         };
-        if !same_facts(last, want) {
-            // A changed verdict is never delayed.
-            return Turn::Write;
-        }
         if self.restores == 0 {
             return Turn::Write;
         }
@@ -197,6 +233,7 @@ impl Backoff {
             .is_some_and(|(last, _)| same_facts(last, &written));
         self.restores = if unchanged { self.restores + 1 } else { 0 };
         self.last = Some((written, now));
+        self.deferred = None;
     }
 }
 
@@ -344,7 +381,10 @@ mod tests {
     #[test]
     fn a_settled_route_is_not_written() {
         let want = vec![entry(vec![cond("Accepted", "True", "Accepted", 1, "T1")])];
-        assert_eq!(Backoff::default().turn(S(0), &want, &want), Turn::Settled);
+        assert_eq!(
+            Backoff::default().turn(S(0), &want, &want, false),
+            Turn::Settled
+        );
     }
 
     #[test]
@@ -353,30 +393,58 @@ mod tests {
         let theirs = vec![entry(vec![cond("Accepted", "False", "Other", 1, "T2")])];
         let mut b = Backoff::default();
         // The first write.
-        assert_eq!(b.turn(S(0), &want, &[]), Turn::Write);
+        assert_eq!(b.turn(S(0), &want, &[], false), Turn::Write);
         b.wrote(S(0), want.clone());
         // Overwritten at t=1: restored at once.
-        assert_eq!(b.turn(S(1), &want, &theirs), Turn::Write);
+        assert_eq!(b.turn(S(1), &want, &theirs, false), Turn::Write);
         b.wrote(S(1), want.clone());
         // Overwritten again: no sooner than 5 s after the previous write.
-        assert_eq!(b.turn(S(2), &want, &theirs), Turn::Wait(S(6)));
-        assert_eq!(b.turn(S(6), &want, &theirs), Turn::Write);
+        assert_eq!(b.turn(S(2), &want, &theirs, false), Turn::Wait(S(6)));
+        assert_eq!(b.turn(S(6), &want, &theirs, false), Turn::Write);
         b.wrote(S(6), want.clone());
-        assert_eq!(b.turn(S(7), &want, &theirs), Turn::Wait(S(16)));
+        assert_eq!(b.turn(S(7), &want, &theirs, false), Turn::Wait(S(16)));
         b.wrote(S(16), want.clone());
-        assert_eq!(b.turn(S(17), &want, &theirs), Turn::Wait(S(36)));
+        assert_eq!(b.turn(S(17), &want, &theirs, false), Turn::Wait(S(36)));
         // Writes in the first minute: 0, 1, 6, 16, 36 — five, as routes.md §6.5 bounds.
         b.wrote(S(36), want.clone());
         let mut at = S(36);
         for _ in 0..10 {
-            let Turn::Wait(due) = b.turn(at, &want, &theirs) else {
+            let Turn::Wait(due) = b.turn(at, &want, &theirs, false) else {
                 panic!("expected a wait");
             };
             assert!(due - at <= BACKOFF_CAP);
             at = due;
             b.wrote(at, want.clone());
         }
-        assert_eq!(b.turn(at, &want, &theirs), Turn::Wait(at + BACKOFF_CAP));
+        assert_eq!(
+            b.turn(at, &want, &theirs, false),
+            Turn::Wait(at + BACKOFF_CAP)
+        );
+    }
+
+    #[test]
+    fn a_follower_leaves_a_changed_status_to_the_holder_and_writes_it_after_the_grace() {
+        let old = vec![entry(vec![cond("Accepted", "True", "Accepted", 1, "T1")])];
+        let want = vec![entry(vec![cond("Accepted", "True", "Accepted", 2, "T1")])];
+        let mut b = Backoff::default();
+        let due = S(10) + FOLLOWER_GRACE;
+        assert_eq!(b.turn(S(10), &want, &old, true), Turn::Defer(due));
+        // Counted from when it was first seen, not restarted by each look.
+        assert_eq!(b.turn(S(11), &want, &old, true), Turn::Defer(due));
+        // The holder wrote the same entries: settled, nothing written.
+        assert_eq!(b.turn(S(11), &want, &want, true), Turn::Settled);
+        // Another change the holder does not write: written once the grace is over.
+        let next = vec![entry(vec![cond("Accepted", "True", "Accepted", 3, "T1")])];
+        let due = S(20) + FOLLOWER_GRACE;
+        assert_eq!(b.turn(S(20), &next, &want, true), Turn::Defer(due));
+        assert_eq!(b.turn(due, &next, &want, true), Turn::Write);
+        b.wrote(due, next.clone());
+        // With no holder known, a changed status is written at once.
+        let last = vec![entry(vec![cond("Accepted", "True", "Accepted", 4, "T1")])];
+        assert_eq!(b.turn(S(30), &last, &next, false), Turn::Write);
+        // A follower's rewrite over another writer keeps routes.md §6.5's rule: once at once.
+        let theirs = vec![entry(vec![cond("Accepted", "False", "Other", 3, "T2")])];
+        assert_eq!(b.turn(S(31), &next, &theirs, true), Turn::Write);
     }
 
     #[test]
@@ -394,9 +462,9 @@ mod tests {
             2,
             "T3",
         )])];
-        assert_eq!(b.turn(S(7), &changed, &theirs), Turn::Write);
+        assert_eq!(b.turn(S(7), &changed, &theirs, false), Turn::Write);
         b.wrote(S(7), changed.clone());
         // And the back-off starts over for it.
-        assert_eq!(b.turn(S(8), &changed, &theirs), Turn::Write);
+        assert_eq!(b.turn(S(8), &changed, &theirs, false), Turn::Write);
     }
 }

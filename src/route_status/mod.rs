@@ -10,7 +10,11 @@
 //!   the route is read again and merged again (at most [`CONFLICT_RETRIES`] times, then the next
 //!   reconcile tries again);
 //! - nothing is written when nothing changed, `lastTransitionTime` aside;
-//! - rewriting over another writer is bounded by [`merge::Backoff`] (routes.md §6.5).
+//! - rewriting over another writer is bounded by [`merge::Backoff`] (routes.md §6.5);
+//! - a node that follows the registrar's Lease leaves a changed status to the holder for
+//!   [`merge::FOLLOWER_GRACE`] and writes it only if the route does not hold it by then: nodes
+//!   with the same facts write the same entries, so a change costs one write, not one per node
+//!   (a `200` and the rest `409`).
 
 pub mod merge;
 
@@ -265,11 +269,13 @@ fn stamp() -> String {
 }
 
 /// Run the writer until the input's sender goes away; `pending` says whether a write for the
-/// latest input is still to be made (for `/model`).
+/// latest input is still to be made (for `/model`); `follows` whether another daemon holds the
+/// registrar's Lease now ([`crate::registrar::RegistrarState::follows`]).
 pub async fn run(
     client: Client,
     mut input: watch::Receiver<Arc<StatusInput>>,
     pending: Arc<AtomicBool>,
+    follows: impl Fn() -> bool,
     stats: Arc<NodeStats>,
 ) {
     // tokio's clock: the one a test pauses and advances (no waiting for a lease to lapse).
@@ -280,6 +286,8 @@ pub async fn run(
     // the write back (a new input).
     let mut written_for: BTreeMap<RouteKey, Arc<StatusInput>> = BTreeMap::new();
     let mut waiting: BTreeSet<RouteKey> = BTreeSet::new();
+    // Routes whose changed status is left to the Lease holder (counted once each time).
+    let mut deferred: BTreeSet<RouteKey> = BTreeSet::new();
     let mut tick = tokio::time::interval(Duration::from_secs(1));
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
@@ -308,6 +316,7 @@ pub async fn run(
             )
             .collect();
         let now_stamp = stamp();
+        let follows = follows();
         let mut left = false;
         for key in keys {
             // Only routes the watch holds: a route deleted since is not written.
@@ -327,9 +336,17 @@ pub async fn run(
                 merge::wanted(statuses.iter().copied(), &now_stamp),
             );
             let backoff = backoffs.entry(key.clone()).or_default();
-            match backoff.turn(elapsed(), &want, &held.ours) {
+            match backoff.turn(elapsed(), &want, &held.ours, follows) {
                 Turn::Settled => {
                     waiting.remove(&key);
+                    deferred.remove(&key);
+                }
+                Turn::Defer(_) => {
+                    left = true;
+                    if deferred.insert(key.clone()) {
+                        stats.route_status_deferred.inc();
+                        debug!(kind = %key.0, namespace = %key.1, name = %key.2, "route status change left to the registrar's lease holder");
+                    }
                 }
                 Turn::Wait(_) => {
                     if waiting.insert(key.clone()) {
@@ -339,7 +356,16 @@ pub async fn run(
                 }
                 Turn::Write => {
                     waiting.remove(&key);
-                    match write(&client, &key, statuses, &now_stamp).await {
+                    deferred.remove(&key);
+                    match write(
+                        &client,
+                        &key,
+                        statuses,
+                        &now_stamp,
+                        &stats.route_status_conflicts,
+                    )
+                    .await
+                    {
                         Ok(Some(written)) => {
                             stats.route_status_writes.inc();
                             backoff.wrote(elapsed(), written);
@@ -361,6 +387,7 @@ pub async fn run(
         }
         backoffs.retain(|k, _| current.held.contains_key(k));
         written_for.retain(|k, _| current.held.contains_key(k));
+        deferred.retain(|k| current.held.contains_key(k));
         pending.store(left, Ordering::Release);
     }
 }
@@ -372,6 +399,7 @@ async fn write(
     key: &RouteKey,
     statuses: &[&RouteStatus],
     now_stamp: &str,
+    conflicts: &crate::proxy::Counter,
 ) -> Result<Option<Vec<Entry>>, StatusError> {
     let (kind, namespace, name) = key;
     let ar = api_resource(kind).ok_or_else(|| StatusError::UnknownKind(kind.clone()))?;
@@ -406,6 +434,7 @@ async fn write(
         {
             Ok(_) => return Ok(Some(want)),
             Err(kube::Error::Api(s)) if s.code == 409 => {
+                conflicts.inc();
                 debug!(%kind, %namespace, %name, "route status write conflicted; reading again");
             }
             Err(e) => return Err(api_err("write status")(e)),

@@ -7,6 +7,7 @@ use serde_json::json;
 
 use super::*;
 use crate::model::attach::Condition;
+use crate::proxy::Counter;
 
 const ROUTE: &str = "/apis/gateway.networking.k8s.io/v1/namespaces/shop/httproutes/web";
 
@@ -139,12 +140,21 @@ fn key() -> RouteKey {
     ("HTTPRoute".into(), "shop".into(), "web".into())
 }
 
+/// [`write`] of `statuses` to the route stamped `stamp`, its conflicts counted nowhere.
+async fn put(
+    c: &Client,
+    statuses: &[&RouteStatus],
+    stamp: &str,
+) -> Result<Option<Vec<Entry>>, StatusError> {
+    write(c, &key(), statuses, stamp, &Counter::default()).await
+}
+
 #[tokio::test]
 async fn aethers_entry_is_added_beside_another_controllers_which_is_kept_byte_for_byte() {
     let server = Arc::new(tokio::sync::Mutex::new(Server::new(&[foreign("gw")])));
     let c = client(&server);
     let status = model_status("True");
-    let written = write(&c, &key(), &[&status], "2026-12-02T00:00:00Z")
+    let written = put(&c, &[&status], "2026-12-02T00:00:00Z")
         .await
         .unwrap()
         .expect("a write");
@@ -175,12 +185,8 @@ async fn nothing_is_written_when_only_the_time_would_change() {
     let server = Arc::new(tokio::sync::Mutex::new(Server::new(&[foreign("gw")])));
     let c = client(&server);
     let status = model_status("True");
-    write(&c, &key(), &[&status], "2026-12-02T00:00:00Z")
-        .await
-        .unwrap();
-    let again = write(&c, &key(), &[&status], "2026-12-02T09:00:00Z")
-        .await
-        .unwrap();
+    put(&c, &[&status], "2026-12-02T00:00:00Z").await.unwrap();
+    let again = put(&c, &[&status], "2026-12-02T09:00:00Z").await.unwrap();
     assert_eq!(again, None);
     assert_eq!(server.lock().await.puts.len(), 1);
 }
@@ -191,7 +197,7 @@ async fn a_conflict_is_read_again_and_retried_keeping_the_entry_written_in_betwe
     server.lock().await.interleave = Some(foreign("gw2"));
     let c = client(&server);
     let status = model_status("True");
-    write(&c, &key(), &[&status], "2026-12-02T00:00:00Z")
+    put(&c, &[&status], "2026-12-02T00:00:00Z")
         .await
         .unwrap()
         .expect("a write after the retry");
@@ -212,14 +218,12 @@ async fn a_conflict_is_read_again_and_retried_keeping_the_entry_written_in_betwe
 async fn a_changed_condition_replaces_aethers_entry_in_place_and_stamps_only_it() {
     let server = Arc::new(tokio::sync::Mutex::new(Server::new(&[foreign("gw")])));
     let c = client(&server);
-    write(&c, &key(), &[&model_status("True")], "T0")
-        .await
-        .unwrap();
+    put(&c, &[&model_status("True")], "T0").await.unwrap();
     server.lock().await.route["status"]["parents"]
         .as_array_mut()
         .unwrap()
         .push(foreign("gw3"));
-    write(&c, &key(), &[&model_status("False")], "T1")
+    put(&c, &[&model_status("False")], "T1")
         .await
         .unwrap()
         .expect("a write");
@@ -250,7 +254,13 @@ async fn the_task_writes_each_route_once_per_input_and_says_when_it_is_done() {
     }));
     let pending = Arc::new(AtomicBool::new(false));
     let stats = Arc::new(NodeStats::default());
-    let task = tokio::spawn(run(client(&server), rx, pending.clone(), stats.clone()));
+    let task = tokio::spawn(run(
+        client(&server),
+        rx,
+        pending.clone(),
+        || false,
+        stats.clone(),
+    ));
     tokio::time::sleep(Duration::from_secs(5)).await;
     assert_eq!(
         server.lock().await.puts.len(),
@@ -273,4 +283,89 @@ async fn the_task_writes_each_route_once_per_input_and_says_when_it_is_done() {
     assert_eq!(server.lock().await.puts.len(), 1);
     drop(tx);
     task.await.unwrap();
+}
+
+/// Two nodes' writers over one route, each fed what a watch of the route holds after every
+/// write: the first follows the registrar's Lease or not (`follows`), the second follows it.
+/// The puts the server received, and each writer's stats, once `settle` has passed.
+async fn two_writers(
+    holder_writes: bool,
+    settle: Duration,
+) -> (usize, Arc<NodeStats>, Arc<NodeStats>) {
+    let server = Arc::new(tokio::sync::Mutex::new(Server::new(&[])));
+    let status = model_status("True");
+    let input = |ours: Vec<Entry>| {
+        Arc::new(StatusInput {
+            statuses: vec![status.clone()],
+            held: BTreeMap::from([(key(), HeldRoute { ours })]),
+        })
+    };
+    let (holder_tx, holder_rx) = watch::channel(input(Vec::new()));
+    let (follower_tx, follower_rx) = watch::channel(input(Vec::new()));
+    let holder_stats = Arc::new(NodeStats::default());
+    let follower_stats = Arc::new(NodeStats::default());
+    let holder = holder_writes.then(|| {
+        tokio::spawn(run(
+            client(&server),
+            holder_rx,
+            Arc::default(),
+            || false,
+            holder_stats.clone(),
+        ))
+    });
+    let follower = tokio::spawn(run(
+        client(&server),
+        follower_rx,
+        Arc::default(),
+        || true,
+        follower_stats.clone(),
+    ));
+    // The watch: each new version of the route reaches both writers.
+    let mut seen = server.lock().await.version;
+    let until = tokio::time::Instant::now() + settle;
+    while tokio::time::Instant::now() < until {
+        tokio::time::sleep(Duration::from_millis(10)).await;
+        let s = server.lock().await;
+        if s.version != seen {
+            seen = s.version;
+            let ours = ours_of(s.route.get("status"));
+            holder_tx.send_replace(input(ours.clone()));
+            follower_tx.send_replace(input(ours));
+        }
+    }
+    let puts = server.lock().await.puts.len();
+    drop((holder_tx, follower_tx));
+    if let Some(h) = holder {
+        h.await.unwrap();
+    }
+    follower.await.unwrap();
+    (puts, holder_stats, follower_stats)
+}
+
+/// issue #36 item 3: a route change that two nodes see alike costs one PUT (the holder's), not
+/// one per node with all but one answered `409`.
+#[tokio::test(start_paused = true)]
+async fn a_change_both_nodes_agree_on_is_written_once_by_the_lease_holder() {
+    let (puts, holder, follower) = two_writers(true, Duration::from_secs(20)).await;
+    assert_eq!(puts, 1, "one PUT for the change");
+    assert_eq!(holder.route_status_writes.get(), 1);
+    assert_eq!(follower.route_status_writes.get(), 0);
+    assert_eq!(follower.route_status_deferred.get(), 1);
+    assert_eq!(
+        holder.route_status_conflicts.get() + follower.route_status_conflicts.get(),
+        0
+    );
+}
+
+/// issue #36 item 3: a follower whose change the holder does not write (it is down, or sees
+/// other facts) writes it itself once the grace is over.
+#[tokio::test(start_paused = true)]
+async fn a_follower_writes_a_change_the_holder_did_not_after_the_grace() {
+    let (puts, _, follower) = two_writers(false, merge::FOLLOWER_GRACE / 2).await;
+    assert_eq!(puts, 0, "left to the holder during the grace");
+    let (puts, _, follower_later) =
+        two_writers(false, merge::FOLLOWER_GRACE + Duration::from_secs(2)).await;
+    assert_eq!(puts, 1, "written after the grace");
+    assert_eq!(follower.route_status_deferred.get(), 1);
+    assert_eq!(follower_later.route_status_writes.get(), 1);
 }

@@ -11,7 +11,7 @@
 //! | `POST /lab/allow?resource=<group or core>/<plural>` | lifts `forbid` |
 //! | `POST /lab/end-watches?resource=<group or core>/<plural>` | the resource's open watches end, as the server's watch timeout ends them; the clients watch again |
 //! | `GET /lab/objects/<group or core>/<plural>[?namespace=ns]` | the stored objects, a JSON array |
-//! | `GET /lab/writes` | `[{"verb", "resource", "field_manager", "count"}]`: the API writes so far |
+//! | `GET /lab/writes` | `[{"verb", "resource", "field_manager", "count"}]`: the API writes so far (a `PUT` answered `409` as verb `update-conflict`) |
 //!
 //! [`CONTROL_ENDPOINTS`] is this table, and drives the router's test.
 

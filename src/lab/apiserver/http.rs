@@ -196,13 +196,21 @@ async fn route(
         ("PUT", true) => {
             let body = read_json(server, req).await?;
             let key = key(&path, Some(&body))?;
-            let o = server.write(|s| s.replace(&key, body, part))?;
-            WriteOf {
-                verb: "update",
-                path: &path,
-                manager: &manager,
+            let replaced = server.write(|s| s.replace(&key, body, part));
+            // A conflict is counted too: the writers' redundant writes show as `409`s.
+            let verb = match &replaced {
+                Err(e) if e.code == 409 => "update-conflict",
+                _ => "update",
+            };
+            if replaced.is_ok() || verb == "update-conflict" {
+                WriteOf {
+                    verb,
+                    path: &path,
+                    manager: &manager,
+                }
+                .count(server);
             }
-            .count(server);
+            let o = replaced?;
             Ok(object_response(StatusCode::OK, &path, &o))
         }
         ("PATCH", true) => {

@@ -821,6 +821,7 @@ async fn the_registrar_and_the_status_writer_write_through_a_real_client() {
         client.clone(),
         srx,
         pending,
+        || false,
         Arc::default(),
     ));
     let parents = within("aether's status entry", async {
