@@ -97,6 +97,20 @@ impl ModelHandle {
         (next, old)
     }
 
+    /// Swap in a model that serves like the published one ([`Model::serves_like`]: it differs
+    /// in the compile clock only) with the snapshot it was compiled from, under the same
+    /// generation: nothing waiting for a new model is woken, and the snapshot beside the model
+    /// stays the one it was compiled from. Hands back what it replaced, as [`Self::replace`].
+    pub fn refresh(&self, model: Model, source: Option<Arc<Snapshot>>) -> Arc<Published> {
+        // One publisher writes (STYLE.md §6.3): the generation read here is the one kept.
+        let generation = *self.generation.borrow();
+        self.current.swap(Arc::new(Published {
+            generation,
+            model: Arc::new(model),
+            source,
+        }))
+    }
+
     /// Wait until a model newer than `seen` is published, at most `bound`. Returns whether one
     /// was.
     pub async fn newer_than(&self, seen: u64, bound: Duration) -> bool {

@@ -45,6 +45,7 @@ fn every_leg_on_the_etcd_source() {
             "BINDING",
             "DUP-ADDR",
             "OVERLOAD",
+            "SAME-MODEL",
             "H2C-SAME",
             "GRPC-SAME",
             "POLICY",

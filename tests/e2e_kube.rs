@@ -51,6 +51,7 @@ fn every_leg_on_the_kubernetes_source() {
             "BINDING",
             "DUP-ADDR",
             "OVERLOAD",
+            "SAME-MODEL",
             "H2C-SAME",
             "GRPC-SAME",
             "K-ROLLOUT",

@@ -42,6 +42,7 @@ fn every_leg_through_real_sockets() {
             "BINDING",
             "DUP-ADDR",
             "OVERLOAD",
+            "SAME-MODEL",
             "H2C-SAME",
             "GRPC-SAME",
             "POLICY",

@@ -1517,3 +1517,63 @@ status:
     // Everything else is as before.
     assert!(m.pod("mp", "mp-multi-1").is_some());
 }
+
+/// issue #36 item 6: a reload that compiles the same registry again, later, has a model that
+/// serves like the published one (the compile clock aside) and is not published again; one that
+/// changes what is served is. The handle keeps the generation on a refresh and wakes nobody.
+#[test]
+fn a_model_compiled_again_later_serves_alike_and_keeps_its_generation() {
+    let (snapshot, model) = fixture_model(None, None);
+    let later = compile(
+        &snapshot,
+        &NodeContext {
+            now_ms: model.context.now_ms + 60_000,
+            ..model.context.clone()
+        },
+    );
+    assert!(later != model, "the compile clock is part of the model");
+    assert!(later.serves_like(&model));
+    let (_, changed) = fixture_model(
+        None,
+        Some((
+            "10-mp-nine.yaml",
+            "    aether.io/netns: \"mp-nine-0\"\n",
+            "    aether.io/netns: \"mp-nine-0\"\n    inbound.aether.io/mode: \"strict\"\n",
+        )),
+    );
+    assert!(
+        !changed.serves_like(&model),
+        "a strict pod serves otherwise"
+    );
+    // An annotation the mesh does not read changes nothing it serves.
+    let (_, annotated) = fixture_model(
+        None,
+        Some((
+            "10-mp-nine.yaml",
+            "    aether.io/netns: \"mp-nine-0\"\n",
+            "    aether.io/netns: \"mp-nine-0\"\n    example.com/owner: \"team-a\"\n",
+        )),
+    );
+    assert!(annotated.serves_like(&model));
+
+    let handle = aether::state::ModelHandle::new(model);
+    let replaced = handle.refresh(later, Some(Arc::new(snapshot)));
+    assert_eq!(replaced.generation, 1);
+    assert_eq!(handle.generation(), 1, "refreshed, not published");
+    assert_eq!(handle.published().generation, 1);
+    assert!(
+        handle.published().source.is_some(),
+        "the new snapshot beside it"
+    );
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_time()
+        .start_paused(true)
+        .build()
+        .unwrap();
+    assert!(
+        !rt.block_on(handle.newer_than(1, std::time::Duration::from_secs(5))),
+        "nobody waiting for a new model is woken"
+    );
+    handle.publish(changed);
+    assert_eq!(handle.generation(), 2);
+}

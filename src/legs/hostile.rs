@@ -51,6 +51,12 @@ pub static HOSTILE: &[Leg] = &[
         zt_strict
     ),
     leg!(
+        "SAME-MODEL",
+        "a registry change the mesh does not read (an annotation of another tool) is read by every daemon and publishes no new model",
+        None,
+        same_model
+    ),
+    leg!(
         "POLICY",
         "an ext_authz the daemon cannot read: its Service refuses 403 authz-unavailable on every path, plaintext too, with a diagnostic",
         None,
@@ -293,6 +299,49 @@ async fn rewrite_registry(env: &Env, file: &str, from: &str, to: &str) -> Result
     std::fs::write(&tmp, text.replacen(from, to, 1)).map_err(|e| e.to_string())?;
     std::fs::rename(&tmp, &path).map_err(|e| e.to_string())?;
     env.settle().await
+}
+
+/// An annotation of another tool, which aether does not read, added to mp-nine-0's manifest.
+const FOREIGN_ANNOTATION: (&str, &str) = (
+    STRICT_NINE.0,
+    "    aether.io/netns: \"mp-nine-0\"\n    example.com/owner: \"team-a\"\n",
+);
+
+/// Every daemon's model generation (`/model`).
+async fn generations(env: &Env) -> Result<Vec<u64>, String> {
+    let Some(reg) = &env.registry else {
+        return Err(env.not_here(Need::RegistryControl));
+    };
+    let mut out = Vec::new();
+    for socket in &reg.admin_sockets {
+        let body = admin_get(socket, "/model").await?;
+        let v: serde_json::Value = serde_json::from_str(&body).map_err(|e| e.to_string())?;
+        out.push(v["generation"].as_u64().ok_or("no generation on /model")?);
+    }
+    Ok(out)
+}
+
+/// issue #36 item 6: a reload whose model serves as the published one publishes nothing. The
+/// settle waits until every daemon holds the changed registry (its fingerprint), so each has
+/// read and compiled it.
+async fn same_model(env: &Env) -> Check {
+    env.settle().await?;
+    let before = generations(env).await?;
+    let (plain, annotated) = FOREIGN_ANNOTATION;
+    rewrite_registry(env, "10-mp-nine.yaml", plain, annotated).await?;
+    let annotated_at = generations(env).await;
+    rewrite_registry(env, "10-mp-nine.yaml", annotated, plain).await?;
+    let annotated_at = annotated_at?;
+    let restored = generations(env).await?;
+    if annotated_at != before || restored != before {
+        return Err(format!(
+            "model generations {before:?} before, {annotated_at:?} with the annotation, {restored:?} without it again: a model that serves alike was published again"
+        ));
+    }
+    Ok(format!(
+        "the annotation added and removed, each read by all {} daemons; generations {before:?} kept",
+        before.len()
+    ))
 }
 
 async fn zt_strict(env: &Env) -> Check {

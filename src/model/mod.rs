@@ -344,6 +344,40 @@ pub struct InboundFacts {
 }
 
 impl Model {
+    /// Whether `other` answers every question as this model does: equal in everything but the
+    /// clock it was compiled at (`context.now_ms`, read only to expire retained ports while
+    /// compiling). A reload whose model serves like the published one publishes nothing
+    /// (issue #36 item 6).
+    pub fn serves_like(&self, other: &Self) -> bool {
+        // Named field by field, so that a field added to the model is compared here too.
+        let Self {
+            context,
+            names,
+            cluster_ips,
+            pod_ips,
+            pods,
+            l4,
+            service_filters,
+            classes,
+            statuses,
+            diagnostics,
+        } = self;
+        let clockless = |c: &NodeContext| NodeContext {
+            now_ms: 0,
+            ..c.clone()
+        };
+        clockless(context) == clockless(&other.context)
+            && *names == other.names
+            && *cluster_ips == other.cluster_ips
+            && *pod_ips == other.pod_ips
+            && *pods == other.pods
+            && *l4 == other.l4
+            && *service_filters == other.service_filters
+            && *classes == other.classes
+            && *statuses == other.statuses
+            && *diagnostics == other.diagnostics
+    }
+
     /// The ports the row of the pod at `ip` of the mesh service `namespace`/`service_account`
     /// declares, with their protocol: the mesh hop's check at the destination (model.md §14),
     /// asked with the identity of the local pod that holds the address. `None` when no such

@@ -1049,6 +1049,12 @@ async fn run_until(
                 let last = last_conversion.take();
                 let loaded = tokio::task::spawn_blocking(move || {
                     load(&cfg, &src, &stats, Some((&previous, &kept)), last.as_ref())
+                        .map(|l| {
+                            // Compared here, off the runtime's thread: as long as a compile's
+                            // walk of the tables, at most.
+                            let unchanged = l.model.serves_like(&previous);
+                            (l, unchanged)
+                        })
                 })
                 .await;
                 let loaded = match loaded {
@@ -1059,7 +1065,7 @@ async fn run_until(
                     }
                 };
                 match loaded {
-                    Ok(l) => {
+                    Ok((l, unchanged)) => {
                         let etcd_revision = l.etcd_revision;
                         retained = l.retained.clone();
                         debug!(retained = retained.len(), "recompiled");
@@ -1068,10 +1074,19 @@ async fn run_until(
                         let snapshot = Arc::new(l.snapshot);
                         let kept = config.debug_keep_snapshot.then(|| snapshot.clone());
                         last_conversion = kept.clone().zip(l.places).map(|(s, p)| (p, s));
-                        let (generation, replaced) = handle.replace_shared(l.model, kept);
+                        // A model that serves like the published one is not published again
+                        // (no new generation, no series rebuilt): swapped in under the same
+                        // generation, beside the snapshot it was compiled from.
+                        let replaced = if unchanged {
+                            debug!(generation = handle.generation(), "recompiled: the model serves as the published one; not published again");
+                            handle.refresh(l.model, kept)
+                        } else {
+                            let (generation, replaced) = handle.replace_shared(l.model, kept);
+                            info!(generation, "model published");
+                            replaced
+                        };
                         // What this replaces is freed off the runtime's thread (node::retire).
                         retire::model(replaced);
-                        info!(generation, "model published");
                         // Off the request path and off the runtime's threads: the metric series
                         // of the services it holds (a walk of every service port), the DNS
                         // table, the writers' inputs and the fingerprint; the snapshot, unless
@@ -1080,7 +1095,9 @@ async fn run_until(
                         let (metrics, model, cfg) = (shared.inputs.metrics.clone(), handle.load(), config.clone());
                         let read = l.read;
                         let followed = tokio::task::spawn_blocking(move || {
-                            metrics.rebuild(&model);
+                            if !unchanged {
+                                metrics.rebuild(&model);
+                            }
                             follow(&cfg, &snapshot, &model, read)
                         })
                         .await;
