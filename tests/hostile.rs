@@ -29,15 +29,25 @@ async fn closed_within(stream: &mut TcpStream, within: Duration) -> Option<Vec<u
     }
 }
 
-/// Wait (bounded) until the daemon holds no connection.
+/// Wait (bounded, 10 s: generous on a slow machine) until the daemon holds no connection.
 async fn settles(w: &World) -> i64 {
-    for _ in 0..100 {
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+    while tokio::time::Instant::now() < deadline {
         if w.inputs.stats.active.get() == 0 {
             return 0;
         }
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
     w.inputs.stats.active.get()
+}
+
+/// Wait (bounded, 10 s) until the client pod holds `n` open connections.
+async fn client_holds(w: &World, n: usize) -> usize {
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+    while w.client.open_connections() != n && tokio::time::Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    w.client.open_connections()
 }
 
 #[tokio::test]
@@ -98,7 +108,8 @@ async fn a_pod_over_its_connection_limit_gets_new_connections_closed_and_keeps_t
     for _ in 0..2 {
         kept.push(TcpStream::connect(w.loopback()).await.unwrap());
     }
-    tokio::time::sleep(Duration::from_millis(100)).await;
+    // Both admitted before the third is dialled.
+    assert_eq!(client_holds(&w, 2).await, 2);
     let mut third = TcpStream::connect(w.loopback()).await.unwrap();
     let got = closed_within(&mut third, Duration::from_secs(2)).await;
     assert!(
@@ -117,13 +128,7 @@ async fn a_pod_over_its_connection_limit_gets_new_connections_closed_and_keeps_t
     drop(kept);
     // Below the limit again (the pooled hop to mp-multi is mp-multi's, not the client's): a
     // new connection is served.
-    for _ in 0..100 {
-        if w.client.open_connections() == 0 {
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
-    assert_eq!(w.client.open_connections(), 0);
+    assert_eq!(client_holds(&w, 0).await, 0);
     let a = get(w.loopback(), "/", &host, &[]).await;
     assert_eq!(a.status, 200);
 }

@@ -44,9 +44,19 @@ const HTTP_BOUND: isize = 28 * 1024;
 const RELAY_BOUND: isize = 8 * 1024;
 
 async fn quiet() -> isize {
-    // Connection tasks finish their last step after the client has its answer.
+    // Connection tasks finish their last step after the client has its answer: read once the
+    // live bytes hold still for 100 ms (on a slow machine that takes longer; bounded by 10 s).
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
     tokio::time::sleep(Duration::from_millis(300)).await;
-    counting_alloc::live()
+    let mut last = counting_alloc::live();
+    loop {
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        let now = counting_alloc::live();
+        if now == last || tokio::time::Instant::now() > deadline {
+            return now;
+        }
+        last = now;
+    }
 }
 
 /// One keep-alive request, its answer read whole (the echo gives a `Content-Length`).

@@ -72,6 +72,7 @@ impl MemoryCgroup {
                 write(&control, "+memory")?;
             }
         }
+        remove_stale(&mount);
         let dir = mount.join(format!("aether-overload-{pid}"));
         if dir.exists() {
             let _ = std::fs::remove_dir(&dir);
@@ -105,6 +106,27 @@ impl MemoryCgroup {
             self.dir.display(),
             if self.v1 { "cgroup v1" } else { "cgroup v2" }
         )
+    }
+}
+
+/// The cgroups an earlier run of this leg left when it was killed before its drop, whose
+/// process is gone: removed (a cgroup that still holds a process is not: `rmdir` refuses it).
+fn remove_stale(mount: &Path) {
+    let Ok(entries) = std::fs::read_dir(mount) else {
+        return;
+    };
+    for e in entries.flatten() {
+        let name = e.file_name();
+        let Some(pid) = name
+            .to_str()
+            .and_then(|n| n.strip_prefix("aether-overload-"))
+            .and_then(|p| p.parse::<u32>().ok())
+        else {
+            continue;
+        };
+        if !Path::new(&format!("/proc/{pid}")).exists() {
+            let _ = std::fs::remove_dir(e.path());
+        }
     }
 }
 
