@@ -19,7 +19,9 @@
 //! instead prints, for each size, the median over `n` runs of the compiling thread's own CPU time
 //! (`/proc/thread-self/schedstat`) and wall time for the compile, the clone baseline, the event
 //! path and the file registry's completion (`registrar::complete_snapshot` on a copy of the
-//! snapshot without its generated Services, the copy included), and skips the criterion groups.
+//! snapshot without its generated Services, the copy included) and `Model::serves_like` of two
+//! models compiled apart from one snapshot (what a reload that changed nothing served adds),
+//! and skips the criterion groups.
 //! `AETHER_MODEL_SIZES=<n>,<n>` measures those numbers of services instead of 200, 2,000, 20,000.
 #![allow(clippy::print_stdout, missing_docs)] // A benchmark harness reports on stdout.
 
@@ -145,9 +147,9 @@ fn cpu_table(runs: usize) {
     let ctx = NodeContext::default();
     println!("median of {runs} runs, ms of this thread's CPU [wall]");
     println!(
-        "| services | compile | baseline (clone) | ratio | event to served request | the whole reload (DNS table and registrar input after the publish) | event to served, by components | file registry: complete_snapshot |"
+        "| services | compile | baseline (clone) | ratio | event to served request | the whole reload (DNS table and registrar input after the publish) | event to served, by components | file registry: complete_snapshot | serves_like of two compiles |"
     );
-    println!("|---|---|---|---|---|---|---|---|");
+    println!("|---|---|---|---|---|---|---|---|---|");
     for n in sizes() {
         let snapshot = synth::scaled(n);
         let reps = (20_000 / n).max(1);
@@ -166,8 +168,12 @@ fn cpu_table(runs: usize) {
             complete_snapshot(&mut s, cidr);
             s
         });
+        // A reload that changed nothing served (issue #36 item 6): two models of one snapshot,
+        // compiled apart (no table shared), compared whole.
+        let (one, other) = (compile(&snapshot, &ctx), compile(&snapshot, &ctx));
+        let (lc, lw) = measure(runs, reps, || assert!(one.serves_like(&other)));
         println!(
-            "| {n} | {cc:.2} [{cw:.2}] | {bc:.2} [{bw:.2}] | {:.1}× | {ec:.2} [{ew:.2}] | {wc:.2} [{ww:.2}] | {sc:.2} [{sw:.2}] | {rc:.2} [{rw:.2}] |",
+            "| {n} | {cc:.2} [{cw:.2}] | {bc:.2} [{bw:.2}] | {:.1}× | {ec:.2} [{ew:.2}] | {wc:.2} [{ww:.2}] | {sc:.2} [{sw:.2}] | {rc:.2} [{rw:.2}] | {lc:.2} [{lw:.2}] |",
             cc / bc
         );
     }
