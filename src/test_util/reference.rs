@@ -812,11 +812,22 @@ fn attached_rule<'s>(
     let mut producer: Vec<&HttpRoute> = Vec::new();
     let mut consumer: Vec<&HttpRoute> = Vec::new();
     for r in &s.http_routes {
-        // A sectionName names the front port whose ServicePort carries that name.
+        // A sectionName names the front port whose ServicePort carries that name; where the
+        // name has no Service object yet, its generated Service's name for the port,
+        // `p<port>-tcp` (routes.md §2.1).
         let section = |n: &str| {
-            s.services
+            let mut objects = s
+                .services
                 .iter()
                 .filter(|x| x.namespace == name.ns && x.name == name.name)
+                .peekable();
+            if objects.peek().is_none() {
+                return n
+                    .strip_prefix('p')
+                    .and_then(|r| r.strip_suffix("-tcp"))
+                    .and_then(|p| p.parse::<u16>().ok());
+            }
+            objects
                 .flat_map(|x| x.ports.iter())
                 .find(|p| p.transport == Transport::Tcp && p.name.as_deref() == Some(n))
                 .map(|p| p.port)
