@@ -93,11 +93,12 @@ pub enum NodeError {
 enum Source {
     /// The manifest directory, with each file's last content that read whole.
     File(parking_lot::Mutex<LastGood>),
-    /// The API server's watches, and the services known when MeshFilters last became unreadable
-    /// ([`guard_unseen_policies`]).
+    /// The API server's watches, the services known when MeshFilters last became unreadable
+    /// ([`guard_unseen_policies`]), and the objects left out as last logged ([`log_changes`]).
     Kube(
         Arc<KubeSource>,
         parking_lot::Mutex<Option<BTreeSet<(String, String)>>>,
+        parking_lot::Mutex<BTreeSet<String>>,
     ),
     /// etcd for the rows, the manifest directory for the rest.
     Etcd(Arc<EtcdNode>),
@@ -378,7 +379,7 @@ fn load(
             let (snapshot, fingerprint) = read_dir(config, &mut last.lock(), stats)?;
             (snapshot, Read::File { fingerprint })
         }
-        Source::Kube(kube, baseline) => {
+        Source::Kube(kube, baseline, logged) => {
             let synced = kube.synced();
             stats.registry_synced.set(i64::from(synced));
             if !synced {
@@ -396,12 +397,25 @@ fn load(
                 "pods taken from the previous snapshot"
             );
             places = Some(placed);
+            // Each is logged when it appears or changes, not at every reload (issue #36 item
+            // 6); the count below is set at every load.
+            let mut logged = logged.lock();
+            let mut reported = BTreeSet::new();
             for (kind, name, error) in &invalid.objects {
-                warn!(kind, object = %name, %error, "registry object does not deserialize; left out");
+                let line = format!("{kind} {name}: {error}");
+                if !logged.contains(&line) {
+                    warn!(kind, object = %name, %error, "registry object does not deserialize; left out (logged again only if it changes)");
+                }
+                reported.insert(line);
             }
             for problem in &problems {
-                warn!(%problem, "registry object left out");
+                let line = problem.to_string();
+                if !logged.contains(&line) {
+                    warn!(%problem, "registry object left out (logged again only if it changes)");
+                }
+                reported.insert(line);
             }
+            log_changes(&mut logged, reported);
             let skipped = invalid.objects.len() + problems.len();
             stats
                 .registry_objects_skipped
@@ -556,17 +570,23 @@ fn read_dir(
         }
         reported.insert(line);
     }
-    let gone = last.reported.difference(&reported).count();
-    if gone > 0 {
-        info!(resolved = gone, "registry problems logged before are gone");
-    }
-    last.reported = reported;
+    log_changes(&mut last.reported, reported);
     let held = loaded.faults.iter().filter(|f| f.kept_last_good).count();
     stats
         .registry_files_held
         .set(i64::try_from(held).unwrap_or(i64::MAX));
     stats.registry_synced.set(1);
     Ok((loaded.snapshot, fingerprint))
+}
+
+/// The registry problems a load `reported` (each logged by the caller only when `last` lacks
+/// it) become the ones `last` holds; how many of the earlier ones are gone is logged once.
+fn log_changes(last: &mut BTreeSet<String>, reported: BTreeSet<String>) {
+    let gone = last.difference(&reported).count();
+    if gone > 0 {
+        info!(resolved = gone, "registry problems logged before are gone");
+    }
+    *last = reported;
 }
 
 /// The model of a node whose registry has not been read yet: no pods, nothing served.
@@ -677,6 +697,7 @@ async fn run_until(
             };
             Source::Kube(
                 Arc::new(KubeSource::start(&client, &settings, &changed_tx)),
+                parking_lot::Mutex::default(),
                 parking_lot::Mutex::default(),
             )
         }
@@ -943,7 +964,7 @@ async fn run_until(
         },
         control: Arc::new(telemetry::ControlCollector {
             kinds: match &*source {
-                Source::Kube(kube, _) => kube.kinds().to_vec(),
+                Source::Kube(kube, ..) => kube.kinds().to_vec(),
                 Source::File(_) | Source::Etcd(_) => Vec::new(),
             },
             runtime: Some(tokio::runtime::Handle::current()),
