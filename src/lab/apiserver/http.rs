@@ -199,10 +199,11 @@ async fn route(
             let replaced = server.write(|s| s.replace(&key, body, part));
             // A conflict is counted too: the writers' redundant writes show as `409`s.
             let verb = match &replaced {
-                Err(e) if e.code == 409 => "update-conflict",
-                _ => "update",
+                Ok(_) => Some("update"),
+                Err(e) if e.code == 409 => Some("update-conflict"),
+                Err(_) => None,
             };
-            if replaced.is_ok() || verb == "update-conflict" {
+            if let Some(verb) = verb {
                 WriteOf {
                     verb,
                     path: &path,
