@@ -348,12 +348,7 @@ fn a1_a2_a3_every_http_port_answers_on_every_family_and_path() {
 #[test]
 fn a4_a_port_less_parent_ref_applies_its_rule_on_both_paths() {
     let w = world(&["a4"]);
-    let status = w
-        .model
-        .route_statuses()
-        .iter()
-        .find(|s| s.name == "a4")
-        .unwrap();
+    let status = w.model.route_statuses().find(|s| s.name == "a4").unwrap();
     let conditions: Vec<(&str, &str, &str, &str)> = status
         .conditions
         .iter()
@@ -808,7 +803,6 @@ fn n11_an_invalid_backend_share_is_answered_500_and_reported() {
         let status = w
             .model
             .route_statuses()
-            .iter()
             .find(|s| s.name == "a4")
             .expect("the route has a status");
         let refs = status
@@ -839,7 +833,6 @@ fn n12_a_parent_ref_to_a_raw_tcp_port_attaches_nothing() {
     let st = w
         .model
         .route_statuses()
-        .iter()
         .find(|s| s.parent.contains("mp/mp-mixed:9000"))
         .expect("the n12 route has a status");
     let accepted = st
@@ -1265,7 +1258,6 @@ fn n19_udp_reaches_its_udproute_backend_on_18082_only() {
     let status = w
         .model
         .route_statuses()
-        .iter()
         .find(|s| s.kind == "UDPRoute")
         .unwrap();
     assert!(
@@ -1284,7 +1276,6 @@ fn consumer_a_route_in_the_callers_namespace_applies_to_its_callers_only() {
     let status = w
         .model
         .route_statuses()
-        .iter()
         .find(|s| s.namespace == "mp-other" && s.name == "consumer")
         .expect("the consumer route has a status");
     let cond = |t: &str| {

@@ -367,7 +367,10 @@ fn u6_a_named_target_port_is_refused_until_a_slice_resolves_it() {
         Some("port-not-declared"),
         "the front port names nothing"
     );
-    let refs = model.route_statuses()[0]
+    let refs = model
+        .route_statuses()
+        .next()
+        .expect("a status")
         .conditions
         .iter()
         .find(|c| c.type_ == "ResolvedRefs")
@@ -624,7 +627,6 @@ fn u13_route_status_for_parents_that_take_nothing() {
     let accepted = |name: &str| {
         let st = model
             .route_statuses()
-            .iter()
             .find(|s| s.name == name)
             .unwrap_or_else(|| panic!("{name} has a status"));
         let c = st
@@ -982,7 +984,10 @@ fn a_cross_namespace_backend_of_a_mesh_route_needs_no_reference_grant() {
         http_routes: vec![r],
         ..Snapshot::default()
     });
-    let refs = model.route_statuses()[0]
+    let refs = model
+        .route_statuses()
+        .next()
+        .expect("a status")
         .conditions
         .iter()
         .find(|c| c.type_ == "ResolvedRefs")

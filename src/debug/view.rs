@@ -146,7 +146,6 @@ pub fn routes(snapshot: &Snapshot, model: &Model) -> Vec<RouteView> {
         .map(|(kind, ns, name, parents)| {
             let status = model
                 .route_statuses()
-                .iter()
                 .filter(|s| s.kind == kind && s.namespace == ns && s.name == name)
                 .map(|s| ParentStatus {
                     parent: s.parent.clone(),

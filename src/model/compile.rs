@@ -33,6 +33,7 @@ use crate::model::snapshot::{
     FilterConfig, HttpFilter, HttpRoute, HttpRouteKind, L4Route, ObjectRef, ParentRef,
     ProtocolValue, Row, Service, Snapshot, TargetPort,
 };
+use crate::model::table::Sorted;
 use crate::model::target::{
     CaptureMode, Endpoint, HttpBackend, ServiceKey, ServiceLine, TcpBackend, TcpChoice, TcpTarget,
     Why,
@@ -135,6 +136,20 @@ fn key(ns: &str, name: &str) -> ServiceKey {
 
 fn is_service_ref(r: &ObjectRef) -> bool {
     (r.group.is_empty() || r.group == "core") && r.kind == "Service"
+}
+
+/// The order of two objects by (namespace, name), and of two of one name (a file registry can
+/// hold both) by what they say: the order a source gave them in never decides (issue #37's
+/// property test found four places where it did, since the kept model compiles a component's
+/// objects in an order of its own). The content is formatted only on a tie.
+pub(crate) fn named_order<T: std::fmt::Debug>(
+    a: (&str, &str),
+    b: (&str, &str),
+    x: &T,
+    y: &T,
+) -> std::cmp::Ordering {
+    a.cmp(&b)
+        .then_with(|| format!("{x:?}").cmp(&format!("{y:?}")))
 }
 
 /// Compiles a snapshot into a model: deterministic and independent of input order.
@@ -556,11 +571,16 @@ impl<'s> Compiler<'s> {
             &mut l4_status,
         );
         statuses.extend(l4_status);
-        for s in snapshot
+        // Two generated Services that claim one ClusterIP (a registry written by hand): the
+        // first by (namespace, name) has it, whatever order the source gave them in.
+        let mut generated: Vec<&Service> = snapshot
             .services
             .iter()
             .filter(|s| s.generated && !s.headless)
-        {
+            .collect();
+        generated
+            .sort_by(|a, b| named_order((&a.namespace, &a.name), (&b.namespace, &b.name), a, b));
+        for s in generated {
             let k = (s.namespace.as_str(), s.name.as_str());
             let Some(entry) = names.get(&k) else { continue };
             if entry.kind != NameKind::Generated {
@@ -625,7 +645,7 @@ impl<'s> Compiler<'s> {
                 udp: udp_choice,
             });
             for ip in &s.cluster_ips {
-                cluster_ips.insert(*ip, e.clone());
+                cluster_ips.entry(*ip).or_insert_with(|| e.clone());
             }
         }
 
@@ -759,7 +779,7 @@ impl<'s> Compiler<'s> {
                 None => by_name.push(p),
             }
         }
-        by_name.sort_by(|a, b| (&a.namespace, &a.name).cmp(&(&b.namespace, &b.name)));
+        by_name.sort_by(|a, b| named_order((&a.namespace, &a.name), (&b.namespace, &b.name), a, b));
         by_name.dedup_by(|later, earlier| {
             let same = (&later.namespace, &later.name) == (&earlier.namespace, &earlier.name);
             if same {
@@ -826,10 +846,6 @@ impl<'s> Compiler<'s> {
             })
             .collect();
 
-        let mut diagnostics = self.diagnostics;
-        diagnostics.sort();
-        diagnostics.dedup();
-        statuses.sort();
         Model {
             context: ctx.clone(),
             names: {
@@ -838,16 +854,23 @@ impl<'s> Compiler<'s> {
                 for ((ns, n), e) in names {
                     by_ns.entry(ns).or_default().insert(n.into(), Arc::new(e));
                 }
-                by_ns.into_iter().map(|(ns, t)| (ns.into(), t)).collect()
+                by_ns
+                    .into_iter()
+                    .map(|(ns, t)| (ns.into(), t.into_iter().collect()))
+                    .collect()
             },
-            cluster_ips,
-            l4,
-            pod_ips,
-            pods,
-            service_filters: filters,
-            classes: self.classes,
-            statuses,
-            diagnostics,
+            cluster_ips: cluster_ips.into_iter().collect(),
+            l4: l4.into_iter().collect(),
+            pod_ips: pod_ips.into_iter().collect(),
+            pods: Sorted::from_vec(pods),
+            service_filters: filters.into_iter().collect(),
+            classes: self
+                .classes
+                .into_iter()
+                .map(|(k, v)| (k, Arc::new(v)))
+                .collect(),
+            statuses: Sorted::from_vec(statuses),
+            diagnostics: Sorted::from_vec(self.diagnostics),
         }
     }
 
@@ -923,7 +946,7 @@ impl<'s> Compiler<'s> {
     fn mesh_filters(&mut self) -> BTreeMap<ServiceKey, Arc<[NamedFilter]>> {
         let mut out: BTreeMap<ServiceKey, Vec<NamedFilter>> = BTreeMap::new();
         let mut filters: Vec<_> = self.snapshot.mesh_filters.iter().collect();
-        filters.sort_by(|a, b| (&a.namespace, &a.name).cmp(&(&b.namespace, &b.name)));
+        filters.sort_by(|a, b| named_order((&a.namespace, &a.name), (&b.namespace, &b.name), a, b));
         for f in filters {
             let named = format!("{}/{}", f.namespace, f.name);
             let targets: Vec<&str> = match &f.config {
@@ -1162,11 +1185,11 @@ mod tests {
     }
 
     #[test]
-    fn pods_are_found_by_name_whatever_the_input_order_and_a_repeated_name_keeps_the_later() {
+    fn pods_are_found_by_name_whatever_the_input_order_and_a_repeated_name_keeps_one_by_content() {
         let mut s = crate::model::synth::scaled(30);
         s.pods.reverse();
         let mut again = (*s.pods[4]).clone();
-        again.service_account = "later".into();
+        again.service_account = "zz-other".into();
         let (ns, name) = (again.namespace.clone(), again.name.clone());
         s.pods.push(Arc::new(again));
         let m = compile(&s, &NodeContext::default());
@@ -1180,9 +1203,14 @@ mod tests {
             let found = m.pod(&p.namespace, &p.name).expect("every pod is found");
             assert_eq!(found.ips, p.ips);
         }
+        // Of two pods of one name, the one `named_order` puts last, wherever the source put
+        // it: the kept model (issue #37) compiles a component in an order of its own.
+        let kept = |m: &Model| m.pod(&ns, &name).map(|p| p.service_account.clone());
+        assert_eq!(kept(&m).as_deref(), Some("zz-other"));
+        s.pods.rotate_right(1);
         assert_eq!(
-            m.pod(&ns, &name).map(|p| p.service_account.as_str()),
-            Some("later")
+            kept(&compile(&s, &NodeContext::default())).as_deref(),
+            Some("zz-other")
         );
         assert!(m.pod("ns-0", "svc-0-9").is_none());
         assert!(m.pod("ns-99", "svc-0-0").is_none());

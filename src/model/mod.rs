@@ -14,6 +14,7 @@ pub mod attach;
 pub mod compile;
 pub mod diag;
 pub mod filters;
+pub mod live;
 pub mod names;
 pub mod port;
 #[cfg(test)]
@@ -25,10 +26,11 @@ pub mod rows;
 pub mod snapshot;
 pub mod split;
 pub mod synth;
+pub mod table;
 pub mod target;
 pub mod vote;
 
-use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::collections::{BTreeMap, BTreeSet};
 use std::net::{IpAddr, SocketAddr};
 use std::sync::Arc;
 
@@ -42,6 +44,7 @@ use crate::model::attach::{PortRoutes, RouteStatus, TlsTable};
 use crate::model::names::Domains;
 use crate::model::port::{PortClass, PortProtocol};
 use crate::model::snapshot::FilterConfig;
+use crate::model::table::{Sorted, Table};
 use crate::model::target::{CaptureMode, Endpoint, L4Endpoint, ServiceKey, ServiceLine, TcpChoice};
 
 /// The node's settings that the model depends on.
@@ -88,27 +91,26 @@ pub struct Model {
     /// The settings it was compiled with.
     pub context: NodeContext,
     /// Names by namespace, then name, lower case: two lookups by `&str`, no allocation.
-    pub(crate) names: HashMap<Box<str>, HashMap<Box<str>, Arc<NameEntry>>>,
+    pub(crate) names: Table<Box<str>, Table<Box<str>, Arc<NameEntry>>>,
     /// Generated Services' ClusterIPs.
-    pub(crate) cluster_ips: HashMap<IpAddr, Arc<ClusterIpEntry>>,
+    pub(crate) cluster_ips: Table<IpAddr, Arc<ClusterIpEntry>>,
     /// Served pods by IP.
-    pub(crate) pod_ips: HashMap<IpAddr, Arc<PodIpEntry>>,
+    pub(crate) pod_ips: Table<IpAddr, Arc<PodIpEntry>>,
     /// Every pod, sorted by (namespace, name) without repeats, for callers: a lookup is a binary
     /// search, and the list costs no key of its own (a map keyed by (namespace, name) held a
     /// second copy of both strings per pod).
-    /// (Shared, so that a merge of parts, `split::merge`, does not copy them.)
-    pub(crate) pods: Vec<Arc<PodFacts>>,
+    pub(crate) pods: Sorted<Arc<PodFacts>>,
     /// Passthroughs carried over the mesh hop: a user Service's (ClusterIP, TCP port) with a
     /// mesh pod among its endpoints, and those endpoints (model.md §12.5 item 1).
-    pub(crate) l4: HashMap<SocketAddr, Arc<[L4Endpoint]>>,
+    pub(crate) l4: Table<SocketAddr, Arc<[L4Endpoint]>>,
     /// Service-level filters by the Service they target.
-    pub(crate) service_filters: BTreeMap<ServiceKey, Arc<[NamedFilter]>>,
+    pub(crate) service_filters: Table<ServiceKey, Arc<[NamedFilter]>>,
     /// The one-truth class of each mesh service's ports.
-    pub(crate) classes: BTreeMap<ServiceKey, BTreeMap<u16, PortProtocol>>,
-    /// Route status entries.
-    pub(crate) statuses: Vec<RouteStatus>,
-    /// What the compiler refused or dropped.
-    pub diagnostics: Vec<Diagnostic>,
+    pub(crate) classes: Table<ServiceKey, Arc<BTreeMap<u16, PortProtocol>>>,
+    /// Route status entries, by (kind, namespace, name, ...).
+    pub(crate) statuses: Sorted<RouteStatus>,
+    /// What the compiler refused or dropped, sorted, each once.
+    pub diagnostics: Sorted<Diagnostic>,
 }
 
 /// A named service-level filter.
@@ -343,6 +345,25 @@ pub struct InboundFacts {
     pub host_ips: Vec<IpAddr>,
 }
 
+impl table::Order for Arc<PodFacts> {
+    /// By (namespace, name): the model's list of pods holds each name once.
+    fn order(&self, other: &Self) -> std::cmp::Ordering {
+        self.by_name().cmp(&other.by_name())
+    }
+}
+
+impl table::Order for RouteStatus {
+    fn order(&self, other: &Self) -> std::cmp::Ordering {
+        self.cmp(other)
+    }
+}
+
+impl table::Order for Diagnostic {
+    fn order(&self, other: &Self) -> std::cmp::Ordering {
+        self.cmp(other)
+    }
+}
+
 impl Model {
     /// Whether `other` answers every question as this model does: equal in everything but the
     /// clock it was compiled at (`context.now_ms`, read only to expire retained ports while
@@ -433,9 +454,8 @@ impl Model {
     /// A pod by namespace and name.
     pub fn pod(&self, namespace: &str, name: &str) -> Option<&PodFacts> {
         self.pods
-            .binary_search_by(|p| p.by_name().cmp(&(namespace, name)))
-            .ok()
-            .map(|i| &*self.pods[i])
+            .find(|p| p.by_name().cmp(&(namespace, name)))
+            .map(Arc::as_ref)
     }
 
     /// Every pod the model knows.
@@ -457,17 +477,19 @@ impl Model {
 
     /// The one-truth class of every port of a mesh service.
     pub fn classes(&self, namespace: &str, name: &str) -> Option<&BTreeMap<u16, PortProtocol>> {
-        self.classes.get(&ServiceKey {
-            namespace: namespace.into(),
-            name: name.into(),
-        })
+        self.classes
+            .get(&ServiceKey {
+                namespace: namespace.into(),
+                name: name.into(),
+            })
+            .map(Arc::as_ref)
     }
 
     /// Every (namespace, service, port) served as HTTP (input to [`retention::advance`]), in no
     /// particular order, borrowed from the model.
     pub fn http_ports(&self) -> Vec<(&str, &str, u16)> {
         let mut out = Vec::new();
-        for e in self.names.values().flat_map(HashMap::values) {
+        for e in self.names.values().flat_map(Table::values) {
             if e.kind != NameKind::Generated {
                 continue;
             }
@@ -485,7 +507,7 @@ impl Model {
     /// own ports. Sorted, no duplicates; O(service ports).
     pub fn service_ports(&self) -> BTreeSet<(ServiceKey, u16)> {
         let mut out = BTreeSet::new();
-        for e in self.names.values().flat_map(HashMap::values) {
+        for e in self.names.values().flat_map(Table::values) {
             for &p in e.ports.keys() {
                 out.insert((e.key.clone(), p));
             }
@@ -514,8 +536,8 @@ impl Model {
     }
 
     /// Route status entries, one per (route, parentRef).
-    pub fn route_statuses(&self) -> &[RouteStatus] {
-        &self.statuses
+    pub fn route_statuses(&self) -> impl Iterator<Item = &RouteStatus> {
+        self.statuses.iter()
     }
 
     /// Where a captured connection to `dialled` that would be passed through goes instead
@@ -601,7 +623,7 @@ impl Model {
 
     /// How many names the model answers (for dumps and benchmarks).
     pub fn name_count(&self) -> usize {
-        self.names.values().map(HashMap::len).sum()
+        self.names.values().map(Table::len).sum()
     }
 
     /// The mesh name and `ports:` line of the Service `name` in `namespace`, as a refusal body

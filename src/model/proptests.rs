@@ -1657,8 +1657,287 @@ proptest! {
         let (model, _) = kept.update(&third, &ctx);
         prop_assert_eq!(&model, &compile(&third, &ctx));
         // The clock moved: parts with retained ports are compiled again.
-        let later = NodeContext { now_ms: NOW_MS + 100_000, ..ctx.clone() };
+        let later = NodeContext { now_ms: NOW_MS + 100_000, ..ctx };
         let (model, _) = kept.update(&third, &later);
         prop_assert_eq!(&model, &compile(&third, &later));
     }
+}
+
+// === The model kept by changes (issue #37) ===
+
+/// One small change to the objects `now` holds, as a registry makes them: a pod or row added,
+/// moved to another's address, made Ready or not, removed; a Service's ClusterIP moved onto
+/// another's; a route or filter retargeted or removed. `None` when `now` is empty.
+fn small_change(
+    now: &BTreeMap<crate::model::live::ObjectKey, crate::model::live::Object>,
+    rng: &mut Mix,
+) -> Option<crate::model::live::Change> {
+    use crate::model::live::{Change, Object};
+    if now.is_empty() {
+        return None;
+    }
+    let pick = |rng: &mut Mix| {
+        let i = usize::try_from(rng.next() % now.len() as u64).unwrap();
+        now.iter().nth(i).unwrap()
+    };
+    let (key, object) = pick(rng);
+    let (_, other) = pick(rng);
+    // An address another object holds, or a new one.
+    let address = match other {
+        Object::Row(r) => r.address,
+        Object::Pod(p) if !p.ips.is_empty() => p.ips[0],
+        Object::Service(v) if !v.cluster_ips.is_empty() => v.cluster_ips[0],
+        _ => IpAddr::V4(Ipv4Addr::new(10, 77, 0, (rng.next() % 200) as u8)),
+    };
+    let how = rng.next() % 4;
+    if how == 0 {
+        return Some(Change::delete(key.kind, key.name.clone()));
+    }
+    let changed = match object.clone() {
+        Object::Row(mut r) => {
+            let row = Arc::make_mut(&mut r);
+            match how {
+                1 => row.ready = !row.ready,
+                2 => row.address = address,
+                _ => {
+                    // A new pod of the same service, elsewhere.
+                    row.address = IpAddr::V4(Ipv4Addr::new(10, 78, 0, (rng.next() % 200) as u8));
+                    return Some(Change::put(
+                        format!("{}/new-{}", key.name, rng.next() % 1000),
+                        Object::Row(r),
+                    ));
+                }
+            }
+            Object::Row(r)
+        }
+        Object::Pod(mut p) => {
+            let pod = Arc::make_mut(&mut p);
+            match how {
+                1 => pod.ips = vec![address],
+                2 => pod.ips.clear(),
+                _ => {
+                    pod.name = format!("{}-new{}", pod.name, rng.next() % 1000);
+                    return Some(Change::put(
+                        format!("{}/{}", pod.namespace, pod.name),
+                        Object::Pod(p),
+                    ));
+                }
+            }
+            Object::Pod(p)
+        }
+        Object::Service(mut v) => {
+            match how {
+                1 => v.cluster_ips = vec![address],
+                2 => {
+                    v.ports.pop();
+                }
+                _ => v.ports.reverse(),
+            }
+            Object::Service(v)
+        }
+        Object::HttpRoute(mut r) => {
+            let other = NAMES[(rng.next() % NAMES.len() as u64) as usize];
+            match how {
+                1 => {
+                    if let Some(b) = r
+                        .rules
+                        .first_mut()
+                        .and_then(|rule| rule.backends.first_mut())
+                    {
+                        b.target.name = other.into();
+                    }
+                }
+                2 => {
+                    if let Some(p) = r.parents.first_mut() {
+                        p.target.name = other.into();
+                    }
+                }
+                _ => r.generation += 1,
+            }
+            Object::HttpRoute(r)
+        }
+        Object::MeshFilter(mut f) => {
+            match how {
+                1 => f.target_refs = vec![NAMES[(rng.next() % NAMES.len() as u64) as usize].into()],
+                _ => f.target_refs.clear(),
+            }
+            Object::MeshFilter(f)
+        }
+        Object::EndpointSlice(mut e) => {
+            match how {
+                1 => {
+                    for ep in &mut e.endpoints {
+                        ep.ready = !ep.ready;
+                    }
+                }
+                _ => {
+                    e.endpoints.pop();
+                }
+            }
+            Object::EndpointSlice(e)
+        }
+        // Anything else: removed.
+        _ => return Some(Change::delete(key.kind, key.name.clone())),
+    };
+    Some(Change::put(key.name.clone(), changed))
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: cases(48), ..ProptestConfig::default() })]
+
+    /// The model kept by changes is, after every change, the model `compile` gives for the
+    /// objects it holds: through small changes (pods added, moved, made Ready or not, removed;
+    /// ClusterIPs moved onto another's; routes and filters retargeted or removed, splitting
+    /// and joining components), through the jump from one random world to the next in random
+    /// batches, and when the clock moves. On failure proptest prints the case and `seed`, the
+    /// seed of the changes' order; `PROPTEST_CASES=10000` runs the longer check.
+    #[test]
+    fn the_kept_model_is_the_compile_of_its_objects_after_every_change(
+        worlds in prop::collection::vec(
+            (world(), prop::collection::vec(extra(), 0..6), prop::collection::vec(garbage_row(), 0..3)),
+            2..4,
+        ),
+        seed in any::<u64>(),
+    ) {
+        use crate::model::live::{Change, Live, Object, ObjectKey, keyed};
+        let ctx = context();
+        let mut rng = Mix(seed);
+        let snapshots: Vec<Snapshot> = worlds
+            .iter()
+            .map(|(w, extras, garbage)| {
+                let mut s = build(w);
+                s.rows.extend(garbage.iter().cloned().map(Arc::new));
+                for e in extras {
+                    add_extra(&mut s, e);
+                }
+                s
+            })
+            .collect();
+        let held = |changes: Vec<Change>| -> BTreeMap<ObjectKey, Object> {
+            changes.into_iter().filter_map(|c| Some((c.key, c.object?))).collect()
+        };
+        let mut live = Live::new(ctx.clone());
+        live.resync(keyed(&snapshots[0]));
+        let expected = compile(&snapshots[0], &ctx);
+                if let Some(d) = model_difference(live.model(), &expected) {
+                    prop_assert!(false, "seed {}: {}", seed, d);
+                }
+        let mut now = held(keyed(&snapshots[0]));
+        for (step, next) in snapshots[1..].iter().enumerate() {
+            for small in 0..8 {
+                let Some(change) = small_change(&now, &mut rng) else { break };
+                match &change.object {
+                    Some(o) => now.insert(change.key.clone(), o.clone()),
+                    None => now.remove(&change.key),
+                };
+                let described = format!("{:?} {:?}", change.key, change.object.as_ref().map(Object::kind));
+                live.apply([change]);
+                let s = live.snapshot();
+                let expected = compile(&s, &ctx);
+                if let Some(d) = model_difference(live.model(), &expected) {
+                    prop_assert!(false, "seed {}, world {}, small change {}: {}: {}", seed, step, small, described, d);
+                }
+            }
+            // The jump: what differs, in random batches.
+            let target = held(keyed(next));
+            let mut diff: Vec<Change> = now
+                .keys()
+                .filter(|k| !target.contains_key(k))
+                .map(|k| Change::delete(k.kind, k.name.clone()))
+                .chain(
+                    target
+                        .iter()
+                        .filter(|(k, o)| now.get(k) != Some(o))
+                        .map(|(k, o)| Change { key: k.clone(), object: Some(o.clone()) }),
+                )
+                .collect();
+            shuffle(&mut diff, &mut rng);
+            while !diff.is_empty() {
+                let n = 1 + usize::try_from(rng.next() % diff.len() as u64).unwrap();
+                let batch: Vec<Change> = diff.drain(..n).collect();
+                live.apply(batch);
+                let expected = compile(&live.snapshot(), &ctx);
+                if let Some(d) = model_difference(live.model(), &expected) {
+                    prop_assert!(false, "seed {}, jump to world {}: {}", seed, step + 1, d);
+                }
+            }
+            let expected = compile(next, &ctx);
+                if let Some(d) = model_difference(live.model(), &expected) {
+                    prop_assert!(false, "seed {}, world {}: {}", seed, step + 1, d);
+                }
+            now = target;
+        }
+        // The clock moves: retained ports expire as `compile` says.
+        let later = NodeContext { now_ms: NOW_MS + 100_000, ..ctx };
+        live.set_context(later.clone());
+        let expected = compile(&live.snapshot(), &later);
+                if let Some(d) = model_difference(live.model(), &expected) {
+                    prop_assert!(false, "seed {}, the clock moved: {}", seed, d);
+                }
+        // Another setting: everything compiled again.
+        let other = NodeContext { trust_domain: "example.org".into(), ..later };
+        live.set_context(other.clone());
+        let expected = compile(&live.snapshot(), &other);
+                if let Some(d) = model_difference(live.model(), &expected) {
+                    prop_assert!(false, "seed {}, a new setting: {}", seed, d);
+                }
+    }
+}
+
+/// Where two models differ, table by table and key by key (a readable failure message; the
+/// `Debug` of a whole model lists its hash tables in no stable order).
+fn model_difference(a: &crate::model::Model, b: &crate::model::Model) -> Option<String> {
+    use std::fmt::Debug;
+    fn table<K: Debug + Ord + std::hash::Hash + Eq + Clone, V: Debug + PartialEq>(
+        what: &str,
+        a: &crate::model::table::Table<K, V>,
+        b: &crate::model::table::Table<K, V>,
+    ) -> Option<String> {
+        let keys: BTreeSet<&K> = a.keys().chain(b.keys()).collect();
+        for k in keys {
+            if a.get(k) != b.get(k) {
+                return Some(format!(
+                    "{what}[{k:?}]:\n  kept:    {:?}\n  compile: {:?}",
+                    a.get(k),
+                    b.get(k)
+                ));
+            }
+        }
+        None
+    }
+    if a.context != b.context {
+        return Some(format!("context: {:?} / {:?}", a.context, b.context));
+    }
+    let namespaces: BTreeSet<&Box<str>> = a.names.keys().chain(b.names.keys()).collect();
+    for ns in namespaces {
+        match (a.names.get(ns), b.names.get(ns)) {
+            (Some(x), Some(y)) => {
+                if let Some(d) = table(&format!("names[{ns}]"), x, y) {
+                    return Some(d);
+                }
+            }
+            (x, y) => {
+                return Some(format!(
+                    "names[{ns}]: {:?} / {:?}",
+                    x.map(|t| t.len()),
+                    y.map(|t| t.len())
+                ));
+            }
+        }
+    }
+    table("cluster_ips", &a.cluster_ips, &b.cluster_ips)
+        .or_else(|| table("pod_ips", &a.pod_ips, &b.pod_ips))
+        .or_else(|| table("l4", &a.l4, &b.l4))
+        .or_else(|| table("service_filters", &a.service_filters, &b.service_filters))
+        .or_else(|| table("classes", &a.classes, &b.classes))
+        .or_else(|| (a.pods != b.pods).then(|| format!("pods:\n  {:?}\n  {:?}", a.pods, b.pods)))
+        .or_else(|| {
+            (a.statuses != b.statuses)
+                .then(|| format!("statuses:\n  {:?}\n  {:?}", a.statuses, b.statuses))
+        })
+        .or_else(|| {
+            (a.diagnostics != b.diagnostics)
+                .then(|| format!("diagnostics:\n  {:?}\n  {:?}", a.diagnostics, b.diagnostics))
+        })
+        .or_else(|| (a != b).then(|| "the models differ outside the tables compared".to_owned()))
 }

@@ -15,12 +15,15 @@
 use std::collections::HashMap;
 use std::net::IpAddr;
 
-use crate::model::snapshot::{FilterConfig, HttpFilter, HttpRoute, L4Route, ObjectRef, Snapshot};
+use crate::model::snapshot::{
+    EndpointSlice, FilterConfig, HttpFilter, HttpRoute, L4Route, ObjectRef, Snapshot,
+};
+use crate::model::table::{Sorted, Table};
 use crate::model::{Model, NodeContext, compile};
 
 /// What the compiler joins objects on.
 #[derive(Clone, Copy, PartialEq, Eq, Hash)]
-enum Link<'s> {
+pub(crate) enum Link<'s> {
     /// A Service, a mesh service (a row's ServiceAccount) or a retained port of that name.
     Service(&'s str, &'s str),
     /// A MeshFilter by (namespace, name).
@@ -143,7 +146,7 @@ fn filter_links<'s>(ns: &'s str, f: &'s HttpFilter) -> Option<Link<'s>> {
     }
 }
 
-fn http_route_links(r: &HttpRoute) -> Vec<Link<'_>> {
+pub(crate) fn http_route_links(r: &HttpRoute) -> Vec<Link<'_>> {
     let ns = r.namespace.as_str();
     let mut links = vec![Link::Route(0, ns, &r.name)];
     links.extend(r.parents.iter().map(|p| target(ns, &p.target)));
@@ -157,7 +160,7 @@ fn http_route_links(r: &HttpRoute) -> Vec<Link<'_>> {
     links
 }
 
-fn l4_route_links(kind: u8, r: &L4Route) -> Vec<Link<'_>> {
+pub(crate) fn l4_route_links(kind: u8, r: &L4Route) -> Vec<Link<'_>> {
     let ns = r.namespace.as_str();
     let mut links = vec![Link::Route(kind, ns, &r.name)];
     links.extend(r.parents.iter().map(|p| target(ns, &p.target)));
@@ -165,6 +168,21 @@ fn l4_route_links(kind: u8, r: &L4Route) -> Vec<Link<'_>> {
         links.extend(rule.backends.iter().map(|b| target(ns, &b.target)));
     }
     links
+}
+
+/// The links of an EndpointSlice: its Service, its own name (two slices of one name are one
+/// part: a part is found again by its first object's name, `Compiled`), its addresses.
+pub(crate) fn slice_links(e: &EndpointSlice) -> impl Iterator<Item = Link<'_>> {
+    [
+        Link::Service(&e.namespace, &e.service),
+        Link::Other("discovery.k8s.io", "EndpointSlice", &e.namespace, &e.name),
+    ]
+    .into_iter()
+    .chain(
+        e.endpoints
+            .iter()
+            .flat_map(|ep| ep.addresses.iter().map(|&ip| Link::Address(ip))),
+    )
 }
 
 /// The components of `s`. Cost: one hash lookup per link of every object.
@@ -224,22 +242,7 @@ pub fn partition(s: &Snapshot) -> Partition {
     let endpoint_slices: Vec<u32> = s
         .endpoint_slices
         .iter()
-        .map(|e| {
-            j.object(
-                [
-                    Link::Service(&e.namespace, &e.service),
-                    // Two slices of one name are one part: a part is found again by its first
-                    // object's name (`Compiled`).
-                    Link::Other("discovery.k8s.io", "EndpointSlice", &e.namespace, &e.name),
-                ]
-                .into_iter()
-                .chain(
-                    e.endpoints
-                        .iter()
-                        .flat_map(|ep| ep.addresses.iter().map(|&ip| Link::Address(ip))),
-                ),
-            )
-        })
+        .map(|e| j.object(slice_links(e)))
         .collect();
     let http_routes: Vec<u32> = s
         .http_routes
@@ -351,40 +354,37 @@ pub fn restrict(s: &Snapshot, p: &Partition, keep: impl Fn(u32) -> bool) -> Snap
 /// copied; the port classes are cloned.
 pub fn merge<'m>(ctx: &NodeContext, parts: impl IntoIterator<Item = &'m Model>) -> Model {
     let parts: Vec<&Model> = parts.into_iter().collect();
-    // Every table made at its final size first: growing one rehashes all it holds.
+    // Every table cut for its final size first: a table cut again copies all it holds.
     let total = |f: fn(&Model) -> usize| parts.iter().map(|p| f(p)).sum::<usize>();
-    let mut per_ns: HashMap<&str, usize> = HashMap::new();
-    for part in &parts {
-        for (ns, names) in &part.names {
-            *per_ns.entry(ns).or_default() += names.len();
-        }
-    }
     let mut m = Model {
         context: ctx.clone(),
-        names: per_ns
-            .into_iter()
-            .map(|(ns, n)| (ns.into(), HashMap::with_capacity(n)))
-            .collect(),
-        cluster_ips: HashMap::with_capacity(total(|p| p.cluster_ips.len())),
-        pod_ips: HashMap::with_capacity(total(|p| p.pod_ips.len())),
-        pods: Vec::with_capacity(total(|p| p.pods.len())),
-        l4: HashMap::with_capacity(total(|p| p.l4.len())),
-        service_filters: Default::default(),
-        classes: Default::default(),
-        statuses: Vec::with_capacity(total(|p| p.statuses.len())),
-        diagnostics: Vec::with_capacity(total(|p| p.diagnostics.len())),
+        names: Table::default(),
+        cluster_ips: Table::with_capacity(total(|p| p.cluster_ips.len())),
+        pod_ips: Table::with_capacity(total(|p| p.pod_ips.len())),
+        pods: Sorted::default(),
+        l4: Table::with_capacity(total(|p| p.l4.len())),
+        service_filters: Table::default(),
+        classes: Table::with_capacity(total(|p| p.classes.len())),
+        statuses: Sorted::default(),
+        diagnostics: Sorted::default(),
     };
+    let mut pods = Vec::with_capacity(total(|p| p.pods.len()));
+    let mut statuses = Vec::with_capacity(total(|p| p.statuses.len()));
+    let mut diagnostics = Vec::with_capacity(total(|p| p.diagnostics.len()));
     for part in parts {
         for (ns, names) in &part.names {
-            if let Some(into) = m.names.get_mut(ns) {
-                into.extend(names.iter().map(|(n, e)| (n.clone(), e.clone())));
+            match m.names.get_mut(ns) {
+                Some(into) => into.extend(names.iter().map(|(n, e)| (n.clone(), e.clone()))),
+                None => {
+                    m.names.insert(ns.clone(), names.clone());
+                }
             }
         }
         m.cluster_ips
             .extend(part.cluster_ips.iter().map(|(k, v)| (*k, v.clone())));
         m.pod_ips
             .extend(part.pod_ips.iter().map(|(k, v)| (*k, v.clone())));
-        m.pods.extend(part.pods.iter().cloned());
+        pods.extend(part.pods.iter().cloned());
         m.l4.extend(part.l4.iter().map(|(k, v)| (*k, v.clone())));
         m.service_filters.extend(
             part.service_filters
@@ -393,17 +393,15 @@ pub fn merge<'m>(ctx: &NodeContext, parts: impl IntoIterator<Item = &'m Model>) 
         );
         m.classes
             .extend(part.classes.iter().map(|(k, v)| (k.clone(), v.clone())));
-        m.statuses.extend(part.statuses.iter().cloned());
-        m.diagnostics.extend(part.diagnostics.iter().cloned());
+        statuses.extend(part.statuses.iter().cloned());
+        // Two parts can report one problem of a name they both read (a namespace's, for
+        // instance): the list holds it once.
+        diagnostics.extend(part.diagnostics.iter().cloned());
     }
-    // As `compile` leaves them: sorted, and the diagnostics without repeats (two parts can
-    // report one problem of a name they both read, a namespace's for instance).
-    m.statuses.sort();
-    m.diagnostics.sort();
-    m.diagnostics.dedup();
     // The parts' pods are disjoint (a pod's name links its objects into one component).
-    m.pods
-        .sort_unstable_by(|a, b| a.by_name().cmp(&b.by_name()));
+    m.pods = Sorted::from_vec(pods);
+    m.statuses = Sorted::from_vec(statuses);
+    m.diagnostics = Sorted::from_vec(diagnostics);
     m
 }
 

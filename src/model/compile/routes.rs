@@ -32,12 +32,22 @@ impl BackendPort<'_> {
 impl<'s> Compiler<'s> {
     fn extension(&mut self, route_ns: &str, r: &ObjectRef) -> Option<(String, FilterConfig)> {
         let ns = r.namespace.as_deref().unwrap_or(route_ns);
-        let found = self
+        let mut named = self
             .snapshot
             .mesh_filters
             .iter()
-            .find(|f| f.namespace == ns && f.name == r.name && r.kind == "MeshFilter");
-        found.map(|f| (format!("{}/{}", f.namespace, f.name), f.config.clone()))
+            .filter(|f| f.namespace == ns && f.name == r.name && r.kind == "MeshFilter");
+        // Two of one name (a file registry can hold both): the first by `named_order`, not by
+        // the source's order.
+        let first = named.next()?;
+        let f = named.fold(first, |a, b| {
+            if format!("{a:?}") <= format!("{b:?}") {
+                a
+            } else {
+                b
+            }
+        });
+        Some((format!("{}/{}", f.namespace, f.name), f.config.clone()))
     }
 
     /// Resolves a backendRef to its Service's front port, strictly (routes.md §3): the kind,
@@ -202,8 +212,11 @@ impl<'s> Compiler<'s> {
         services: &HashMap<(&str, &str), &Service>,
     ) -> Vec<RouteStatus> {
         let mut routes: Vec<&HttpRoute> = self.snapshot.http_routes.iter().collect();
-        routes
-            .sort_by(|a, b| (&a.namespace, &a.name, a.kind).cmp(&(&b.namespace, &b.name, b.kind)));
+        routes.sort_by(|a, b| {
+            (&a.namespace, &a.name, a.kind)
+                .cmp(&(&b.namespace, &b.name, b.kind))
+                .then_with(|| format!("{a:?}").cmp(&format!("{b:?}")))
+        });
         // (parent ns, parent name, port, audience) -> routes, in sorted order.
         type Audience = Option<Arc<str>>;
         type Attached<'r> = Vec<(&'r HttpRoute, AttachedRoute)>;
@@ -393,7 +406,7 @@ impl<'s> Compiler<'s> {
     ) -> BTreeMap<((&'s str, &'s str), Option<u16>), Vec<TlsRule>> {
         let mut out: BTreeMap<((&str, &str), Option<u16>), Vec<TlsRule>> = BTreeMap::new();
         let mut sorted: Vec<&L4Route> = routes.iter().collect();
-        sorted.sort_by(|a, b| (&a.namespace, &a.name).cmp(&(&b.namespace, &b.name)));
+        sorted.sort_by(|a, b| named_order((&a.namespace, &a.name), (&b.namespace, &b.name), a, b));
         let wanted = match kind {
             "TLSRoute" => None,
             "TCPRoute" => Some(PortProtocol::Tcp),

@@ -1,0 +1,954 @@
+//! The model kept by changes: a registry change compiles the components it touches again, and
+//! the next model is the last one with their entries replaced.
+//!
+//! [`Live`] holds every object by its key, the component ([`split`](crate::model::split)) each
+//! belongs to, which component each link (a name, an address, a reference) is in, and the
+//! model. A change of one object dissolves the components it was in or now reaches through a
+//! link; their objects are joined again among themselves, each new component is compiled alone
+//! ([`compile()`]), and its entries replace the dissolved components' in the model's tables,
+//! which are shared with the last model ([`table`](crate::model::table)) rather than copied.
+//! Nothing else is read: a change costs its components, not the registry.
+//!
+//! The result is [`compile()`] of the whole: a property test (`model::proptests`) checks it
+//! after every step of random change sequences.
+
+use std::collections::{BTreeSet, HashMap, HashSet};
+use std::hash::{BuildHasher, RandomState};
+use std::net::{IpAddr, SocketAddr};
+use std::sync::Arc;
+
+use crate::model::attach::RouteStatus;
+use crate::model::snapshot::{
+    EndpointSlice, FilterConfig, HttpRoute, L4Route, MeshFilter, Pod, ReferenceGrant, RefusedPod,
+    RetainedPort, Row, Service, Snapshot,
+};
+use crate::model::split::{Link, http_route_links, l4_route_links, slice_links};
+use crate::model::table::Table;
+use crate::model::target::ServiceKey;
+use crate::model::{Diagnostic, Model, NodeContext, PodFacts, compile};
+
+/// The kinds of registry objects.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum Kind {
+    /// A registry row.
+    Row,
+    /// A pod refused before it became a row.
+    RefusedPod,
+    /// A pod.
+    Pod,
+    /// A Service.
+    Service,
+    /// An EndpointSlice.
+    EndpointSlice,
+    /// A namespace.
+    Namespace,
+    /// An HTTPRoute or GRPCRoute.
+    HttpRoute,
+    /// A TLSRoute.
+    TlsRoute,
+    /// A TCPRoute.
+    TcpRoute,
+    /// A UDPRoute.
+    UdpRoute,
+    /// A ReferenceGrant.
+    ReferenceGrant,
+    /// A MeshFilter.
+    MeshFilter,
+    /// A retained port (spec/model.md §10).
+    Retained,
+}
+
+/// One registry object, as the snapshot holds it.
+#[derive(Clone, Debug, PartialEq)]
+pub enum Object {
+    /// A registry row.
+    Row(Arc<Row>),
+    /// A pod refused before it became a row.
+    RefusedPod(RefusedPod),
+    /// A pod.
+    Pod(Arc<Pod>),
+    /// A Service.
+    Service(Service),
+    /// An EndpointSlice.
+    EndpointSlice(EndpointSlice),
+    /// A namespace.
+    Namespace(String),
+    /// An HTTPRoute or GRPCRoute.
+    HttpRoute(HttpRoute),
+    /// A TLSRoute.
+    TlsRoute(L4Route),
+    /// A TCPRoute.
+    TcpRoute(L4Route),
+    /// A UDPRoute.
+    UdpRoute(L4Route),
+    /// A ReferenceGrant.
+    ReferenceGrant(ReferenceGrant),
+    /// A MeshFilter.
+    MeshFilter(MeshFilter),
+    /// A retained port.
+    Retained(RetainedPort),
+}
+
+impl Object {
+    /// Its kind.
+    pub fn kind(&self) -> Kind {
+        match self {
+            Self::Row(_) => Kind::Row,
+            Self::RefusedPod(_) => Kind::RefusedPod,
+            Self::Pod(_) => Kind::Pod,
+            Self::Service(_) => Kind::Service,
+            Self::EndpointSlice(_) => Kind::EndpointSlice,
+            Self::Namespace(_) => Kind::Namespace,
+            Self::HttpRoute(_) => Kind::HttpRoute,
+            Self::TlsRoute(_) => Kind::TlsRoute,
+            Self::TcpRoute(_) => Kind::TcpRoute,
+            Self::UdpRoute(_) => Kind::UdpRoute,
+            Self::ReferenceGrant(_) => Kind::ReferenceGrant,
+            Self::MeshFilter(_) => Kind::MeshFilter,
+            Self::Retained(_) => Kind::Retained,
+        }
+    }
+
+    /// Puts it in its list of `s`.
+    fn push_into(&self, s: &mut Snapshot) {
+        match self {
+            Self::Row(x) => s.rows.push(x.clone()),
+            Self::RefusedPod(x) => s.refused_pods.push(x.clone()),
+            Self::Pod(x) => s.pods.push(x.clone()),
+            Self::Service(x) => s.services.push(x.clone()),
+            Self::EndpointSlice(x) => s.endpoint_slices.push(x.clone()),
+            Self::Namespace(x) => s.namespaces.push(x.clone()),
+            Self::HttpRoute(x) => s.http_routes.push(x.clone()),
+            Self::TlsRoute(x) => s.tls_routes.push(x.clone()),
+            Self::TcpRoute(x) => s.tcp_routes.push(x.clone()),
+            Self::UdpRoute(x) => s.udp_routes.push(x.clone()),
+            Self::ReferenceGrant(x) => s.reference_grants.push(x.clone()),
+            Self::MeshFilter(x) => s.mesh_filters.push(x.clone()),
+            Self::Retained(x) => s.retained.push(x.clone()),
+        }
+    }
+
+    /// The namespace of a MeshFilter whose targets could not be read: it targets every Service
+    /// and mesh service of its namespace.
+    fn whole_namespace(&self) -> Option<&str> {
+        match self {
+            Self::MeshFilter(f) if matches!(&f.config, FilterConfig::Unreadable(u) if u.whole_namespace) => {
+                Some(&f.namespace)
+            }
+            _ => None,
+        }
+    }
+
+    /// The namespace of a Service or a row: what a whole-namespace filter joins.
+    fn service_namespace(&self) -> Option<&str> {
+        match self {
+            Self::Service(v) => Some(&v.namespace),
+            Self::Row(r) => Some(&r.namespace),
+            _ => None,
+        }
+    }
+
+    /// What the compiler joins this object on (as `split::partition`); a Service or row in a
+    /// namespace with a whole-namespace filter also joins that filter (`whole`).
+    fn links(&self, whole: impl Fn(&str) -> bool) -> Vec<Link<'_>> {
+        let hub = |ns| Link::Other("", "WholeNamespace", ns, "");
+        match self {
+            Self::Row(r) => {
+                let mut l = vec![
+                    Link::Service(&r.namespace, &r.service),
+                    Link::Address(r.address),
+                ];
+                if whole(&r.namespace) {
+                    l.push(hub(&r.namespace));
+                }
+                l
+            }
+            Self::RefusedPod(p) => vec![Link::Pod(&p.namespace, &p.name)],
+            Self::Pod(p) => std::iter::once(Link::Pod(&p.namespace, &p.name))
+                .chain(p.ips.iter().map(|&ip| Link::Address(ip)))
+                .collect(),
+            Self::Service(v) => {
+                let mut l: Vec<Link<'_>> = std::iter::once(Link::Service(&v.namespace, &v.name))
+                    .chain(v.cluster_ips.iter().map(|&ip| Link::Address(ip)))
+                    .collect();
+                if whole(&v.namespace) {
+                    l.push(hub(&v.namespace));
+                }
+                l
+            }
+            Self::EndpointSlice(e) => slice_links(e).collect(),
+            Self::HttpRoute(r) => http_route_links(r),
+            Self::TlsRoute(r) => l4_route_links(1, r),
+            Self::TcpRoute(r) => l4_route_links(2, r),
+            Self::UdpRoute(r) => l4_route_links(3, r),
+            Self::MeshFilter(f) => {
+                let mut l: Vec<Link<'_>> = std::iter::once(Link::Filter(&f.namespace, &f.name))
+                    .chain(f.target_refs.iter().map(|t| Link::Service(&f.namespace, t)))
+                    .collect();
+                if self.whole_namespace().is_some() {
+                    l.push(hub(&f.namespace));
+                }
+                l
+            }
+            Self::Retained(r) => vec![Link::Service(&r.namespace, &r.service)],
+            // Not read by the compiler: in no component.
+            Self::Namespace(_) | Self::ReferenceGrant(_) => Vec::new(),
+        }
+    }
+}
+
+/// An object's identity: its kind and the key its source gives it.
+#[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct ObjectKey {
+    /// The kind.
+    pub kind: Kind,
+    /// The source's key, unique within the kind (`namespace/name` for most).
+    pub name: Arc<str>,
+}
+
+/// One change: an object put (added or replaced) under its key, or the key's object deleted.
+#[derive(Clone, Debug)]
+pub struct Change {
+    /// Whose.
+    pub key: ObjectKey,
+    /// The new object; `None` deletes.
+    pub object: Option<Object>,
+}
+
+impl Change {
+    /// `object` put under `name`.
+    pub fn put(name: impl Into<Arc<str>>, object: Object) -> Self {
+        Self {
+            key: ObjectKey {
+                kind: object.kind(),
+                name: name.into(),
+            },
+            object: Some(object),
+        }
+    }
+
+    /// The object of `kind` under `name` deleted.
+    pub fn delete(kind: Kind, name: impl Into<Arc<str>>) -> Self {
+        Self {
+            key: ObjectKey {
+                kind,
+                name: name.into(),
+            },
+            object: None,
+        }
+    }
+}
+
+/// One object of a snapshot, borrowed: compared with a held object, and copied only when it
+/// differs.
+#[derive(Clone, Copy)]
+enum Borrowed<'s> {
+    Row(&'s Arc<Row>),
+    RefusedPod(&'s RefusedPod),
+    Pod(&'s Arc<Pod>),
+    Service(&'s Service),
+    EndpointSlice(&'s EndpointSlice),
+    Namespace(&'s String),
+    HttpRoute(&'s HttpRoute),
+    TlsRoute(&'s L4Route),
+    TcpRoute(&'s L4Route),
+    UdpRoute(&'s L4Route),
+    ReferenceGrant(&'s ReferenceGrant),
+    MeshFilter(&'s MeshFilter),
+    Retained(&'s RetainedPort),
+}
+
+/// Calls `$each!(Variant, x)` for the borrowed object `$b`.
+macro_rules! borrowed {
+    ($b:expr, $each:ident) => {
+        match $b {
+            Borrowed::Row(x) => $each!(Row, x),
+            Borrowed::RefusedPod(x) => $each!(RefusedPod, x),
+            Borrowed::Pod(x) => $each!(Pod, x),
+            Borrowed::Service(x) => $each!(Service, x),
+            Borrowed::EndpointSlice(x) => $each!(EndpointSlice, x),
+            Borrowed::Namespace(x) => $each!(Namespace, x),
+            Borrowed::HttpRoute(x) => $each!(HttpRoute, x),
+            Borrowed::TlsRoute(x) => $each!(TlsRoute, x),
+            Borrowed::TcpRoute(x) => $each!(TcpRoute, x),
+            Borrowed::UdpRoute(x) => $each!(UdpRoute, x),
+            Borrowed::ReferenceGrant(x) => $each!(ReferenceGrant, x),
+            Borrowed::MeshFilter(x) => $each!(MeshFilter, x),
+            Borrowed::Retained(x) => $each!(Retained, x),
+        }
+    };
+}
+
+impl Borrowed<'_> {
+    fn owned(self) -> Object {
+        macro_rules! own {
+            ($v:ident, $x:expr) => {
+                Object::$v($x.clone())
+            };
+        }
+        borrowed!(self, own)
+    }
+
+    /// Whether `held` is this object (a shared row or pod by its pointer first).
+    fn is(self, held: &Object) -> bool {
+        macro_rules! same {
+            ($v:ident, $x:expr) => {
+                matches!(held, Object::$v(y) if $x == y)
+            };
+        }
+        borrowed!(self, same)
+    }
+}
+
+/// Every object of `s` under a key of its own: `namespace/name` (a row: `namespace/service@
+/// address`; a retained port: `namespace/service:port`), with `#2`, `#3`, ... after a key
+/// that repeats (a source can hold two objects of one name; the compiler reads both).
+fn keyed_borrowed<'s>(s: &'s Snapshot) -> Vec<(ObjectKey, Borrowed<'s>)> {
+    let mut seen: HashMap<ObjectKey, u32> = HashMap::new();
+    let mut out = Vec::new();
+    let mut put = |kind: Kind, name: String, object: Borrowed<'s>| {
+        let key = ObjectKey {
+            kind,
+            name: name.as_str().into(),
+        };
+        let n = seen.entry(key.clone()).or_insert(0);
+        *n += 1;
+        let key = if *n == 1 {
+            key
+        } else {
+            ObjectKey {
+                kind,
+                name: format!("{name}#{n}").into(),
+            }
+        };
+        out.push((key, object));
+    };
+    for r in &s.rows {
+        let name = format!("{}/{}@{}", r.namespace, r.service, r.address);
+        put(Kind::Row, name, Borrowed::Row(r));
+    }
+    for p in &s.refused_pods {
+        let name = format!("{}/{}", p.namespace, p.name);
+        put(Kind::RefusedPod, name, Borrowed::RefusedPod(p));
+    }
+    for p in &s.pods {
+        put(
+            Kind::Pod,
+            format!("{}/{}", p.namespace, p.name),
+            Borrowed::Pod(p),
+        );
+    }
+    for v in &s.services {
+        let name = format!("{}/{}", v.namespace, v.name);
+        put(Kind::Service, name, Borrowed::Service(v));
+    }
+    for e in &s.endpoint_slices {
+        let name = format!("{}/{}", e.namespace, e.name);
+        put(Kind::EndpointSlice, name, Borrowed::EndpointSlice(e));
+    }
+    for n in &s.namespaces {
+        put(Kind::Namespace, n.clone(), Borrowed::Namespace(n));
+    }
+    for r in &s.http_routes {
+        let name = format!("{}/{}", r.namespace, r.name);
+        put(Kind::HttpRoute, name, Borrowed::HttpRoute(r));
+    }
+    for r in &s.tls_routes {
+        let name = format!("{}/{}", r.namespace, r.name);
+        put(Kind::TlsRoute, name, Borrowed::TlsRoute(r));
+    }
+    for r in &s.tcp_routes {
+        let name = format!("{}/{}", r.namespace, r.name);
+        put(Kind::TcpRoute, name, Borrowed::TcpRoute(r));
+    }
+    for r in &s.udp_routes {
+        let name = format!("{}/{}", r.namespace, r.name);
+        put(Kind::UdpRoute, name, Borrowed::UdpRoute(r));
+    }
+    for g in &s.reference_grants {
+        let name = format!("{}/{}", g.namespace, g.name);
+        put(Kind::ReferenceGrant, name, Borrowed::ReferenceGrant(g));
+    }
+    for f in &s.mesh_filters {
+        let name = format!("{}/{}", f.namespace, f.name);
+        put(Kind::MeshFilter, name, Borrowed::MeshFilter(f));
+    }
+    for r in &s.retained {
+        let name = format!("{}/{}:{}", r.namespace, r.service, r.port);
+        put(Kind::Retained, name, Borrowed::Retained(r));
+    }
+    out
+}
+
+/// Every object of `s` put under its key (`keyed_borrowed`): what [`Live::resync`] takes.
+pub fn keyed(s: &Snapshot) -> Vec<Change> {
+    keyed_borrowed(s)
+        .into_iter()
+        .map(|(key, b)| Change {
+            key,
+            object: Some(b.owned()),
+        })
+        .collect()
+}
+
+/// A component's id; [`NONE`] is "not placed yet".
+type PartId = u64;
+const NONE: PartId = 0;
+
+/// An object and the component it is in.
+struct Held {
+    object: Object,
+    part: PartId,
+}
+
+/// What a component put in the model, to take out again when it is dissolved.
+#[derive(Default)]
+struct Gave {
+    names: Vec<(Box<str>, Box<str>)>,
+    cluster_ips: Vec<IpAddr>,
+    pod_ips: Vec<IpAddr>,
+    pods: Vec<Arc<PodFacts>>,
+    l4: Vec<SocketAddr>,
+    service_filters: Vec<ServiceKey>,
+    classes: Vec<ServiceKey>,
+    statuses: Vec<RouteStatus>,
+    diagnostics: Vec<Diagnostic>,
+}
+
+/// One component: its objects, the links it holds, and what its model gave.
+struct Part {
+    members: Vec<ObjectKey>,
+    links: Vec<u64>,
+    gave: Gave,
+    /// It holds a retained port, which expires by the clock: compiled again when it moves.
+    clocked: bool,
+}
+
+/// What one [`Live::apply`] did.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Applied {
+    /// Changes read.
+    pub changes: usize,
+    /// Components dissolved (their entries taken out of the model).
+    pub dissolved: usize,
+    /// Components compiled (their entries put in).
+    pub compiled: usize,
+    /// Objects in the components compiled.
+    pub objects: usize,
+    /// Everything was compiled again (a resync, a new setting).
+    pub full: bool,
+}
+
+impl Applied {
+    /// Both, as one.
+    fn and(self, other: Self) -> Self {
+        Self {
+            changes: self.changes + other.changes,
+            dissolved: self.dissolved + other.dissolved,
+            compiled: self.compiled + other.compiled,
+            objects: self.objects + other.objects,
+            full: self.full || other.full,
+        }
+    }
+
+    /// `full` or `incremental`, as the node's metrics label it.
+    pub fn kind(&self) -> &'static str {
+        if self.full { "full" } else { "incremental" }
+    }
+
+    /// Whether the model was left as it was: nothing dissolved, nothing compiled.
+    pub fn unchanged(&self) -> bool {
+        self.dissolved == 0 && self.compiled == 0
+    }
+}
+
+/// The registry's objects by key, their components, and the model of them all.
+pub struct Live {
+    ctx: NodeContext,
+    /// Every object the compiler reads, by key.
+    objects: HashMap<ObjectKey, Held>,
+    /// Namespaces and ReferenceGrants: kept for the snapshot, in no component.
+    unplaced: HashMap<ObjectKey, Object>,
+    parts: HashMap<PartId, Part>,
+    /// The component each link is in, by the link's hash (a collision joins two components:
+    /// larger, still right).
+    links: HashMap<u64, PartId>,
+    hasher: RandomState,
+    /// How many whole-namespace filters each namespace has.
+    whole: HashMap<Box<str>, u32>,
+    /// The Services and rows of each namespace: what a whole-namespace filter joins.
+    in_namespace: HashMap<Box<str>, HashSet<ObjectKey>>,
+    /// How many components gave each diagnostic: the model lists it once.
+    diagnostics: HashMap<Diagnostic, u32>,
+    model: Model,
+    next: PartId,
+}
+
+impl std::fmt::Debug for Live {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Live")
+            .field("objects", &self.objects.len())
+            .field("parts", &self.parts.len())
+            .finish_non_exhaustive()
+    }
+}
+
+impl Live {
+    /// Nothing yet, compiled with `ctx`.
+    pub fn new(ctx: NodeContext) -> Self {
+        Self {
+            model: compile(&Snapshot::default(), &ctx),
+            ctx,
+            objects: HashMap::new(),
+            unplaced: HashMap::new(),
+            parts: HashMap::new(),
+            links: HashMap::new(),
+            hasher: RandomState::new(),
+            whole: HashMap::new(),
+            in_namespace: HashMap::new(),
+            diagnostics: HashMap::new(),
+            next: NONE,
+        }
+    }
+
+    /// The model of every object: a clone shares its tables (one pointer each).
+    pub fn model(&self) -> &Model {
+        &self.model
+    }
+
+    /// The settings it compiles with.
+    pub fn context(&self) -> &NodeContext {
+        &self.ctx
+    }
+
+    /// How many objects it holds (namespaces and ReferenceGrants included).
+    pub fn len(&self) -> usize {
+        self.objects.len() + self.unplaced.len()
+    }
+
+    /// Whether it holds nothing.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// How many components the objects make.
+    pub fn components(&self) -> usize {
+        self.parts.len()
+    }
+
+    /// The object under `key`.
+    pub fn get(&self, key: &ObjectKey) -> Option<&Object> {
+        self.objects
+            .get(key)
+            .map(|h| &h.object)
+            .or_else(|| self.unplaced.get(key))
+    }
+
+    /// Every object as one snapshot, by kind then key (for `aether debug` and the reference
+    /// compile; O(objects)).
+    pub fn snapshot(&self) -> Snapshot {
+        let mut keys: Vec<&ObjectKey> = self.objects.keys().chain(self.unplaced.keys()).collect();
+        keys.sort();
+        let mut s = Snapshot::default();
+        for k in keys {
+            if let Some(o) = self.get(k) {
+                o.push_into(&mut s);
+            }
+        }
+        s
+    }
+
+    /// Everything replaced by `objects` (a relist, a reconnect, a directory read again).
+    pub fn resync(&mut self, objects: impl IntoIterator<Item = Change>) -> Applied {
+        *self = Self::new(self.ctx.clone());
+        Applied {
+            full: true,
+            ..self.apply(objects)
+        }
+    }
+
+    /// The changes that make the objects held those of `s` (keyed as [`keyed`] keys them): an
+    /// object put for each that differs or is new, a deletion for each `s` no longer has.
+    /// O(objects of `s`), for a source that gives whole snapshots; a copy is made only of what
+    /// changed.
+    pub fn changes_to(&self, s: &Snapshot) -> Vec<Change> {
+        let objects = keyed_borrowed(s);
+        let mut seen: HashSet<&ObjectKey> = HashSet::with_capacity(objects.len());
+        let mut out = Vec::new();
+        for (key, b) in &objects {
+            if !self.get(key).is_some_and(|held| b.is(held)) {
+                out.push(Change {
+                    key: key.clone(),
+                    object: Some(b.owned()),
+                });
+            }
+            seen.insert(key);
+        }
+        for key in self.objects.keys().chain(self.unplaced.keys()) {
+            if !seen.contains(key) {
+                out.push(Change {
+                    key: key.clone(),
+                    object: None,
+                });
+            }
+        }
+        out
+    }
+
+    /// The objects held made those of `s`, compiled with `ctx`: the settings first (the clock
+    /// alone recompiles the components with retained ports), then what differs.
+    pub fn update_to(&mut self, s: &Snapshot, ctx: &NodeContext) -> Applied {
+        let first = self.is_empty();
+        let settings = self.set_context(ctx.clone());
+        let changes = self.changes_to(s);
+        let applied = settings.and(self.apply(changes));
+        Applied {
+            full: applied.full || first,
+            ..applied
+        }
+    }
+
+    /// New settings. When only the clock moved, the components holding retained ports are
+    /// compiled again (they expire by it); any other setting compiles everything.
+    pub fn set_context(&mut self, ctx: NodeContext) -> Applied {
+        let clockless = |c: &NodeContext| NodeContext {
+            now_ms: 0,
+            ..c.clone()
+        };
+        if clockless(&ctx) != clockless(&self.ctx) {
+            let objects: Vec<Change> = self
+                .objects
+                .drain()
+                .map(|(key, h)| Change {
+                    key,
+                    object: Some(h.object),
+                })
+                .chain(self.unplaced.drain().map(|(key, o)| Change {
+                    key,
+                    object: Some(o),
+                }))
+                .collect();
+            self.ctx = ctx;
+            return self.resync(objects);
+        }
+        if ctx.now_ms == self.ctx.now_ms {
+            return Applied::default();
+        }
+        self.ctx = ctx;
+        self.model.context = self.ctx.clone();
+        let clocked: Vec<PartId> = self
+            .parts
+            .iter()
+            .filter(|(_, p)| p.clocked)
+            .map(|(&id, _)| id)
+            .collect();
+        let mut applied = Applied::default();
+        let mut queue = Vec::new();
+        for id in clocked {
+            self.dissolve(id, &mut queue, &mut applied);
+        }
+        self.place(queue, &mut applied);
+        applied
+    }
+
+    /// Applies `changes` in order (a later change of one key wins) and compiles the components
+    /// they touch.
+    pub fn apply(&mut self, changes: impl IntoIterator<Item = Change>) -> Applied {
+        let mut applied = Applied::default();
+        let mut queue: Vec<ObjectKey> = Vec::new();
+        // Namespaces whose whole-namespace filters came or went: their Services and rows link
+        // differently.
+        let mut relink: BTreeSet<Box<str>> = BTreeSet::new();
+        for Change { key, object } in changes {
+            applied.changes += 1;
+            if matches!(key.kind, Kind::Namespace | Kind::ReferenceGrant) {
+                match object {
+                    Some(o) => self.unplaced.insert(key, o),
+                    None => self.unplaced.remove(&key),
+                };
+                continue;
+            }
+            if let Some(old) = self.objects.remove(&key) {
+                if let Some(ns) = old.object.whole_namespace()
+                    && let Some(n) = self.whole.get_mut(ns)
+                {
+                    *n -= 1;
+                    if *n == 0 {
+                        self.whole.remove(ns);
+                        relink.insert(ns.into());
+                    }
+                }
+                if let Some(ns) = old.object.service_namespace()
+                    && let Some(keys) = self.in_namespace.get_mut(ns)
+                {
+                    keys.remove(&key);
+                    if keys.is_empty() {
+                        self.in_namespace.remove(ns);
+                    }
+                }
+                if old.part != NONE {
+                    self.dissolve(old.part, &mut queue, &mut applied);
+                }
+            }
+            if let Some(object) = object {
+                if let Some(ns) = object.whole_namespace() {
+                    let n = self.whole.entry(ns.into()).or_insert(0);
+                    *n += 1;
+                    if *n == 1 {
+                        relink.insert(ns.into());
+                    }
+                }
+                if let Some(ns) = object.service_namespace() {
+                    self.in_namespace
+                        .entry(ns.into())
+                        .or_default()
+                        .insert(key.clone());
+                }
+                self.objects
+                    .insert(key.clone(), Held { object, part: NONE });
+                queue.push(key);
+            }
+        }
+        for ns in relink {
+            let parts: Vec<PartId> = self
+                .in_namespace
+                .get(&ns)
+                .into_iter()
+                .flatten()
+                .filter_map(|k| self.objects.get(k).map(|h| h.part))
+                .collect();
+            for p in parts {
+                self.dissolve(p, &mut queue, &mut applied);
+            }
+        }
+        self.place(queue, &mut applied);
+        applied
+    }
+
+    /// Takes component `id` out: its links, its entries in the model; its objects go to
+    /// `queue`, to be placed again.
+    fn dissolve(&mut self, id: PartId, queue: &mut Vec<ObjectKey>, applied: &mut Applied) {
+        let Some(part) = self.parts.remove(&id) else {
+            return;
+        };
+        applied.dissolved += 1;
+        for h in &part.links {
+            self.links.remove(h);
+        }
+        self.take_out(part.gave);
+        for m in part.members {
+            if let Some(held) = self.objects.get_mut(&m)
+                && held.part == id
+            {
+                held.part = NONE;
+                queue.push(m);
+            }
+        }
+    }
+
+    fn link_hashes(&self, o: &Object) -> Vec<u64> {
+        o.links(|ns| self.whole.contains_key(ns))
+            .iter()
+            .map(|l| self.hasher.hash_one(l))
+            .collect()
+    }
+
+    /// Places the objects of `queue` (and of every component one of them links to) in new
+    /// components, compiles each, and puts their entries in the model.
+    fn place(&mut self, mut queue: Vec<ObjectKey>, applied: &mut Applied) {
+        // Every object to place, with its links: until no link reaches a component left.
+        let mut placing: HashMap<ObjectKey, Vec<u64>> = HashMap::new();
+        while let Some(key) = queue.pop() {
+            if placing.contains_key(&key) {
+                continue;
+            }
+            let Some(held) = self.objects.get(&key) else {
+                continue;
+            };
+            let hashes = self.link_hashes(&held.object);
+            for h in &hashes {
+                if let Some(&p) = self.links.get(h) {
+                    self.dissolve(p, &mut queue, applied);
+                }
+            }
+            placing.insert(key, hashes);
+        }
+        if placing.is_empty() {
+            return;
+        }
+        // Union-find over their links.
+        let objects: Vec<(ObjectKey, Vec<u64>)> = placing.into_iter().collect();
+        let mut ids: HashMap<u64, usize> = HashMap::new();
+        let mut parent: Vec<usize> = Vec::new();
+        fn root(parent: &mut [usize], mut x: usize) -> usize {
+            while parent[x] != x {
+                parent[x] = parent[parent[x]];
+                x = parent[x];
+            }
+            x
+        }
+        let mut first_of: Vec<usize> = Vec::with_capacity(objects.len());
+        for (_, hashes) in &objects {
+            let mut first = None;
+            for h in hashes {
+                let next = parent.len();
+                let id = *ids.entry(*h).or_insert(next);
+                if id == next {
+                    parent.push(id);
+                }
+                match first {
+                    None => first = Some(id),
+                    Some(f) => {
+                        let (a, b) = (root(&mut parent, f), root(&mut parent, id));
+                        if a != b {
+                            parent[b] = a;
+                        }
+                    }
+                }
+            }
+            // Every object but a namespace has a link of its own; one without any stands
+            // alone.
+            first_of.push(first.unwrap_or_else(|| {
+                parent.push(parent.len());
+                parent.len() - 1
+            }));
+        }
+        let mut groups: HashMap<usize, Vec<usize>> = HashMap::new();
+        for (i, &f) in first_of.iter().enumerate() {
+            groups.entry(root(&mut parent, f)).or_default().push(i);
+        }
+        for members in groups.into_values() {
+            self.next += 1;
+            let id = self.next;
+            let mut s = Snapshot::default();
+            let mut links = Vec::new();
+            let mut keys = Vec::with_capacity(members.len());
+            let mut clocked = false;
+            for i in members {
+                let (key, hashes) = &objects[i];
+                if let Some(held) = self.objects.get_mut(key) {
+                    held.part = id;
+                    held.object.push_into(&mut s);
+                    clocked |= key.kind == Kind::Retained;
+                }
+                links.extend_from_slice(hashes);
+                keys.push(key.clone());
+            }
+            links.sort_unstable();
+            links.dedup();
+            for &h in &links {
+                self.links.insert(h, id);
+            }
+            applied.compiled += 1;
+            applied.objects += keys.len();
+            let gave = self.put_in(&compile(&s, &self.ctx));
+            self.parts.insert(
+                id,
+                Part {
+                    members: keys,
+                    links,
+                    gave,
+                    clocked,
+                },
+            );
+        }
+    }
+
+    /// Puts the entries of one component's model in the model; what it put.
+    fn put_in(&mut self, part: &Model) -> Gave {
+        let m = &mut self.model;
+        let mut gave = Gave::default();
+        for (ns, names) in &part.names {
+            if !m.names.contains_key(ns) {
+                m.names.insert(ns.clone(), Table::default());
+            }
+            if let Some(into) = m.names.get_mut(ns) {
+                for (n, e) in names {
+                    into.insert(n.clone(), e.clone());
+                    gave.names.push((ns.clone(), n.clone()));
+                }
+            }
+        }
+        for (k, v) in &part.cluster_ips {
+            m.cluster_ips.insert(*k, v.clone());
+            gave.cluster_ips.push(*k);
+        }
+        for (k, v) in &part.pod_ips {
+            m.pod_ips.insert(*k, v.clone());
+            gave.pod_ips.push(*k);
+        }
+        for p in part.pods.iter() {
+            m.pods.insert(p.clone());
+            gave.pods.push(p.clone());
+        }
+        for (k, v) in &part.l4 {
+            m.l4.insert(*k, v.clone());
+            gave.l4.push(*k);
+        }
+        for (k, v) in &part.service_filters {
+            m.service_filters.insert(k.clone(), v.clone());
+            gave.service_filters.push(k.clone());
+        }
+        for (k, v) in &part.classes {
+            m.classes.insert(k.clone(), v.clone());
+            gave.classes.push(k.clone());
+        }
+        for s in part.statuses.iter() {
+            m.statuses.insert(s.clone());
+            gave.statuses.push(s.clone());
+        }
+        for d in part.diagnostics.iter() {
+            let n = self.diagnostics.entry(d.clone()).or_insert(0);
+            *n += 1;
+            if *n == 1 {
+                m.diagnostics.insert(d.clone());
+            }
+            gave.diagnostics.push(d.clone());
+        }
+        gave
+    }
+
+    /// Takes what one component gave out of the model.
+    fn take_out(&mut self, gave: Gave) {
+        let m = &mut self.model;
+        for (ns, n) in &gave.names {
+            let emptied = m.names.get_mut(ns).is_some_and(|t| {
+                t.remove(n);
+                t.is_empty()
+            });
+            if emptied {
+                m.names.remove(ns);
+            }
+        }
+        for k in &gave.cluster_ips {
+            m.cluster_ips.remove(k);
+        }
+        for k in &gave.pod_ips {
+            m.pod_ips.remove(k);
+        }
+        for p in &gave.pods {
+            m.pods.remove(p);
+        }
+        for k in &gave.l4 {
+            m.l4.remove(k);
+        }
+        for k in &gave.service_filters {
+            m.service_filters.remove(k);
+        }
+        for k in &gave.classes {
+            m.classes.remove(k);
+        }
+        for s in &gave.statuses {
+            m.statuses.remove(s);
+        }
+        for d in gave.diagnostics {
+            if let Some(n) = self.diagnostics.get_mut(&d) {
+                *n -= 1;
+                if *n == 0 {
+                    self.diagnostics.remove(&d);
+                    m.diagnostics.remove(&d);
+                }
+            }
+        }
+    }
+}
