@@ -30,6 +30,7 @@ use tracing::{debug, error, info, warn};
 use crate::capture::cni::{self, CniCommand, CniRefusal, CniRequest};
 use crate::dns::table::DnsTable;
 use crate::identity::{Ca, Identities, IdentitySettings};
+use crate::model::live::Live;
 use crate::model::names::Domains;
 use crate::model::{Model, NodeContext, compile, registrar};
 use crate::netns::Netns;
@@ -325,7 +326,7 @@ fn follow(
                     filters: crate::registrar::filter_status::wanted(&objects, snapshot),
                 },
                 status: crate::route_status::StatusInput {
-                    statuses: model.route_statuses().to_vec(),
+                    statuses: model.route_statuses().cloned().collect(),
                     held: crate::route_status::held_routes(&objects),
                 },
             };
@@ -367,6 +368,7 @@ fn context(config: &NodeConfig) -> NodeContext {
 fn load(
     config: &NodeConfig,
     source: &Source,
+    kept: &parking_lot::Mutex<Live>,
     stats: &NodeStats,
     previous: Option<(&Model, &[crate::model::snapshot::RetainedPort])>,
     last: Option<&LastConversion>,
@@ -460,9 +462,14 @@ fn load(
         snapshot.retained =
             crate::model::retention::advance(&model.http_ports(), retained, &snapshot, ctx.now_ms);
     }
+    // The kept model takes what changed since the last load (issue #37): the components it
+    // touches are compiled again, the rest is shared with the published model.
     let started = crate::time::now();
-    let model = compile(&snapshot, &ctx);
-    stats.record_compile(&snapshot, &model, started.elapsed());
+    let mut kept = kept.lock();
+    let applied = kept.update_to(&snapshot, &ctx);
+    let model = kept.model().clone();
+    drop(kept);
+    stats.record_compile(&snapshot, &model, &applied, started.elapsed());
     let retained = snapshot.retained.clone();
     Ok(Loaded {
         model,
@@ -702,12 +709,15 @@ async fn run_until(
             )
         }
     });
+    // The model kept by changes: every load gives it what changed (issue #37).
+    let kept = Arc::new(parking_lot::Mutex::new(Live::new(context(&config))));
     // Nothing serves yet: the first model and what follows it are made together.
     let (first, followed) = match &*source {
         Source::File(_) => {
             let (cfg, src, stats) = (config.clone(), source.clone(), node_stats.clone());
+            let kept = kept.clone();
             tokio::task::spawn_blocking(move || {
-                let mut l = load(&cfg, &src, &stats, None, None)?;
+                let mut l = load(&cfg, &src, &kept, &stats, None, None)?;
                 let read = std::mem::replace(&mut l.read, Read::File { fingerprint: 0 });
                 let followed = follow(&cfg, &l.snapshot, &l.model, read);
                 Ok::<_, NodeError>((l, followed))
@@ -1064,12 +1074,12 @@ async fn run_until(
                 pace.started(tokio::time::Instant::now());
                 // Reading and compiling is blocking work: off the data plane's threads.
                 let previous = handle.load();
+                let (src, stats, live) = (source.clone(), node_stats.clone(), kept.clone());
                 let (cfg, kept) = (config.clone(), retained.clone());
-                let (src, stats) = (source.clone(), node_stats.clone());
                 // Taken: freed with the load on its blocking thread, replaced after a publish.
                 let last = last_conversion.take();
                 let loaded = tokio::task::spawn_blocking(move || {
-                    load(&cfg, &src, &stats, Some((&previous, &kept)), last.as_ref())
+                    load(&cfg, &src, &live, &stats, Some((&previous, &kept)), last.as_ref())
                         .map(|l| {
                             // Compared here, off the runtime's thread: 0.15 to 0.29 of the
                             // compile (docs/performance.md).

@@ -6,6 +6,7 @@ use std::time::Duration;
 use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
 
 use crate::model::diag::DiagnosticKind;
+use crate::model::live::Applied;
 use crate::model::rows::RowProblem;
 use crate::model::{Model, Snapshot};
 use crate::proxy::{Counter, Family, Gauge};
@@ -13,13 +14,25 @@ use crate::proxy::{Counter, Family, Gauge};
 /// A metric with one label.
 type ByOne<M> = Family<[(&'static str, &'static str); 1], M>;
 
-/// How long model compiles take, in seconds: 100 µs to about 13 s, doubling.
+/// How long model compiles take, in seconds, by kind (`full`, `incremental`): 10 µs to about
+/// 21 s, doubling.
 #[derive(Debug, Clone)]
-pub struct CompileSeconds(pub Histogram);
+pub struct CompileSeconds(pub HistogramsByOne);
+
+/// Histograms with one label, each made with the same buckets.
+pub type HistogramsByOne = prometheus_client::metrics::family::Family<
+    [(&'static str, &'static str); 1],
+    Histogram,
+    fn() -> Histogram,
+>;
 
 impl Default for CompileSeconds {
     fn default() -> Self {
-        Self(Histogram::new(exponential_buckets(0.0001, 2.0, 18)))
+        Self(
+            prometheus_client::metrics::family::Family::new_with_constructor(|| {
+                Histogram::new(exponential_buckets(0.000_01, 2.0, 22))
+            }),
+        )
     }
 }
 
@@ -85,11 +98,18 @@ pub struct NodeStats {
     /// Changed route statuses this daemon, following the registrar's Lease, left to the holder
     /// first (issue #36 item 3) (`aether_route_status_deferred_total`).
     pub route_status_deferred: Counter,
-    /// Models compiled from the registry (`aether_model_compiles_total`).
-    pub model_compiles: Counter,
-    /// How long each took: reading the snapshot into the compiled model, DNS table aside
-    /// (`aether_model_compile_duration_seconds`).
+    /// Models compiled from the registry, by kind: `full` (everything compiled: the first,
+    /// a new setting) or `incremental` (the components a change touched)
+    /// (`aether_model_compiles_total{kind}`).
+    pub model_compiles: ByOne<Counter>,
+    /// How long each took: from the snapshot read to the kept model brought to it, DNS table
+    /// aside (`aether_model_compile_duration_seconds{kind}`).
     pub model_compile_seconds: CompileSeconds,
+    /// Registry objects changed (added, replaced, deleted) since the last compile, summed
+    /// (`aether_model_changes_total`).
+    pub model_changes: Counter,
+    /// Components compiled again, summed (`aether_model_components_compiled_total`).
+    pub model_components_compiled: Counter,
     /// Mesh services in the published model (`aether_model_services`).
     pub model_services: Gauge,
     /// Registry rows (pods with mesh ports) in its snapshot (`aether_model_rows`).
@@ -134,10 +154,24 @@ pub fn catch_up(counter: &Counter, total: u64) {
 impl NodeStats {
     /// Count one compile of `snapshot` into `model`, which took `took`, and set the model's
     /// gauges to it. Off the data plane: compiles run on a blocking thread.
-    pub fn record_compile(&self, snapshot: &Snapshot, model: &Model, took: Duration) {
+    pub fn record_compile(
+        &self,
+        snapshot: &Snapshot,
+        model: &Model,
+        applied: &Applied,
+        took: Duration,
+    ) {
         let n = |v: usize| i64::try_from(v).unwrap_or(i64::MAX);
-        self.model_compiles.inc();
-        self.model_compile_seconds.0.observe(took.as_secs_f64());
+        let kind = [("kind", applied.kind())];
+        self.model_compiles.get_or_create(&kind).inc();
+        self.model_compile_seconds
+            .0
+            .get_or_create(&kind)
+            .observe(took.as_secs_f64());
+        self.model_changes
+            .inc_by(u64::try_from(applied.changes).unwrap_or(u64::MAX));
+        self.model_components_compiled
+            .inc_by(u64::try_from(applied.compiled).unwrap_or(u64::MAX));
         self.model_services.set(n(model.mesh_service_count()));
         self.model_rows.set(n(snapshot.rows.len()));
         // As the compiler judged them: a row refused carries its reason; a pod whose
@@ -305,14 +339,24 @@ impl NodeStats {
         );
         registry.register(
             "aether_model_compiles",
-            "Models compiled from the registry",
+            "Models compiled from the registry, by kind (full, incremental)",
             self.model_compiles.clone(),
         );
         registry.register_with_unit(
             "aether_model_compile_duration",
-            "How long a model compile took",
+            "How long a model compile took, by kind",
             prometheus_client::registry::Unit::Seconds,
             self.model_compile_seconds.0.clone(),
+        );
+        registry.register(
+            "aether_model_changes",
+            "Registry objects changed, as the compiles took them",
+            self.model_changes.clone(),
+        );
+        registry.register(
+            "aether_model_components_compiled",
+            "Components of the registry compiled again",
+            self.model_components_compiled.clone(),
         );
         registry.register(
             "aether_model_services",
