@@ -154,6 +154,50 @@ pub(crate) fn named_order<T: std::fmt::Debug>(
 
 /// Compiles a snapshot into a model: deterministic and independent of input order.
 pub fn compile(snapshot: &Snapshot, ctx: &NodeContext) -> Model {
+    let e = compile_entries(snapshot, ctx);
+    Model {
+        context: ctx.clone(),
+        names: e
+            .names
+            .into_iter()
+            .map(|(ns, t)| (ns, t.into_iter().collect()))
+            .collect(),
+        cluster_ips: e.cluster_ips.into_iter().collect(),
+        l4: e.l4.into_iter().collect(),
+        pod_ips: e.pod_ips.into_iter().collect(),
+        pods: Sorted::from_vec(e.pods),
+        service_filters: e.service_filters.into_iter().collect(),
+        classes: e
+            .classes
+            .into_iter()
+            .map(|(k, v)| (k, Arc::new(v)))
+            .collect(),
+        statuses: Sorted::from_vec(e.statuses),
+        diagnostics: Sorted::from_vec(e.diagnostics),
+    }
+}
+
+/// What a compile puts in a model's tables, before it is put there: the kept model
+/// (`live::Live`) takes a component's entries from here into its own tables, without making
+/// tables for the component first. Statuses and diagnostics may repeat.
+pub(crate) struct Entries {
+    /// Names by namespace, then name.
+    pub(crate) names: Vec<(Box<str>, NamesOf)>,
+    pub(crate) cluster_ips: HashMap<IpAddr, Arc<ClusterIpEntry>>,
+    pub(crate) l4: HashMap<std::net::SocketAddr, Arc<[crate::model::target::L4Endpoint]>>,
+    pub(crate) pod_ips: HashMap<IpAddr, Arc<PodIpEntry>>,
+    pub(crate) pods: Vec<Arc<PodFacts>>,
+    pub(crate) service_filters: BTreeMap<ServiceKey, Arc<[NamedFilter]>>,
+    pub(crate) classes: BTreeMap<ServiceKey, BTreeMap<u16, PortProtocol>>,
+    pub(crate) statuses: Vec<RouteStatus>,
+    pub(crate) diagnostics: Vec<Diagnostic>,
+}
+
+/// The names of one namespace, by name.
+pub(crate) type NamesOf = HashMap<Box<str>, Arc<NameEntry>>;
+
+/// The entries [`compile`] puts in its model.
+pub(crate) fn compile_entries(snapshot: &Snapshot, ctx: &NodeContext) -> Entries {
     let mut c = Compiler {
         snapshot,
         ctx,
@@ -321,7 +365,7 @@ impl<'s> Compiler<'s> {
         self.services = gathered.into_iter().collect();
     }
 
-    fn finish(mut self) -> Model {
+    fn finish(mut self) -> Entries {
         let snapshot = self.snapshot;
         let ctx = self.ctx;
         let services: HashMap<(&str, &str), &Service> = snapshot
@@ -846,31 +890,23 @@ impl<'s> Compiler<'s> {
             })
             .collect();
 
-        Model {
-            context: ctx.clone(),
+        Entries {
             names: {
                 // Keyed by the borrowed namespace while filling: one key allocated per namespace.
                 let mut by_ns: HashMap<&str, HashMap<Box<str>, Arc<NameEntry>>> = HashMap::new();
                 for ((ns, n), e) in names {
                     by_ns.entry(ns).or_default().insert(n.into(), Arc::new(e));
                 }
-                by_ns
-                    .into_iter()
-                    .map(|(ns, t)| (ns.into(), t.into_iter().collect()))
-                    .collect()
+                by_ns.into_iter().map(|(ns, t)| (ns.into(), t)).collect()
             },
-            cluster_ips: cluster_ips.into_iter().collect(),
-            l4: l4.into_iter().collect(),
-            pod_ips: pod_ips.into_iter().collect(),
-            pods: Sorted::from_vec(pods),
-            service_filters: filters.into_iter().collect(),
-            classes: self
-                .classes
-                .into_iter()
-                .map(|(k, v)| (k, Arc::new(v)))
-                .collect(),
-            statuses: Sorted::from_vec(statuses),
-            diagnostics: Sorted::from_vec(self.diagnostics),
+            cluster_ips,
+            l4,
+            pod_ips,
+            pods,
+            service_filters: filters,
+            classes: self.classes,
+            statuses,
+            diagnostics: self.diagnostics,
         }
     }
 

@@ -18,6 +18,7 @@ use std::net::{IpAddr, SocketAddr};
 use std::sync::Arc;
 
 use crate::model::attach::RouteStatus;
+use crate::model::compile::{Entries, compile_entries};
 use crate::model::snapshot::{
     EndpointSlice, FilterConfig, HttpRoute, L4Route, MeshFilter, Pod, ReferenceGrant, RefusedPod,
     RetainedPort, Row, Service, Snapshot,
@@ -58,35 +59,37 @@ pub enum Kind {
     Retained,
 }
 
-/// One registry object, as the snapshot holds it.
+/// One registry object, as the snapshot holds it. Rows and pods are shared with the snapshot;
+/// the other kinds are boxed, so that an object held costs a pointer beside its key whatever
+/// its kind (a MeshFilter inline made every held object 240 bytes).
 #[derive(Clone, Debug, PartialEq)]
 pub enum Object {
     /// A registry row.
     Row(Arc<Row>),
     /// A pod refused before it became a row.
-    RefusedPod(RefusedPod),
+    RefusedPod(Box<RefusedPod>),
     /// A pod.
     Pod(Arc<Pod>),
     /// A Service.
-    Service(Service),
+    Service(Box<Service>),
     /// An EndpointSlice.
-    EndpointSlice(EndpointSlice),
+    EndpointSlice(Box<EndpointSlice>),
     /// A namespace.
-    Namespace(String),
+    Namespace(Box<str>),
     /// An HTTPRoute or GRPCRoute.
-    HttpRoute(HttpRoute),
+    HttpRoute(Box<HttpRoute>),
     /// A TLSRoute.
-    TlsRoute(L4Route),
+    TlsRoute(Box<L4Route>),
     /// A TCPRoute.
-    TcpRoute(L4Route),
+    TcpRoute(Box<L4Route>),
     /// A UDPRoute.
-    UdpRoute(L4Route),
+    UdpRoute(Box<L4Route>),
     /// A ReferenceGrant.
-    ReferenceGrant(ReferenceGrant),
+    ReferenceGrant(Box<ReferenceGrant>),
     /// A MeshFilter.
-    MeshFilter(MeshFilter),
+    MeshFilter(Box<MeshFilter>),
     /// A retained port.
-    Retained(RetainedPort),
+    Retained(Box<RetainedPort>),
 }
 
 impl Object {
@@ -113,18 +116,18 @@ impl Object {
     fn push_into(&self, s: &mut Snapshot) {
         match self {
             Self::Row(x) => s.rows.push(x.clone()),
-            Self::RefusedPod(x) => s.refused_pods.push(x.clone()),
+            Self::RefusedPod(x) => s.refused_pods.push((**x).clone()),
             Self::Pod(x) => s.pods.push(x.clone()),
-            Self::Service(x) => s.services.push(x.clone()),
-            Self::EndpointSlice(x) => s.endpoint_slices.push(x.clone()),
-            Self::Namespace(x) => s.namespaces.push(x.clone()),
-            Self::HttpRoute(x) => s.http_routes.push(x.clone()),
-            Self::TlsRoute(x) => s.tls_routes.push(x.clone()),
-            Self::TcpRoute(x) => s.tcp_routes.push(x.clone()),
-            Self::UdpRoute(x) => s.udp_routes.push(x.clone()),
-            Self::ReferenceGrant(x) => s.reference_grants.push(x.clone()),
-            Self::MeshFilter(x) => s.mesh_filters.push(x.clone()),
-            Self::Retained(x) => s.retained.push(x.clone()),
+            Self::Service(x) => s.services.push((**x).clone()),
+            Self::EndpointSlice(x) => s.endpoint_slices.push((**x).clone()),
+            Self::Namespace(x) => s.namespaces.push(x.to_string()),
+            Self::HttpRoute(x) => s.http_routes.push((**x).clone()),
+            Self::TlsRoute(x) => s.tls_routes.push((**x).clone()),
+            Self::TcpRoute(x) => s.tcp_routes.push((**x).clone()),
+            Self::UdpRoute(x) => s.udp_routes.push((**x).clone()),
+            Self::ReferenceGrant(x) => s.reference_grants.push((**x).clone()),
+            Self::MeshFilter(x) => s.mesh_filters.push((**x).clone()),
+            Self::Retained(x) => s.retained.push((**x).clone()),
         }
     }
 
@@ -281,9 +284,10 @@ macro_rules! borrowed {
 
 impl Borrowed<'_> {
     fn owned(self) -> Object {
+        // A shared row or pod is shared again; any other object is copied into its box.
         macro_rules! own {
             ($v:ident, $x:expr) => {
-                Object::$v($x.clone())
+                Object::$v((*$x).clone().into())
             };
         }
         borrowed!(self, own)
@@ -291,12 +295,22 @@ impl Borrowed<'_> {
 
     /// Whether `held` is this object (a shared row or pod by its pointer first).
     fn is(self, held: &Object) -> bool {
-        macro_rules! same {
-            ($v:ident, $x:expr) => {
-                matches!(held, Object::$v(y) if $x == y)
-            };
+        match (self, held) {
+            (Self::Row(x), Object::Row(y)) => x == y,
+            (Self::Pod(x), Object::Pod(y)) => x == y,
+            (Self::RefusedPod(x), Object::RefusedPod(y)) => *x == **y,
+            (Self::Service(x), Object::Service(y)) => *x == **y,
+            (Self::EndpointSlice(x), Object::EndpointSlice(y)) => *x == **y,
+            (Self::Namespace(x), Object::Namespace(y)) => x.as_str() == &**y,
+            (Self::HttpRoute(x), Object::HttpRoute(y)) => *x == **y,
+            (Self::TlsRoute(x), Object::TlsRoute(y))
+            | (Self::TcpRoute(x), Object::TcpRoute(y))
+            | (Self::UdpRoute(x), Object::UdpRoute(y)) => *x == **y,
+            (Self::ReferenceGrant(x), Object::ReferenceGrant(y)) => *x == **y,
+            (Self::MeshFilter(x), Object::MeshFilter(y)) => *x == **y,
+            (Self::Retained(x), Object::Retained(y)) => *x == **y,
+            _ => false,
         }
-        borrowed!(self, same)
     }
 }
 
@@ -841,7 +855,7 @@ impl Live {
             }
             applied.compiled += 1;
             applied.objects += keys.len();
-            let gave = self.put_in(&compile(&s, &self.ctx));
+            let gave = self.put_in(compile_entries(&s, &self.ctx));
             self.parts.insert(
                 id,
                 Part {
@@ -854,56 +868,58 @@ impl Live {
         }
     }
 
-    /// Puts the entries of one component's model in the model; what it put.
-    fn put_in(&mut self, part: &Model) -> Gave {
+    /// Puts the entries of one component's compile in the model; what it put.
+    fn put_in(&mut self, part: Entries) -> Gave {
         let m = &mut self.model;
         let mut gave = Gave::default();
-        for (ns, names) in &part.names {
-            if !m.names.contains_key(ns) {
+        for (ns, names) in part.names {
+            if !m.names.contains_key(&ns) {
                 m.names.insert(ns.clone(), Table::default());
             }
-            if let Some(into) = m.names.get_mut(ns) {
+            if let Some(into) = m.names.get_mut(&ns) {
                 for (n, e) in names {
-                    into.insert(n.clone(), e.clone());
                     gave.names.push((ns.clone(), n.clone()));
+                    into.insert(n, e);
                 }
             }
         }
-        for (k, v) in &part.cluster_ips {
-            m.cluster_ips.insert(*k, v.clone());
-            gave.cluster_ips.push(*k);
+        for (k, v) in part.cluster_ips {
+            m.cluster_ips.insert(k, v);
+            gave.cluster_ips.push(k);
         }
-        for (k, v) in &part.pod_ips {
-            m.pod_ips.insert(*k, v.clone());
-            gave.pod_ips.push(*k);
+        for (k, v) in part.pod_ips {
+            m.pod_ips.insert(k, v);
+            gave.pod_ips.push(k);
         }
-        for p in part.pods.iter() {
-            m.pods.insert(p.clone());
+        for p in part.pods {
             gave.pods.push(p.clone());
+            m.pods.insert(p);
         }
-        for (k, v) in &part.l4 {
-            m.l4.insert(*k, v.clone());
-            gave.l4.push(*k);
+        for (k, v) in part.l4 {
+            m.l4.insert(k, v);
+            gave.l4.push(k);
         }
-        for (k, v) in &part.service_filters {
-            m.service_filters.insert(k.clone(), v.clone());
+        for (k, v) in part.service_filters {
             gave.service_filters.push(k.clone());
+            m.service_filters.insert(k, v);
         }
-        for (k, v) in &part.classes {
-            m.classes.insert(k.clone(), v.clone());
+        for (k, v) in part.classes {
             gave.classes.push(k.clone());
+            m.classes.insert(k, Arc::new(v));
         }
-        for s in part.statuses.iter() {
-            m.statuses.insert(s.clone());
+        // A part's statuses and diagnostics may repeat (`compile` lists each once): the model
+        // holds one, and what the part gave is taken out as often as it was put in.
+        for s in part.statuses {
             gave.statuses.push(s.clone());
+            m.statuses.insert(s);
         }
-        for d in part.diagnostics.iter() {
+        for d in part.diagnostics {
             let n = self.diagnostics.entry(d.clone()).or_insert(0);
             *n += 1;
             if *n == 1 {
                 m.diagnostics.insert(d.clone());
             }
-            gave.diagnostics.push(d.clone());
+            gave.diagnostics.push(d);
         }
         gave
     }
