@@ -51,6 +51,7 @@ use tokio::runtime::Runtime;
 use tokio::sync::mpsc;
 
 use aether::dns::DnsTable;
+use aether::model::live::Live;
 use aether::model::registrar::generated_services_except;
 use aether::model::{NodeContext, compile};
 use aether::registry::kube::objects::{fingerprint, snapshot_reusing, trim_pod};
@@ -304,6 +305,14 @@ struct Reload {
     /// The conversion of the next event (one pod object replaced, as a `MODIFIED` event
     /// replaces it in the store) taking the other pods from this reload's snapshot.
     reusing: f64,
+    /// The kept model (issue #37) brought to this reload's snapshot from nothing, and the
+    /// next event's snapshot (one row's readiness flipped) applied to it: the objects compared
+    /// (`Live::changes_to`) and the touched components compiled.
+    kept_full: f64,
+    kept_next: f64,
+    /// What the kept model holds beyond the snapshot: its objects' copies (rows and pods
+    /// shared), components and model.
+    kept_bytes: u64,
     baseline: f64,
     peak: u64,
 }
@@ -387,10 +396,30 @@ fn reload(rt: &Runtime, c: &Cluster, runs: usize) -> Result<()> {
                     // (`objects::snapshot_reusing`); after the peak is read, which is this
                     // reload's.
                     let t = now();
-                    let (again, _, _) = snapshot_reusing(&next, Some((&places, &snap)));
+                    let (mut again, _, _) = snapshot_reusing(&next, Some((&places, &snap)));
                     let reusing = t.elapsed().as_secs_f64();
                     assert_eq!(again.rows.len(), snap.rows.len(), "the same pods");
-                    drop((again, next, places));
+                    // The kept model: built from this snapshot, then given the next one with
+                    // one row's readiness flipped.
+                    let held = allocated();
+                    let t = now();
+                    let mut live = Live::new(ctx.clone());
+                    live.update_to(&snap, &ctx);
+                    let kept_full = t.elapsed().as_secs_f64();
+                    let kept_bytes = allocated().saturating_sub(held);
+                    if let Some(row) = again.rows.get_mut(k % snap.rows.len().max(1)) {
+                        let row = std::sync::Arc::make_mut(row);
+                        row.ready = !row.ready;
+                    }
+                    let t = now();
+                    let applied = live.update_to(&again, &ctx);
+                    let kept_next = t.elapsed().as_secs_f64();
+                    assert!(applied.compiled >= 1 && !applied.full, "{applied:?}");
+                    assert!(
+                        live.model().serves_like(&compile(&again, &ctx)),
+                        "the kept model is the compile of the next snapshot"
+                    );
+                    drop((again, next, places, live));
                     let t = now();
                     let copy = snap.clone();
                     let baseline = t.elapsed().as_secs_f64();
@@ -410,6 +439,9 @@ fn reload(rt: &Runtime, c: &Cluster, runs: usize) -> Result<()> {
                         Reload {
                             steps,
                             reusing,
+                            kept_full,
+                            kept_next,
+                            kept_bytes,
                             baseline,
                             peak,
                         },
@@ -486,7 +518,34 @@ fn reload(rt: &Runtime, c: &Cluster, runs: usize) -> Result<()> {
         next * 1e3,
         next / base
     );
+    let kept_full = median(reloads.iter().map(|r| r.kept_full).collect());
+    let kept_next = median(reloads.iter().map(|r| r.kept_next).collect());
+    let kept_published = median(
+        reloads
+            .iter()
+            .map(|r| r.steps[0] + r.reusing + r.kept_next)
+            .collect(),
+    );
+    println!(
+        "| the kept model built from the snapshot (`Live::update_to` from nothing: the first load) | {:.1} | {:.2} |",
+        kept_full * 1e3,
+        kept_full / base
+    );
+    println!(
+        "| the kept model given the next snapshot, one row's readiness flipped (`Live::update_to`: every object compared, one component compiled) | {:.1} | {:.2} |",
+        kept_next * 1e3,
+        kept_next / base
+    );
+    println!(
+        "| **the next event to the published model, kept model** (the copy, the conversion, `Live::update_to`) | {:.1} | {:.2} |",
+        kept_published * 1e3,
+        kept_published / base
+    );
     println!("| baseline: clone the snapshot | {:.1} | 1 |", base * 1e3);
+    println!(
+        "\nThe kept model holds {:.1} MiB beyond the snapshot (its objects' copies, rows and pods shared; components; model).",
+        mib(median(reloads.iter().map(|r| r.kept_bytes as f64).collect()) as u64)
+    );
     let peak = median(reloads.iter().map(|r| r.peak as f64).collect()) as u64;
     println!(
         "\nPeak extra memory of one reload: {:.1} MiB ({:.2} × the stores' {:.1} MiB); the runs' \

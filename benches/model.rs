@@ -35,6 +35,7 @@ use arc_swap::ArcSwap;
 use criterion::{BenchmarkId, Criterion, criterion_group, criterion_main};
 
 use aether::dns::DnsTable;
+use aether::model::live::{Change, Live, Object, ObjectKey, keyed};
 use aether::model::names::{AuthorityInput, HttpVersion};
 use aether::model::registrar::{self, complete_snapshot};
 use aether::model::retention;
@@ -147,9 +148,9 @@ fn cpu_table(runs: usize) {
     let ctx = NodeContext::default();
     println!("median of {runs} runs, ms of this thread's CPU [wall]");
     println!(
-        "| services | compile | baseline (clone) | ratio | event to served request | the whole reload (DNS table and registrar input after the publish) | event to served, by components | file registry: complete_snapshot | serves_like of two compiles |"
+        "| services | compile | baseline (clone) | ratio | event to served request | the whole reload (DNS table and registrar input after the publish) | event to served, by components | file registry: complete_snapshot | serves_like of two compiles | kept model: one change to served request | kept model: built whole |"
     );
-    println!("|---|---|---|---|---|---|---|---|---|");
+    println!("|---|---|---|---|---|---|---|---|---|---|---|");
     for n in sizes() {
         let snapshot = synth::scaled(n);
         let reps = (20_000 / n).max(1);
@@ -172,8 +173,18 @@ fn cpu_table(runs: usize) {
         // compiled apart (no table shared), compared whole.
         let (one, other) = (compile(&snapshot, &ctx), compile(&snapshot, &ctx));
         let (lc, lw) = measure(runs, reps, || assert!(one.serves_like(&other)));
+        // The model kept by changes (issue #37): one row's change applied, published and a
+        // request served on it; and the whole registry built from nothing (a start, a relist).
+        let mut kept = Kept::new(n);
+        let (kc, kw) = measure(runs, reps * 20, || kept.run());
+        let objects = keyed(&snapshot);
+        let (fc, fw) = measure(runs, reps, || {
+            let mut live = Live::new(ctx.clone());
+            live.resync(objects.iter().cloned());
+            live
+        });
         println!(
-            "| {n} | {cc:.2} [{cw:.2}] | {bc:.2} [{bw:.2}] | {:.1}× | {ec:.2} [{ew:.2}] | {wc:.2} [{ww:.2}] | {sc:.2} [{sw:.2}] | {rc:.2} [{rw:.2}] | {lc:.2} [{lw:.2}] |",
+            "| {n} | {cc:.2} [{cw:.2}] | {bc:.2} [{bw:.2}] | {:.1}× | {ec:.2} [{ew:.2}] | {wc:.2} [{ww:.2}] | {sc:.2} [{sw:.2}] | {rc:.2} [{rw:.2}] | {lc:.2} [{lw:.2}] | {kc:.3} [{kw:.3}] | {fc:.2} [{fw:.2}] |",
             cc / bc
         );
     }
@@ -360,14 +371,7 @@ impl Event {
             None => compile(&self.snapshot, &self.ctx),
         };
         let replaced = self.published.swap(Arc::new(model));
-        let model = self.published.load();
-        let facts = get(HttpEntry::Loopback, &["svc-1.ns-1.aether.internal:8080"]);
-        match resolve_request(&model, &self.caller, black_box(&facts)) {
-            RequestDecision::Deliver(d) => {
-                assert_eq!(d.backend.endpoints.len(), if ready { 2 } else { 1 });
-            }
-            other => panic!("svc-1:8080 is not delivered: {other:?}"),
-        }
+        served(&self.published, &self.caller, ready);
         replaced
     }
 
@@ -390,6 +394,74 @@ impl Event {
     }
 }
 
+/// One row's readiness flipped through the model kept by changes ([`Live`]), the model
+/// published and a request served on it: what a source that sends changes costs the node.
+struct Kept {
+    live: Live,
+    key: ObjectKey,
+    row: Arc<aether::model::snapshot::Row>,
+    published: ArcSwap<aether::model::Model>,
+    caller: Caller,
+}
+
+impl Kept {
+    fn new(n: u32) -> Self {
+        let snapshot = synth::scaled(n);
+        let objects = keyed(&snapshot);
+        let (key, row) = objects
+            .iter()
+            .find_map(|c| match &c.object {
+                Some(Object::Row(r)) if r.pod.as_deref() == Some("svc-1-0") => {
+                    Some((c.key.clone(), r.clone()))
+                }
+                _ => None,
+            })
+            .expect("the scaled registry has svc-1-0");
+        let mut live = Live::new(NodeContext::default());
+        live.resync(objects);
+        let published = ArcSwap::from_pointee(live.model().clone());
+        Self {
+            live,
+            key,
+            row,
+            published,
+            caller: Caller {
+                namespace: Some("ns-0".into()),
+                pod: None,
+                service_account: None,
+                capture: CaptureMode::RedirectAll,
+            },
+        }
+    }
+
+    fn run(&mut self) -> Arc<aether::model::Model> {
+        let r = Arc::make_mut(&mut self.row);
+        r.ready = !r.ready;
+        let ready = r.ready;
+        let applied = self.live.apply([Change {
+            key: self.key.clone(),
+            object: Some(Object::Row(self.row.clone())),
+        }]);
+        assert_eq!(applied.compiled, 1, "one component changed");
+        let replaced = self.published.swap(Arc::new(self.live.model().clone()));
+        served(&self.published, &self.caller, ready);
+        replaced
+    }
+}
+
+/// One request to `svc-1` resolved on the published model: two endpoints when its pod is
+/// Ready, one when it is not.
+fn served(published: &ArcSwap<aether::model::Model>, caller: &Caller, ready: bool) {
+    let model = published.load();
+    let facts = get(HttpEntry::Loopback, &["svc-1.ns-1.aether.internal:8080"]);
+    match resolve_request(&model, caller, black_box(&facts)) {
+        RequestDecision::Deliver(d) => {
+            assert_eq!(d.backend.endpoints.len(), if ready { 2 } else { 1 });
+        }
+        other => panic!("svc-1:8080 is not delivered: {other:?}"),
+    }
+}
+
 fn bench_event(c: &mut Criterion) {
     if cpu_runs().is_some() {
         return;
@@ -409,6 +481,13 @@ fn bench_event(c: &mut Criterion) {
             BenchmarkId::new("pod-ready-to-served-request-by-components", n),
             |b| {
                 b.iter_with_large_drop(|| split.run());
+            },
+        );
+        let mut kept = Kept::new(n);
+        g.bench_function(
+            BenchmarkId::new("pod-ready-to-served-request-kept-model", n),
+            |b| {
+                b.iter_with_large_drop(|| kept.run());
             },
         );
     }
