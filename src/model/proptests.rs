@@ -1819,10 +1819,13 @@ proptest! {
         let mut live = Live::new(ctx.clone());
         live.resync(keyed(&snapshots[0]));
         let expected = compile(&snapshots[0], &ctx);
-                if let Some(d) = model_difference(live.model(), &expected) {
-                    prop_assert!(false, "seed {}: {}", seed, d);
-                }
+        if let Some(d) = model_difference(live.model(), &expected) {
+            prop_assert!(false, "seed {}: {}", seed, d);
+        }
         let mut now = held(keyed(&snapshots[0]));
+        let mut follower = Live::new(ctx.clone());
+        let first = follower.update_to(&snapshots[0], &ctx);
+        prop_assert!(first.full, "seed {}: the first fill is full: {:?}", seed, first);
         for (step, next) in snapshots[1..].iter().enumerate() {
             for small in 0..8 {
                 let Some(change) = small_change(&now, &mut rng) else { break };
@@ -1862,25 +1865,33 @@ proptest! {
                 }
             }
             let expected = compile(next, &ctx);
-                if let Some(d) = model_difference(live.model(), &expected) {
-                    prop_assert!(false, "seed {}, world {}: {}", seed, step + 1, d);
-                }
+            if let Some(d) = model_difference(live.model(), &expected) {
+                prop_assert!(false, "seed {}, world {}: {}", seed, step + 1, d);
+            }
+            // A node whose source gives whole snapshots follows by comparing (`update_to`):
+            // the same model, compiled incrementally.
+            let was_empty = follower.is_empty();
+            let applied = follower.update_to(next, &ctx);
+            prop_assert!(!applied.full || was_empty, "seed {}: {:?}", seed, applied);
+            if let Some(d) = model_difference(follower.model(), &expected) {
+                prop_assert!(false, "seed {}, world {}, followed by snapshots: {}", seed, step + 1, d);
+            }
             now = target;
         }
         // The clock moves: retained ports expire as `compile` says.
         let later = NodeContext { now_ms: NOW_MS + 100_000, ..ctx };
         live.set_context(later.clone());
         let expected = compile(&live.snapshot(), &later);
-                if let Some(d) = model_difference(live.model(), &expected) {
-                    prop_assert!(false, "seed {}, the clock moved: {}", seed, d);
-                }
+        if let Some(d) = model_difference(live.model(), &expected) {
+            prop_assert!(false, "seed {}, the clock moved: {}", seed, d);
+        }
         // Another setting: everything compiled again.
         let other = NodeContext { trust_domain: "example.org".into(), ..later };
         live.set_context(other.clone());
         let expected = compile(&live.snapshot(), &other);
-                if let Some(d) = model_difference(live.model(), &expected) {
-                    prop_assert!(false, "seed {}, a new setting: {}", seed, d);
-                }
+        if let Some(d) = model_difference(live.model(), &expected) {
+            prop_assert!(false, "seed {}, a new setting: {}", seed, d);
+        }
     }
 }
 
