@@ -348,11 +348,24 @@ impl<T: Order + Clone> Sorted<T> {
         let chunks = Arc::make_mut(&mut self.chunks);
         let chunk = Arc::make_mut(&mut chunks[c]);
         let item = chunk.remove(i);
-        if chunk.is_empty() {
+        let left = chunk.len();
+        if left == 0 {
             chunks.remove(c);
+        } else if left < SHARD / 4 && c + 1 < chunks.len() && left + chunks[c + 1].len() < 2 * SHARD
+        {
+            // A chunk emptied by removals joins the next, so that churn does not leave the
+            // list in many small chunks (each a pointer the spine copies at every write).
+            let next = chunks.remove(c + 1);
+            Arc::make_mut(&mut chunks[c]).extend(next.iter().cloned());
         }
         self.len -= 1;
         Some(item)
+    }
+
+    /// How many chunks the list is cut in (for tests).
+    #[cfg(test)]
+    fn chunk_count(&self) -> usize {
+        self.chunks.len()
     }
 
     /// Takes out the item equal to `item`.
@@ -475,6 +488,26 @@ mod tests {
                 prop_assert_eq!(listed, expected);
             }
         }
+    }
+
+    #[test]
+    fn churn_leaves_a_sorted_list_in_few_chunks() {
+        let mut list: Sorted<(u16, u8)> = Sorted::default();
+        for k in 0..4_000u16 {
+            list.insert((k, 0));
+        }
+        // Remove most items everywhere, leaving one in 16.
+        for k in (0..4_000u16).filter(|k| k % 16 != 0) {
+            assert!(list.remove_by(|x| x.0.cmp(&k)).is_some());
+        }
+        assert_eq!(list.len(), 250);
+        assert!(
+            list.chunk_count() <= 250 / (SHARD / 4) + 1,
+            "{} chunks",
+            list.chunk_count()
+        );
+        let left: Vec<u16> = list.iter().map(|x| x.0).collect();
+        assert_eq!(left, (0..4_000u16).step_by(16).collect::<Vec<_>>());
     }
 
     #[test]
