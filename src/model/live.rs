@@ -317,25 +317,25 @@ impl Borrowed<'_> {
 /// Every object of `s` under a key of its own: `namespace/name` (a row: `namespace/service@
 /// address`; a retained port: `namespace/service:port`), with `#2`, `#3`, ... after a key
 /// that repeats (a source can hold two objects of one name; the compiler reads both).
-fn keyed_borrowed<'s>(s: &'s Snapshot) -> Vec<(ObjectKey, Borrowed<'s>)> {
-    let mut seen: HashMap<ObjectKey, u32> = HashMap::new();
-    let mut out = Vec::new();
+/// `seen` gathers the keys given (the caller's, so that it can tell what `s` no longer has).
+fn each_keyed<'s>(
+    s: &'s Snapshot,
+    seen: &mut HashSet<ObjectKey>,
+    mut each: impl FnMut(&ObjectKey, Borrowed<'s>),
+) {
     let mut put = |kind: Kind, name: String, object: Borrowed<'s>| {
-        let key = ObjectKey {
+        let mut key = ObjectKey {
             kind,
             name: name.as_str().into(),
         };
-        let n = seen.entry(key.clone()).or_insert(0);
-        *n += 1;
-        let key = if *n == 1 {
-            key
-        } else {
-            ObjectKey {
-                kind,
-                name: format!("{name}#{n}").into(),
-            }
-        };
-        out.push((key, object));
+        // The n-th object of one key is `key#n`.
+        let mut n = 1;
+        while seen.contains(&key) {
+            n += 1;
+            key.name = format!("{name}#{n}").into();
+        }
+        each(&key, object);
+        seen.insert(key);
     };
     for r in &s.rows {
         let name = format!("{}/{}@{}", r.namespace, r.service, r.address);
@@ -391,18 +391,18 @@ fn keyed_borrowed<'s>(s: &'s Snapshot) -> Vec<(ObjectKey, Borrowed<'s>)> {
         let name = format!("{}/{}:{}", r.namespace, r.service, r.port);
         put(Kind::Retained, name, Borrowed::Retained(r));
     }
-    out
 }
 
-/// Every object of `s` put under its key (`keyed_borrowed`): what [`Live::resync`] takes.
+/// Every object of `s` put under its key (`each_keyed`): what [`Live::resync`] takes.
 pub fn keyed(s: &Snapshot) -> Vec<Change> {
-    keyed_borrowed(s)
-        .into_iter()
-        .map(|(key, b)| Change {
-            key,
+    let mut out = Vec::new();
+    each_keyed(s, &mut HashSet::new(), |key, b| {
+        out.push(Change {
+            key: key.clone(),
             object: Some(b.owned()),
-        })
-        .collect()
+        });
+    });
+    out
 }
 
 /// A component's id; [`NONE`] is "not placed yet".
@@ -586,24 +586,34 @@ impl Live {
     /// O(objects of `s`), for a source that gives whole snapshots; a copy is made only of what
     /// changed.
     pub fn changes_to(&self, s: &Snapshot) -> Vec<Change> {
-        let objects = keyed_borrowed(s);
-        let mut seen: HashSet<&ObjectKey> = HashSet::with_capacity(objects.len());
+        let mut seen = HashSet::with_capacity(self.len());
         let mut out = Vec::new();
-        for (key, b) in &objects {
-            if !self.get(key).is_some_and(|held| b.is(held)) {
+        // Keys of `s` that are held: when every held key is among them, nothing was deleted
+        // and the held keys need not be walked.
+        let mut held = 0;
+        each_keyed(s, &mut seen, |key, b| {
+            let same = match self.get(key) {
+                Some(h) => {
+                    held += 1;
+                    b.is(h)
+                }
+                None => false,
+            };
+            if !same {
                 out.push(Change {
                     key: key.clone(),
                     object: Some(b.owned()),
                 });
             }
-            seen.insert(key);
-        }
-        for key in self.objects.keys().chain(self.unplaced.keys()) {
-            if !seen.contains(key) {
-                out.push(Change {
-                    key: key.clone(),
-                    object: None,
-                });
+        });
+        if held < self.len() {
+            for key in self.objects.keys().chain(self.unplaced.keys()) {
+                if !seen.contains(key) {
+                    out.push(Change {
+                        key: key.clone(),
+                        object: None,
+                    });
+                }
             }
         }
         out
