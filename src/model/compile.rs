@@ -154,32 +154,39 @@ pub(crate) fn named_order<T: std::fmt::Debug>(
 
 /// Compiles a snapshot into a model: deterministic and independent of input order.
 pub fn compile(snapshot: &Snapshot, ctx: &NodeContext) -> Model {
-    let e = compile_entries(snapshot, ctx);
-    Model {
-        context: ctx.clone(),
-        names: e
-            .names
-            .into_iter()
-            .map(|(ns, t)| (ns, t.into_iter().collect()))
-            .collect(),
-        cluster_ips: e.cluster_ips.into_iter().collect(),
-        l4: e.l4.into_iter().collect(),
-        pod_ips: e.pod_ips.into_iter().collect(),
-        pods: Sorted::from_vec(e.pods),
-        service_filters: e.service_filters.into_iter().collect(),
-        classes: e
-            .classes
-            .into_iter()
-            .map(|(k, v)| (k, Arc::new(v)))
-            .collect(),
-        statuses: Sorted::from_vec(e.statuses),
-        diagnostics: Sorted::from_vec(e.diagnostics),
+    Model::from_entries(ctx, compile_entries(snapshot, ctx))
+}
+
+impl Model {
+    /// The model of `e`, its tables cut for their size and filled at once.
+    pub(crate) fn from_entries(ctx: &NodeContext, e: Entries) -> Self {
+        Self {
+            context: ctx.clone(),
+            names: e
+                .names
+                .into_iter()
+                .map(|(ns, t)| (ns, t.into_iter().collect()))
+                .collect(),
+            cluster_ips: e.cluster_ips.into_iter().collect(),
+            l4: e.l4.into_iter().collect(),
+            pod_ips: e.pod_ips.into_iter().collect(),
+            pods: Sorted::from_vec(e.pods),
+            service_filters: e.service_filters.into_iter().collect(),
+            classes: e
+                .classes
+                .into_iter()
+                .map(|(k, v)| (k, Arc::new(v)))
+                .collect(),
+            statuses: Sorted::from_vec(e.statuses),
+            diagnostics: Sorted::from_vec(e.diagnostics),
+        }
     }
 }
 
 /// What a compile puts in a model's tables, before it is put there: the kept model
 /// (`live::Live`) takes a component's entries from here into its own tables, without making
 /// tables for the component first. Statuses and diagnostics may repeat.
+#[derive(Default)]
 pub(crate) struct Entries {
     /// Names by namespace, then name.
     pub(crate) names: Vec<(Box<str>, NamesOf)>,
@@ -195,6 +202,27 @@ pub(crate) struct Entries {
 
 /// The names of one namespace, by name.
 pub(crate) type NamesOf = HashMap<Box<str>, Arc<NameEntry>>;
+
+impl Entries {
+    /// `other`'s entries added to these (the entries of disjoint components: no key of one is
+    /// the other's).
+    pub(crate) fn absorb(&mut self, other: Self) {
+        for (ns, names) in other.names {
+            match self.names.iter_mut().find(|(n, _)| *n == ns) {
+                Some((_, into)) => into.extend(names),
+                None => self.names.push((ns, names)),
+            }
+        }
+        self.cluster_ips.extend(other.cluster_ips);
+        self.l4.extend(other.l4);
+        self.pod_ips.extend(other.pod_ips);
+        self.pods.extend(other.pods);
+        self.service_filters.extend(other.service_filters);
+        self.classes.extend(other.classes);
+        self.statuses.extend(other.statuses);
+        self.diagnostics.extend(other.diagnostics);
+    }
+}
 
 /// The entries [`compile`] puts in its model.
 pub(crate) fn compile_entries(snapshot: &Snapshot, ctx: &NodeContext) -> Entries {

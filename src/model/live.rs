@@ -18,7 +18,7 @@ use std::net::{IpAddr, SocketAddr};
 use std::sync::Arc;
 
 use crate::model::attach::RouteStatus;
-use crate::model::compile::{Entries, compile_entries};
+use crate::model::compile::{Entries, NamesOf, compile_entries};
 use crate::model::snapshot::{
     EndpointSlice, FilterConfig, HttpRoute, L4Route, MeshFilter, Pod, ReferenceGrant, RefusedPod,
     RetainedPort, Row, Service, Snapshot,
@@ -427,6 +427,27 @@ struct Gave {
     classes: Vec<ServiceKey>,
     statuses: Vec<RouteStatus>,
     diagnostics: Vec<Diagnostic>,
+}
+
+impl Gave {
+    /// What `e` puts in a model.
+    fn of(e: &Entries) -> Self {
+        Self {
+            names: e
+                .names
+                .iter()
+                .flat_map(|(ns, names)| names.keys().map(|n| (ns.clone(), n.clone())))
+                .collect(),
+            cluster_ips: e.cluster_ips.keys().copied().collect(),
+            pod_ips: e.pod_ips.keys().copied().collect(),
+            pods: e.pods.clone(),
+            l4: e.l4.keys().copied().collect(),
+            service_filters: e.service_filters.keys().cloned().collect(),
+            classes: e.classes.keys().cloned().collect(),
+            statuses: e.statuses.clone(),
+            diagnostics: e.diagnostics.clone(),
+        }
+    }
 }
 
 /// One component: its objects, the links it holds, and what its model gave.
@@ -841,6 +862,12 @@ impl Live {
         for (i, &f) in first_of.iter().enumerate() {
             groups.entry(root(&mut parent, f)).or_default().push(i);
         }
+        // With no component left (the first fill, a resync, a new setting), the model is made
+        // whole from every component's entries at once: its tables cut once for their size, the
+        // sorted lists sorted once, instead of an insert per entry.
+        let bulk = self.parts.is_empty();
+        let mut all = Entries::default();
+        let mut all_names: HashMap<Box<str>, NamesOf> = HashMap::new();
         for members in groups.into_values() {
             self.next += 1;
             let id = self.next;
@@ -865,7 +892,21 @@ impl Live {
             }
             applied.compiled += 1;
             applied.objects += keys.len();
-            let gave = self.put_in(compile_entries(&s, &self.ctx));
+            let entries = compile_entries(&s, &self.ctx);
+            let gave = if bulk {
+                let gave = Gave::of(&entries);
+                for d in &entries.diagnostics {
+                    *self.diagnostics.entry(d.clone()).or_insert(0) += 1;
+                }
+                let mut entries = entries;
+                for (ns, names) in std::mem::take(&mut entries.names) {
+                    all_names.entry(ns).or_default().extend(names);
+                }
+                all.absorb(entries);
+                gave
+            } else {
+                self.put_in(entries)
+            };
             self.parts.insert(
                 id,
                 Part {
@@ -876,6 +917,15 @@ impl Live {
                 },
             );
         }
+        if bulk {
+            self.put_all(all, all_names);
+        }
+    }
+
+    /// Makes the model of `all` (with `names`), every component's entries: see `place`.
+    fn put_all(&mut self, mut all: Entries, names: HashMap<Box<str>, NamesOf>) {
+        all.names = names.into_iter().collect();
+        self.model = Model::from_entries(&self.ctx, all);
     }
 
     /// Puts the entries of one component's compile in the model; what it put.
