@@ -29,10 +29,17 @@ pub(super) fn passthrough_targets(
             .push(s);
     }
     let mut out = HashMap::new();
-    for u in &snapshot.services {
-        if u.generated || u.headless || u.cluster_ips.is_empty() {
-            continue;
-        }
+    // Two user Services that claim one ClusterIP (a registry written by hand): the first by
+    // (namespace, name) has it, whatever order the source gave them in (as generated Services'
+    // ClusterIPs; issue #37's property test found this one too).
+    let mut users: Vec<_> = snapshot
+        .services
+        .iter()
+        .filter(|u| !u.generated && !u.headless && !u.cluster_ips.is_empty())
+        .collect();
+    users
+        .sort_by(|a, b| super::named_order((&a.namespace, &a.name), (&b.namespace, &b.name), a, b));
+    for u in users {
         let slices = slices_of
             .get(&(u.namespace.as_str(), u.name.as_str()))
             .map_or(&[][..], Vec::as_slice);
@@ -81,7 +88,8 @@ pub(super) fn passthrough_targets(
                     .cloned()
                     .collect();
                 if same_family.iter().any(|e| e.mesh.is_some()) {
-                    out.insert(SocketAddr::new(vip, p.port), same_family.into());
+                    out.entry(SocketAddr::new(vip, p.port))
+                        .or_insert_with(|| same_family.into());
                 }
             }
         }
