@@ -490,11 +490,6 @@ impl Applied {
     pub fn kind(&self) -> &'static str {
         if self.full { "full" } else { "incremental" }
     }
-
-    /// Whether the model was left as it was: nothing dissolved, nothing compiled.
-    pub fn unchanged(&self) -> bool {
-        self.dissolved == 0 && self.compiled == 0
-    }
 }
 
 /// The registry's objects by key, their components, and the model of them all.
@@ -551,11 +546,6 @@ impl Live {
         &self.model
     }
 
-    /// The settings it compiles with.
-    pub fn context(&self) -> &NodeContext {
-        &self.ctx
-    }
-
     /// How many objects it holds (namespaces and ReferenceGrants included).
     pub fn len(&self) -> usize {
         self.objects.len() + self.unplaced.len()
@@ -564,11 +554,6 @@ impl Live {
     /// Whether it holds nothing.
     pub fn is_empty(&self) -> bool {
         self.len() == 0
-    }
-
-    /// How many components the objects make.
-    pub fn components(&self) -> usize {
-        self.parts.len()
     }
 
     /// The object under `key`.
