@@ -19,8 +19,36 @@ pub struct Published {
     pub generation: u64,
     /// The model the data plane serves.
     pub model: Arc<Model>,
-    /// The snapshot it was compiled from; `None` where the publisher kept none (tests).
-    pub source: Option<Arc<Snapshot>>,
+    /// The snapshot it was compiled from, read with [`Published::source`]: given with the model,
+    /// or set once after it was published ([`Published::set_source`]: the Kubernetes source
+    /// makes it from the kept model off the path to the publish); empty where the publisher
+    /// keeps none (tests, `debug_keep_snapshot: false`).
+    source: std::sync::OnceLock<Arc<Snapshot>>,
+}
+
+impl Published {
+    fn new(generation: u64, model: Arc<Model>, source: Option<Arc<Snapshot>>) -> Self {
+        let slot = std::sync::OnceLock::new();
+        if let Some(s) = source {
+            let _ = slot.set(s);
+        }
+        Self {
+            generation,
+            model,
+            source: slot,
+        }
+    }
+
+    /// The snapshot the model was compiled from, once it is there.
+    pub fn source(&self) -> Option<&Arc<Snapshot>> {
+        self.source.get()
+    }
+
+    /// Gives the snapshot the model was compiled from, after the publish; a second one is
+    /// ignored (the first stays: it is what the model was compiled from).
+    pub fn set_source(&self, source: Arc<Snapshot>) {
+        let _ = self.source.set(source);
+    }
 }
 
 /// The handle every proxy task reads the model through.
@@ -39,11 +67,11 @@ impl ModelHandle {
     /// A handle holding a first model (generation 1) and the snapshot it was compiled from.
     pub fn with_source(model: Model, source: Option<Snapshot>) -> Self {
         Self {
-            current: ArcSwap::from_pointee(Published {
-                generation: 1,
-                model: Arc::new(model),
-                source: source.map(Arc::new),
-            }),
+            current: ArcSwap::from_pointee(Published::new(
+                1,
+                Arc::new(model),
+                source.map(Arc::new),
+            )),
             generation: watch::Sender::new(1),
         }
     }
@@ -88,11 +116,9 @@ impl ModelHandle {
         source: Option<Arc<Snapshot>>,
     ) -> (u64, Arc<Published>) {
         let next = *self.generation.borrow() + 1;
-        let old = self.current.swap(Arc::new(Published {
-            generation: next,
-            model: Arc::new(model),
-            source,
-        }));
+        let old = self
+            .current
+            .swap(Arc::new(Published::new(next, Arc::new(model), source)));
         self.generation.send_replace(next);
         (next, old)
     }
@@ -104,11 +130,11 @@ impl ModelHandle {
     pub fn refresh(&self, model: Model, source: Option<Arc<Snapshot>>) -> Arc<Published> {
         // One publisher writes (STYLE.md §6.3): the generation read here is the one kept.
         let generation = *self.generation.borrow();
-        self.current.swap(Arc::new(Published {
+        self.current.swap(Arc::new(Published::new(
             generation,
-            model: Arc::new(model),
+            Arc::new(model),
             source,
-        }))
+        )))
     }
 
     /// Wait until a model newer than `seen` is published, at most `bound`. Returns whether one

@@ -1567,7 +1567,7 @@ fn a_model_compiled_again_later_serves_alike_and_keeps_its_generation() {
     assert_eq!(handle.generation(), 1, "refreshed, not published");
     assert_eq!(handle.published().generation, 1);
     assert!(
-        handle.published().source.is_some(),
+        handle.published().source().is_some(),
         "the new snapshot beside it"
     );
     let rt = tokio::runtime::Builder::new_current_thread()

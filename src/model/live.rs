@@ -476,7 +476,7 @@ pub struct Applied {
 
 impl Applied {
     /// Both, as one.
-    fn and(self, other: Self) -> Self {
+    pub fn and(self, other: Self) -> Self {
         Self {
             changes: self.changes + other.changes,
             dissolved: self.dissolved + other.dissolved,
@@ -510,9 +510,14 @@ pub struct Live {
     in_namespace: HashMap<Box<str>, HashSet<ObjectKey>>,
     /// How many components gave each diagnostic: the model lists it once.
     diagnostics: HashMap<Diagnostic, u32>,
+    /// How many objects of each kind it holds (by `Kind as usize`).
+    counts: [usize; KINDS],
     model: Model,
     next: PartId,
 }
+
+/// How many kinds there are.
+const KINDS: usize = Kind::Retained as usize + 1;
 
 impl std::fmt::Debug for Live {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -537,8 +542,14 @@ impl Live {
             whole: HashMap::new(),
             in_namespace: HashMap::new(),
             diagnostics: HashMap::new(),
+            counts: [0; KINDS],
             next: NONE,
         }
+    }
+
+    /// How many objects of `kind` it holds.
+    pub fn count(&self, kind: Kind) -> usize {
+        self.counts[kind as usize]
     }
 
     /// The model of every object: a clone shares its tables (one pointer each).
@@ -612,17 +623,54 @@ impl Live {
                 });
             }
         });
-        if held < self.len() {
-            for key in self.objects.keys().chain(self.unplaced.keys()) {
-                if !seen.contains(key) {
-                    out.push(Change {
-                        key: key.clone(),
-                        object: None,
-                    });
+        self.deletions(&seen, held, &mut out);
+        out
+    }
+
+    /// The changes that make the objects held exactly `all` (one object a key): a put for each
+    /// that is new or differs from the one held, a deletion for each key held that `all` lacks.
+    /// For a source's resync (a relist): O(objects), and what did not change is not compiled
+    /// again. A deletion in `all` is read as "not there".
+    pub fn changes_against(&self, all: Vec<Change>) -> Vec<Change> {
+        let mut seen = HashSet::with_capacity(all.len());
+        let mut out = Vec::new();
+        let mut held = 0;
+        for c in all {
+            let Some(object) = &c.object else { continue };
+            if !seen.insert(c.key.clone()) {
+                // A key twice: the later wins, as in `apply`.
+                out.push(c);
+                continue;
+            }
+            let same = match self.get(&c.key) {
+                Some(h) => {
+                    held += 1;
+                    h == object
                 }
+                None => false,
+            };
+            if !same {
+                out.push(c);
             }
         }
+        self.deletions(&seen, held, &mut out);
         out
+    }
+
+    /// A deletion into `out` for each key held that is not in `seen`, of which `held` are held
+    /// (when every held key is among them, none is walked).
+    fn deletions(&self, seen: &HashSet<ObjectKey>, held: usize, out: &mut Vec<Change>) {
+        if held >= self.len() {
+            return;
+        }
+        for key in self.objects.keys().chain(self.unplaced.keys()) {
+            if !seen.contains(key) {
+                out.push(Change {
+                    key: key.clone(),
+                    object: None,
+                });
+            }
+        }
     }
 
     /// The objects held made those of `s`, compiled with `ctx`: the settings first (the clock
@@ -691,14 +739,32 @@ impl Live {
         let mut relink: BTreeSet<Box<str>> = BTreeSet::new();
         for Change { key, object } in changes {
             applied.changes += 1;
+            let count = &mut self.counts[key.kind as usize];
             if matches!(key.kind, Kind::Namespace | Kind::ReferenceGrant) {
-                match object {
-                    Some(o) => self.unplaced.insert(key, o),
+                let had = match object {
+                    Some(o) => {
+                        *count += 1;
+                        self.unplaced.insert(key, o)
+                    }
                     None => self.unplaced.remove(&key),
                 };
+                if had.is_some() {
+                    *count -= 1;
+                }
                 continue;
             }
+            // The same object again (an event that changed nothing the compiler reads): its
+            // component stands.
+            if let (Some(new), Some(held)) = (&object, self.objects.get(&key))
+                && *new == held.object
+            {
+                continue;
+            }
+            if object.is_some() {
+                *count += 1;
+            }
             if let Some(old) = self.objects.remove(&key) {
+                self.counts[key.kind as usize] -= 1;
                 if let Some(ns) = old.object.whole_namespace()
                     && let Some(n) = self.whole.get_mut(ns)
                 {

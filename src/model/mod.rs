@@ -18,7 +18,7 @@ pub mod live;
 pub mod names;
 pub mod port;
 #[cfg(test)]
-mod proptests;
+pub(crate) mod proptests;
 pub mod registrar;
 pub mod retention;
 pub mod route_match;
@@ -500,6 +500,25 @@ impl Model {
             }
         }
         out
+    }
+
+    /// The ports the mesh service `name` in `namespace` serves as HTTP: [`Model::http_ports`] of
+    /// one service, by one lookup.
+    pub fn http_ports_of(&self, namespace: &str, name: &str) -> Vec<u16> {
+        self.name(namespace, name)
+            .filter(|e| {
+                e.kind == NameKind::Generated
+                    && &*e.key.namespace == namespace
+                    && &*e.key.name == name
+            })
+            .map(|e| {
+                e.ports
+                    .iter()
+                    .filter(|(_, fp)| fp.class == PortClass::Known(PortProtocol::Http))
+                    .map(|(&p, _)| p)
+                    .collect()
+            })
+            .unwrap_or_default()
     }
 
     /// Every (service, port) a request or connection can be labelled with in the data plane's

@@ -1897,7 +1897,7 @@ proptest! {
 
 /// Where two models differ, table by table and key by key (a readable failure message; the
 /// `Debug` of a whole model lists its hash tables in no stable order).
-fn model_difference(a: &crate::model::Model, b: &crate::model::Model) -> Option<String> {
+pub(crate) fn model_difference(a: &crate::model::Model, b: &crate::model::Model) -> Option<String> {
     use std::fmt::Debug;
     fn table<K: Debug + Ord + std::hash::Hash + Eq + Clone, V: Debug + PartialEq>(
         what: &str,

@@ -83,11 +83,9 @@ pub fn advance(
     }
     let mut out = Vec::new();
     for (ns, svc, port) in candidates {
-        let real_ports = generated.get(&(ns, svc)).is_some_and(|s| {
-            s.ports
-                .iter()
-                .any(|p| p.port != PROXY_PORT && p.port != LEGACY_PORT)
-        });
+        let real_ports = generated
+            .get(&(ns, svc))
+            .is_some_and(|s| generated_has_real_ports(s));
         if real_ports {
             // Evidence of the current shape: either it still says HTTP (a cold port, served
             // from the Service) or it proves the port is gone.
@@ -104,6 +102,58 @@ pub fn advance(
         }
     }
     out
+}
+
+/// [`advance`] for one service, for a change that touched it (its rows, its generated Service,
+/// or the clock of a port it retains): `http_ports` are the ports the previous model served it
+/// as HTTP, `previous` its retained ports (others are ignored), and `evidence` whether it has a
+/// row that serves or its generated Service has real ports. Sorted by port. What [`advance`]
+/// gives for this service, without a walk of the snapshot.
+pub fn advance_service(
+    namespace: &str,
+    service: &str,
+    http_ports: &[u16],
+    previous: &[RetainedPort],
+    evidence: bool,
+    now_ms: u64,
+) -> Vec<RetainedPort> {
+    if evidence {
+        return Vec::new();
+    }
+    let mine = |r: &&RetainedPort| r.namespace == namespace && r.service == service;
+    let mut ports: Vec<u16> = http_ports
+        .iter()
+        .copied()
+        .chain(previous.iter().filter(mine).map(|r| r.port))
+        .collect();
+    ports.sort_unstable();
+    ports.dedup();
+    ports
+        .into_iter()
+        .filter_map(|port| {
+            let first = previous
+                .iter()
+                .filter(mine)
+                .find(|r| r.port == port)
+                .map_or(now_ms, |r| r.since_ms);
+            (now_ms.saturating_sub(first) < GRACE_MS).then(|| RetainedPort {
+                namespace: namespace.to_owned(),
+                service: service.to_owned(),
+                port,
+                since_ms: first,
+            })
+        })
+        .collect()
+}
+
+/// Whether `service` in `snapshot`'s generated Services has a real port: evidence of its shape
+/// for [`advance_service`] (the first generated Service of the name, as [`advance`] takes it).
+pub fn generated_has_real_ports(service: &crate::model::snapshot::Service) -> bool {
+    service.generated
+        && service
+            .ports
+            .iter()
+            .any(|p| p.port != PROXY_PORT && p.port != LEGACY_PORT)
 }
 
 #[cfg(test)]

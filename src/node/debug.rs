@@ -236,7 +236,7 @@ where
             answer(StatusCode::OK, &v)
         }
         "/debug/services" => services(admin, &published, query(q, "name").as_deref()),
-        "/debug/routes" => match &published.source {
+        "/debug/routes" => match published.source() {
             Some(s) => answer(
                 StatusCode::OK,
                 &envelope(
@@ -281,7 +281,7 @@ fn no_source(admin: &Admin) -> Response<Body> {
     error(
         admin,
         StatusCode::SERVICE_UNAVAILABLE,
-        "the daemon keeps no registry snapshot beside its model (the setting debug_keep_snapshot is off): services, routes and config-dump need it",
+        "no registry snapshot beside the published model: the setting debug_keep_snapshot is off, or (Kubernetes source) the snapshot of the model just published is still being made, in about the time of a reload; services, routes and config-dump need it",
     )
 }
 
@@ -302,7 +302,7 @@ async fn pods(admin: &Admin) -> Value {
 }
 
 fn services(admin: &Admin, published: &Published, name: Option<&str>) -> Response<Body> {
-    let Some(source) = &published.source else {
+    let Some(source) = published.source() else {
         return no_source(admin);
     };
     let list = view::services(source, &published.model, name);
@@ -358,7 +358,7 @@ fn explain(admin: &Admin, body: &[u8]) -> Response<Body> {
         Err(e) => return error(admin, StatusCode::BAD_REQUEST, e),
     };
     let published = admin.inputs.model.published();
-    let Some(source) = &published.source else {
+    let Some(source) = published.source() else {
         return no_source(admin);
     };
     match crate::explain::explain(source, &published.model, &question) {
@@ -435,7 +435,7 @@ async fn capture(admin: &Admin, pod: Option<&str>) -> Response<Body> {
 /// shown by their public parts). Its `compile` key is what `aether explain --config-dump`
 /// compiles again.
 async fn config_dump(admin: &Admin, published: &Published) -> Response<Body> {
-    let Some(source) = &published.source else {
+    let Some(source) = published.source() else {
         return no_source(admin);
     };
     let model = &published.model;

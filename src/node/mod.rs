@@ -8,6 +8,7 @@ pub mod config;
 pub mod debug;
 pub mod dns;
 pub mod handoff;
+pub mod kube_feed;
 pub mod listeners;
 pub mod liveness;
 pub mod memory;
@@ -36,7 +37,6 @@ use crate::model::{Model, NodeContext, compile, registrar};
 use crate::netns::Netns;
 use crate::proxy::{Inputs, ProxySettings};
 use crate::registry::file::{LastGood, load_dir_keeping};
-use crate::registry::kube::objects::PodPlaces;
 use crate::registry::kube::watch::{KubeSource, WatchSettings};
 use crate::state::ModelHandle;
 pub use config::NodeConfig;
@@ -94,13 +94,9 @@ pub enum NodeError {
 enum Source {
     /// The manifest directory, with each file's last content that read whole.
     File(parking_lot::Mutex<LastGood>),
-    /// The API server's watches, the services known when MeshFilters last became unreadable
-    /// ([`guard_unseen_policies`]), and the objects left out as last logged ([`log_changes`]).
-    Kube(
-        Arc<KubeSource>,
-        parking_lot::Mutex<Option<BTreeSet<(String, String)>>>,
-        parking_lot::Mutex<BTreeSet<String>>,
-    ),
+    /// The API server's watches, and what the node keeps of them between loads
+    /// ([`kube_feed`]).
+    Kube(Arc<KubeSource>, parking_lot::Mutex<kube_feed::KubeFeed>),
     /// etcd for the rows, the manifest directory for the rest.
     Etcd(Arc<EtcdNode>),
 }
@@ -265,30 +261,24 @@ struct Loaded {
     model: Model,
     /// The retention state the model was compiled with (spec/model.md §10).
     retained: Vec<crate::model::snapshot::RetainedPort>,
-    /// The snapshot the model was compiled from, published with it (`aether debug explain`).
-    snapshot: crate::model::Snapshot,
+    /// The snapshot the model was compiled from, published with it (`aether debug explain`);
+    /// `None` on the Kubernetes source, which makes it from the kept model after the publish.
+    snapshot: Option<crate::model::Snapshot>,
     /// What was read, for what [`follow`] makes of it.
     read: Read,
-    /// The Kubernetes source's pod places in `snapshot`, for the next load to take unchanged
-    /// pods from it (`objects::snapshot_reusing`).
-    places: Option<PodPlaces>,
     /// The etcd store revision of the snapshot's rows.
     etcd_revision: Option<i64>,
 }
-
-/// The pod places of the last load and the snapshot they point into: kept only while that
-/// snapshot is kept anyway (`debug_keep_snapshot`), so reusing it costs no memory beyond the
-/// places themselves.
-type LastConversion = (PodPlaces, Arc<crate::model::Snapshot>);
 
 /// The registry as read, beyond the snapshot.
 enum Read {
     /// The file registry's fingerprint, taken before it was read (see
     /// `registry::file::fingerprint`).
     File { fingerprint: u64 },
-    /// The Kubernetes source's objects: their fingerprint and the writers' inputs are made
-    /// from them (boxed: a load holds one `Read`, and the variant is large).
-    Kube(Box<crate::registry::kube::objects::Objects>),
+    /// The Kubernetes source, whose objects, read from the stores after the publish, make the
+    /// writers' inputs, and the fingerprint of what the model was compiled from (kept by
+    /// changes, [`kube_feed`]).
+    Kube(Arc<KubeSource>, u64),
 }
 
 /// What follows a published model, made after it serves: nothing here decides a request, so
@@ -315,8 +305,10 @@ fn follow(
     let dns = DnsTable::build(snapshot, &ctx.domains, config.dns_kubernetes_names);
     let (writers, fingerprint) = match read {
         Read::File { fingerprint } => (None, fingerprint),
-        Read::Kube(objects) => {
-            let fingerprint = crate::registry::kube::objects::fingerprint(&objects);
+        Read::Kube(kube, fingerprint) => {
+            // Read after the publish: they may be newer than the model (the writers look again
+            // at the next load); the fingerprint is the model's own.
+            let (objects, _) = kube.objects();
             let (desired, _) =
                 registrar::generated_services_except(snapshot, &ctx.ignored_namespaces);
             let writers = WriterInputs {
@@ -371,59 +363,14 @@ fn load(
     kept: &parking_lot::Mutex<Live>,
     stats: &NodeStats,
     previous: Option<(&Model, &[crate::model::snapshot::RetainedPort])>,
-    last: Option<&LastConversion>,
 ) -> Result<Loaded, NodeError> {
     let ctx = context(config);
-    let mut places = None;
-    let mut etcd_revision = None;
-    let (mut snapshot, read) = match source {
+    let (mut snapshot, read, etcd_revision) = match source {
         Source::File(last) => {
             let (snapshot, fingerprint) = read_dir(config, &mut last.lock(), stats)?;
-            (snapshot, Read::File { fingerprint })
+            (snapshot, Read::File { fingerprint }, None)
         }
-        Source::Kube(kube, baseline, logged) => {
-            let synced = kube.synced();
-            stats.registry_synced.set(i64::from(synced));
-            if !synced {
-                return Err(NodeError::NotSynced);
-            }
-            let (objects, invalid) = kube.objects();
-            let (mut snapshot, problems, placed) = crate::registry::kube::objects::snapshot_reusing(
-                &objects,
-                last.map(|(places, snapshot)| (places, &**snapshot)),
-            );
-            guard_unseen_policies(kube, &mut baseline.lock(), previous, &mut snapshot);
-            debug!(
-                reused = placed.reused,
-                pods = objects.pods.len(),
-                "pods taken from the previous snapshot"
-            );
-            places = Some(placed);
-            // Each is logged when it appears or changes, not at every reload (issue #36 item
-            // 6); the count below is set at every load.
-            let mut logged = logged.lock();
-            let mut reported = BTreeSet::new();
-            for (kind, name, error) in &invalid.objects {
-                let line = format!("{kind} {name}: {error}");
-                if !logged.contains(&line) {
-                    warn!(kind, object = %name, %error, "registry object does not deserialize; left out (logged again only if it changes)");
-                }
-                reported.insert(line);
-            }
-            for problem in &problems {
-                let line = problem.to_string();
-                if !logged.contains(&line) {
-                    warn!(%problem, "registry object left out (logged again only if it changes)");
-                }
-                reported.insert(line);
-            }
-            log_changes(&mut logged, reported);
-            let skipped = invalid.objects.len() + problems.len();
-            stats
-                .registry_objects_skipped
-                .set(i64::try_from(skipped).unwrap_or(i64::MAX));
-            (snapshot, Read::Kube(Box::new(objects)))
-        }
+        Source::Kube(kube, feed) => return load_kube(&ctx, kube, feed, kept, stats, previous),
         Source::Etcd(etcd) => {
             let (mut snapshot, fingerprint) = read_dir(config, &mut etcd.last.lock(), stats)?;
             // This node's pods, as the directory gives them, are what it registers.
@@ -441,22 +388,19 @@ fn load(
             etcd.register();
             etcd.export(stats);
             snapshot.rows = rows;
-            etcd_revision = Some(revision);
-            (snapshot, Read::File { fingerprint })
+            (snapshot, Read::File { fingerprint }, Some(revision))
         }
     };
-    if let Source::File(_) | Source::Etcd(_) = source {
-        // No API server: the registrar's Services are made here (spec/model.md §8), and they
-        // are part of what is compiled. On Kubernetes the elected registrar writes them and
-        // every node reads them back ([`follow`] makes the registrar's input).
-        let report = registrar::complete_snapshot_except(
-            &mut snapshot,
-            config.service_cidr,
-            &ctx.ignored_namespaces,
-        );
-        for (ns, name) in &report.collisions {
-            info!(namespace = %ns, service = %name, "a user Service owns this mesh service's name");
-        }
+    // No API server: the registrar's Services are made here (spec/model.md §8), and they are
+    // part of what is compiled. On Kubernetes the elected registrar writes them and every node
+    // reads them back ([`follow`] makes the registrar's input).
+    let report = registrar::complete_snapshot_except(
+        &mut snapshot,
+        config.service_cidr,
+        &ctx.ignored_namespaces,
+    );
+    for (ns, name) in &report.collisions {
+        info!(namespace = %ns, service = %name, "a user Service owns this mesh service's name");
     }
     if let Some((model, retained)) = previous {
         snapshot.retained =
@@ -469,72 +413,55 @@ fn load(
     let applied = kept.update_to(&snapshot, &ctx);
     let model = kept.model().clone();
     drop(kept);
-    stats.record_compile(&snapshot, &model, &applied, started.elapsed());
+    stats.record_compile(snapshot.rows.len(), &model, &applied, started.elapsed());
     let retained = snapshot.retained.clone();
     Ok(Loaded {
         model,
         retained,
-        snapshot,
+        snapshot: Some(snapshot),
         read,
-        places,
         etcd_revision,
     })
 }
 
-/// While MeshFilters may not be read (a `403` after the first list, docs/kubernetes.md), a
-/// MeshFilter written since for a service is not seen: a service that appeared since then would
-/// be served without the authorization its owner may have written for it. So each service (mesh
-/// service or Service) that the model of the refusal's start did not hold gets an unreadable
-/// filter (issue #35 item 1): it refuses `403 authz-unavailable` until MeshFilters are read
-/// again. `baseline` holds the services known when the refusal was first seen.
-fn guard_unseen_policies(
-    kube: &KubeSource,
-    baseline: &mut Option<BTreeSet<(String, String)>>,
+/// [`load`] on the Kubernetes source, which gives what changed ([`kube_feed`]): no snapshot on
+/// the way to the publish. Nothing is served until every watch has listed; after that, a kind
+/// refused (403) gives its last store (`KubeSource::synced`).
+fn load_kube(
+    ctx: &NodeContext,
+    kube: &Arc<KubeSource>,
+    feed: &parking_lot::Mutex<kube_feed::KubeFeed>,
+    kept: &parking_lot::Mutex<Live>,
+    stats: &NodeStats,
     previous: Option<(&Model, &[crate::model::snapshot::RetainedPort])>,
-    snapshot: &mut crate::model::Snapshot,
-) {
-    use crate::model::snapshot::{FilterConfig, MeshFilter, Unreadable};
-    let refused = kube
-        .kinds()
-        .iter()
-        .any(|k| k.kind == "MeshFilter" && k.forbidden.load(std::sync::atomic::Ordering::Acquire));
-    if !refused {
-        *baseline = None;
-        return;
+) -> Result<Loaded, NodeError> {
+    let synced = kube.synced();
+    stats.registry_synced.set(i64::from(synced));
+    if !synced {
+        return Err(NodeError::NotSynced);
     }
-    let known = baseline.get_or_insert_with(|| {
-        previous
-            .map(|(m, _)| {
-                m.service_ports()
-                    .into_iter()
-                    .map(|(k, _)| (k.namespace.to_string(), k.name.to_string()))
-                    .collect()
-            })
-            .unwrap_or_default()
-    });
-    let mut new: BTreeSet<(String, String)> = snapshot
-        .rows
-        .iter()
-        .map(|r| (r.namespace.clone(), r.service.clone()))
-        .chain(
-            snapshot
-                .services
-                .iter()
-                .map(|s| (s.namespace.clone(), s.name.clone())),
-        )
-        .collect();
-    new.retain(|k| !known.contains(k));
-    for (namespace, name) in new {
-        snapshot.mesh_filters.push(MeshFilter {
-            name: format!("unseen-while-meshfilters-refused.{name}"),
-            target_refs: vec![name],
-            namespace,
-            config: FilterConfig::Unreadable(Unreadable {
-                why: "MeshFilters may not be read (403) and this service appeared since: a MeshFilter written for it would not be seen".into(),
-                whole_namespace: false,
-            }),
-        });
-    }
+    let started = crate::time::now();
+    let mut kept = kept.lock();
+    let fed = feed.lock().load(kube, &mut kept, ctx, previous);
+    let model = kept.model().clone();
+    let rows = kept.count(crate::model::live::Kind::Row);
+    drop(kept);
+    debug!(
+        whole = fed.whole,
+        changes = fed.applied.changes,
+        "kube source loaded"
+    );
+    stats
+        .registry_objects_skipped
+        .set(i64::try_from(fed.skipped).unwrap_or(i64::MAX));
+    stats.record_compile(rows, &model, &fed.applied, started.elapsed());
+    Ok(Loaded {
+        model,
+        retained: fed.retained,
+        snapshot: None,
+        read: Read::Kube(kube.clone(), fed.fingerprint),
+        etcd_revision: None,
+    })
 }
 
 /// Read the manifest directory: its snapshot and fingerprint.
@@ -603,11 +530,19 @@ fn empty(config: &NodeConfig) -> Loaded {
     Loaded {
         model: compile(&snapshot, &ctx),
         retained: Vec::new(),
-        snapshot,
+        snapshot: Some(snapshot),
         read: Read::File { fingerprint: 0 },
-        places: None,
         etcd_revision: None,
     }
+}
+
+/// The snapshot `model` was compiled from: the one loaded with it, or (the Kubernetes source)
+/// made from the kept model, which holds what the model was compiled from until the next load.
+fn snapshot_of(
+    loaded: Option<crate::model::Snapshot>,
+    kept: &parking_lot::Mutex<Live>,
+) -> crate::model::Snapshot {
+    loaded.unwrap_or_else(|| kept.lock().snapshot())
 }
 
 /// Run the daemon until SIGTERM or SIGINT, then drain; its log filter cannot be changed.
@@ -705,22 +640,22 @@ async fn run_until(
             Source::Kube(
                 Arc::new(KubeSource::start(&client, &settings, &changed_tx)),
                 parking_lot::Mutex::default(),
-                parking_lot::Mutex::default(),
             )
         }
     });
     // The model kept by changes: every load gives it what changed (issue #37).
-    let kept = Arc::new(parking_lot::Mutex::new(Live::new(context(&config))));
+    let kept_model = Arc::new(parking_lot::Mutex::new(Live::new(context(&config))));
     // Nothing serves yet: the first model and what follows it are made together.
-    let (first, followed) = match &*source {
+    let first = match &*source {
         Source::File(_) => {
             let (cfg, src, stats) = (config.clone(), source.clone(), node_stats.clone());
-            let kept = kept.clone();
+            let kept = kept_model.clone();
             tokio::task::spawn_blocking(move || {
-                let mut l = load(&cfg, &src, &kept, &stats, None, None)?;
+                let mut l = load(&cfg, &src, &kept, &stats, None)?;
                 let read = std::mem::replace(&mut l.read, Read::File { fingerprint: 0 });
-                let followed = follow(&cfg, &l.snapshot, &l.model, read);
-                Ok::<_, NodeError>((l, followed))
+                let snapshot = snapshot_of(l.snapshot.take(), &kept);
+                let followed = follow(&cfg, &snapshot, &l.model, read);
+                Ok::<_, NodeError>((l, snapshot, followed))
             })
             .await
             .map_err(|e| NodeError::StateDir {
@@ -733,13 +668,13 @@ async fn run_until(
         Source::Kube(..) | Source::Etcd(_) => {
             let mut l = empty(&config);
             let read = std::mem::replace(&mut l.read, Read::File { fingerprint: 0 });
-            let followed = follow(&config, &l.snapshot, &l.model, read);
-            (l, followed)
+            let snapshot = snapshot_of(l.snapshot.take(), &kept_model);
+            let followed = follow(&config, &snapshot, &l.model, read);
+            (l, snapshot, followed)
         }
     };
+    let (first, first_snapshot, followed) = first;
     let mut retained = first.retained.clone();
-    // The Kubernetes source's pods of the last load, for the next (`LastConversion`).
-    let mut last_conversion: Option<LastConversion> = None;
     match &*source {
         Source::File(_) => info!(node = %config.node_name, registry = %config.registry.display(),
             pods = first.model.pods().count(), "registry loaded"),
@@ -750,7 +685,7 @@ async fn run_until(
     }
     let handle = Arc::new(ModelHandle::with_source(
         first.model,
-        config.debug_keep_snapshot.then_some(first.snapshot),
+        config.debug_keep_snapshot.then_some(first_snapshot),
     ));
     let fingerprint = Arc::new(std::sync::atomic::AtomicU64::new(followed.fingerprint));
     let dns_table = Arc::new(ArcSwap::from_pointee(followed.dns));
@@ -1074,12 +1009,10 @@ async fn run_until(
                 pace.started(tokio::time::Instant::now());
                 // Reading and compiling is blocking work: off the data plane's threads.
                 let previous = handle.load();
-                let (src, stats, live) = (source.clone(), node_stats.clone(), kept.clone());
+                let (src, stats, live) = (source.clone(), node_stats.clone(), kept_model.clone());
                 let (cfg, kept) = (config.clone(), retained.clone());
-                // Taken: freed with the load on its blocking thread, replaced after a publish.
-                let last = last_conversion.take();
                 let loaded = tokio::task::spawn_blocking(move || {
-                    load(&cfg, &src, &live, &stats, Some((&previous, &kept)), last.as_ref())
+                    load(&cfg, &src, &live, &stats, Some((&previous, &kept)))
                         .map(|l| {
                             // Compared here, off the runtime's thread: 0.15 to 0.29 of the
                             // compile (docs/performance.md).
@@ -1102,9 +1035,9 @@ async fn run_until(
                         debug!(retained = retained.len(), "recompiled");
                         // The model first: it is what serves, and nothing below decides a
                         // request (docs/decisions.md, "The model is published first").
-                        let snapshot = Arc::new(l.snapshot);
-                        let kept = config.debug_keep_snapshot.then(|| snapshot.clone());
-                        last_conversion = kept.clone().zip(l.places).map(|(s, p)| (p, s));
+                        // The Kubernetes source's snapshot is made after the publish, below.
+                        let snapshot = l.snapshot.map(Arc::new);
+                        let kept = snapshot.clone().filter(|_| config.debug_keep_snapshot);
                         // A model that serves like the published one is not published again
                         // (no new generation, no series rebuilt): swapped in under the same
                         // generation, beside the snapshot it was compiled from.
@@ -1123,13 +1056,23 @@ async fn run_until(
                         // table, the writers' inputs and the fingerprint; the snapshot, unless
                         // kept, is freed there too. Awaited, so two rebuilds never race over the
                         // series table.
-                        let (metrics, model, cfg) = (shared.inputs.metrics.clone(), handle.load(), config.clone());
-                        let read = l.read;
+                        let (metrics, published, cfg) = (shared.inputs.metrics.clone(), handle.published(), config.clone());
+                        let (read, live) = (l.read, kept_model.clone());
                         let followed = tokio::task::spawn_blocking(move || {
+                            let model = &published.model;
                             if !unchanged {
-                                metrics.rebuild(&model);
+                                metrics.rebuild(model);
                             }
-                            follow(&cfg, &snapshot, &model, read)
+                            let snapshot = snapshot.unwrap_or_else(|| {
+                                // What the model was compiled from: no load runs until this is
+                                // done.
+                                let made = Arc::new(live.lock().snapshot());
+                                if cfg.debug_keep_snapshot {
+                                    published.set_source(made.clone());
+                                }
+                                made
+                            });
+                            follow(&cfg, &snapshot, model, read)
                         })
                         .await;
                         let (dns, writers, settled) = match followed {
@@ -1832,6 +1775,8 @@ async fn drain(inputs: &Inputs, bound: Duration) {
     }
 }
 
+#[cfg(test)]
+mod kube_feed_tests;
 #[cfg(test)]
 mod registry_tests;
 #[cfg(test)]

@@ -5,10 +5,10 @@ use std::time::Duration;
 
 use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
 
+use crate::model::Model;
 use crate::model::diag::DiagnosticKind;
 use crate::model::live::Applied;
 use crate::model::rows::RowProblem;
-use crate::model::{Model, Snapshot};
 use crate::proxy::{Counter, Family, Gauge};
 
 /// A metric with one label.
@@ -152,15 +152,9 @@ pub fn catch_up(counter: &Counter, total: u64) {
 }
 
 impl NodeStats {
-    /// Count one compile of `snapshot` into `model`, which took `took`, and set the model's
+    /// Count one compile (of `rows` rows) into `model`, which took `took`, and set the model's
     /// gauges to it. Off the data plane: compiles run on a blocking thread.
-    pub fn record_compile(
-        &self,
-        snapshot: &Snapshot,
-        model: &Model,
-        applied: &Applied,
-        took: Duration,
-    ) {
+    pub fn record_compile(&self, rows: usize, model: &Model, applied: &Applied, took: Duration) {
         let n = |v: usize| i64::try_from(v).unwrap_or(i64::MAX);
         let kind = [("kind", applied.kind())];
         self.model_compiles.get_or_create(&kind).inc();
@@ -173,7 +167,7 @@ impl NodeStats {
         self.model_components_compiled
             .inc_by(u64::try_from(applied.compiled).unwrap_or(u64::MAX));
         self.model_services.set(n(model.mesh_service_count()));
-        self.model_rows.set(n(snapshot.rows.len()));
+        self.model_rows.set(n(rows));
         // As the compiler judged them: a row refused carries its reason; a pod whose
         // annotations do not parse made no row and is `annotation-unparseable`.
         for reason in RowProblem::ALL {

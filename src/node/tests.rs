@@ -72,7 +72,7 @@ fn compiled(config: &NodeConfig, manifests: &str) -> Loaded {
     };
     let source = Source::File(parking_lot::Mutex::new(LastGood::default()));
     let kept = parking_lot::Mutex::new(Live::new(context(&config)));
-    let loaded = load(&config, &source, &kept, &NodeStats::default(), None, None).unwrap();
+    let loaded = load(&config, &source, &kept, &NodeStats::default(), None).unwrap();
     std::fs::remove_dir_all(&dir).unwrap();
     loaded
 }
@@ -94,7 +94,8 @@ fn shared_with(manifests: &str) -> (NodeConfig, Shared) {
         ..NodeConfig::default()
     };
     let loaded = compiled(&config, manifests);
-    let followed = follow(&config, &loaded.snapshot, &loaded.model, loaded.read);
+    let snapshot = loaded.snapshot.clone().unwrap_or_default();
+    let followed = follow(&config, &snapshot, &loaded.model, loaded.read);
     let shared = Shared {
         inputs: Arc::new(Inputs {
             model: Arc::new(ModelHandle::new(loaded.model)),
@@ -657,8 +658,8 @@ status: {podIP: 10.255.0.9}
     let source = Source::File(parking_lot::Mutex::new(LastGood::default()));
     let stats = NodeStats::default();
     let kept = parking_lot::Mutex::new(Live::new(context(&config)));
-    load(&config, &source, &kept, &stats, None, None).unwrap();
-    load(&config, &source, &kept, &stats, None, None).unwrap();
+    load(&config, &source, &kept, &stats, None).unwrap();
+    load(&config, &source, &kept, &stats, None).unwrap();
     std::fs::remove_dir_all(&dir).unwrap();
     let mut registry = prometheus_client::registry::Registry::default();
     stats.register(&mut registry);
@@ -810,7 +811,12 @@ async fn while_meshfilters_may_not_be_read_a_service_new_since_refuses() {
         let (objects, _) = source.objects();
         crate::registry::kube::objects::snapshot(&objects).0
     };
-    let first = compile(&load(&source), &ctx);
+    // The node's own feed of the kept model, as `load_kube` drives it.
+    let mut feed = kube_feed::KubeFeed::default();
+    let mut live = Live::new(ctx.clone());
+    feed.load(&source, &mut live, &ctx, None);
+    let first = live.model().clone();
+    assert_eq!(first, compile(&load(&source), &ctx));
     let meshfilters = resources::by_plural("aether.io", "meshfilters").unwrap();
     server.forbid(meshfilters, ReadVerb::ALL);
     let refused = |s: &KubeSource| {
@@ -831,9 +837,8 @@ async fn while_meshfilters_may_not_be_read_a_service_new_since_refuses() {
         assert!(crate::time::now() < deadline, "cart-0 did not arrive");
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
-    let mut baseline = None;
-    let mut snapshot = load(&source);
-    guard_unseen_policies(&source, &mut baseline, Some((&first, &[])), &mut snapshot);
+    feed.load(&source, &mut live, &ctx, Some((&first, &[])));
+    let snapshot = live.snapshot();
     let guarded: Vec<&str> = snapshot
         .mesh_filters
         .iter()
@@ -841,7 +846,8 @@ async fn while_meshfilters_may_not_be_read_a_service_new_since_refuses() {
         .flat_map(|f| f.target_refs.iter().map(String::as_str))
         .collect();
     assert_eq!(guarded, ["cart"], "only the service new since the refusal");
-    let model = compile(&snapshot, &ctx);
+    let model = live.model().clone();
+    assert_eq!(model, compile(&snapshot, &ctx));
     let cart = crate::resolve::decision::ServiceKey {
         namespace: "shop".into(),
         name: "cart".into(),
@@ -859,8 +865,7 @@ async fn while_meshfilters_may_not_be_read_a_service_new_since_refuses() {
         assert!(crate::time::now() < deadline, "the refusal did not end");
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
-    let mut snapshot = load(&source);
-    guard_unseen_policies(&source, &mut baseline, Some((&model, &[])), &mut snapshot);
-    assert!(baseline.is_none());
-    assert!(snapshot.mesh_filters.is_empty());
+    feed.load(&source, &mut live, &ctx, Some((&model, &[])));
+    assert!(live.snapshot().mesh_filters.is_empty());
+    assert_eq!(*live.model(), compile(&load(&source), &ctx));
 }

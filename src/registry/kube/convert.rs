@@ -13,6 +13,7 @@
 //! - Reserved ports are not refused here: the compiler ignores them (spec/model.md §5).
 
 mod filter;
+pub mod keyed;
 mod routes;
 
 #[cfg(test)]

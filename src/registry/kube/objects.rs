@@ -438,15 +438,21 @@ pub fn fingerprint(objects: &Objects) -> u64 {
 
 /// The fingerprint of a set of objects given by their keys, in any order: what [`fingerprint`]
 /// computes over the stores, and the lab's fake API server over the objects it holds (so that a
-/// test can wait until every daemon holds exactly what the server holds).
+/// test can wait until every daemon holds exactly what the server holds). The sum of each key's
+/// [`fingerprint_of`], so that the node keeps it by changes (one object out, one in).
 pub fn fingerprint_keys<'a>(keys: impl IntoIterator<Item = FingerprintKey<'a>>) -> u64 {
+    keys.into_iter()
+        .map(fingerprint_of)
+        .fold(0, u64::wrapping_add)
+}
+
+/// One object's part of a fingerprint ([`fingerprint_keys`]).
+pub fn fingerprint_of(key: FingerprintKey<'_>) -> u64 {
     use std::hash::{Hash, Hasher};
-    let mut keys: Vec<FingerprintKey<'a>> = keys.into_iter().collect();
-    keys.sort_unstable();
     // SipHash with fixed keys: the same in every process, unlike `RandomState`.
     #[allow(deprecated)] // SipHasher: the one std hasher whose keys are fixed.
     let mut h = std::hash::SipHasher::new();
-    keys.hash(&mut h);
+    key.hash(&mut h);
     h.finish()
 }
 

@@ -28,6 +28,7 @@
 //!   objects and never copies them (docs/kubernetes.md, "Scale"). Stored objects are never
 //!   changed in place: a trim happens before an object is stored, and an update replaces it.
 
+use std::collections::HashSet;
 use std::fmt::Debug;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -45,7 +46,7 @@ use k8s_openapi::api::core::v1::{Namespace, Pod, Service};
 use k8s_openapi::api::discovery::v1::EndpointSlice;
 use kube::core::DeserializeGuard;
 use kube::core::error_boundary::InvalidObject;
-use kube::runtime::reflector::{self, Store};
+use kube::runtime::reflector::{self, ObjectRef, Store};
 use kube::runtime::watcher::{self, Event};
 use kube::runtime::{WatchStreamExt, watcher as watch_api};
 use kube::{Api, Client, Resource};
@@ -54,8 +55,10 @@ use tokio::sync::mpsc;
 use tokio::task::JoinHandle;
 use tracing::{debug, info, warn};
 
+use super::convert::keyed::{self, Any, Watched};
 use super::mesh_filter::MeshFilterResource;
-use super::objects::{Objects, trim_pod, with_local_view};
+use super::objects::{Objects, fingerprint_of, trim_pod, with_local_view};
+use crate::model::live::Change;
 
 mod pace;
 pub use pace::Backoff;
@@ -107,6 +110,21 @@ pub struct KindState {
     /// The server serves it only at versions this build cannot read: what `/ready` says
     /// (the kind is not synced while it lasts).
     pub version_problem: Mutex<Option<String>>,
+    /// What its store changed since the node last took it ([`KubeSource::take_changes`]).
+    pub pending: Mutex<Pending>,
+}
+
+/// What changed in one kind's store since the node last took it: recorded after the store
+/// changed and before the tick is sent, so that a change is always in the store when the node
+/// reads the key.
+#[derive(Debug, Default)]
+pub struct Pending {
+    /// `(namespace, name)` of each object applied or deleted (the namespace empty when the kind
+    /// is cluster-scoped).
+    pub keys: HashSet<(String, String)>,
+    /// A list completed (the first, or a relist after `410 Gone` or a broken watch): the store
+    /// was replaced whole, and what it dropped was never seen as a deletion.
+    pub resync: bool,
 }
 
 impl KindState {
@@ -444,6 +462,229 @@ impl KubeSource {
     }
 }
 
+/// What changed in the stores since the node last took it ([`KubeSource::take_changes`]).
+#[derive(Debug, Default)]
+pub struct Taken {
+    /// A kind listed again (or for the first time): everything is read again
+    /// ([`KubeSource::all_changes`]).
+    pub resync: bool,
+    /// Each object applied or deleted: its kind, namespace and name.
+    pub keys: Vec<(Watched, String, String)>,
+}
+
+/// One object as the kept model takes it: its changes, and the problem it has, if any.
+#[derive(Debug)]
+pub struct ObjectChanges {
+    /// Its kind.
+    pub kind: Watched,
+    /// Its key ([`keyed::key`]).
+    pub key: String,
+    /// What it puts and deletes.
+    pub changes: Vec<Change>,
+    /// Why it was left out (or kept as unreadable): the line logged of it. `None`: it converted,
+    /// or it is gone.
+    pub problem: Option<String>,
+    /// Its part of the stores' fingerprint ([`super::objects::fingerprint_of`]); `None` when it
+    /// is gone or did not deserialize (the fingerprint counts neither).
+    pub fingerprint: Option<u64>,
+}
+
+impl KubeSource {
+    /// What changed since the last call, taken: each kind's keys, or a resync when some kind
+    /// listed again. Take it before reading the stores: a change made meanwhile is read with
+    /// this one and given again with the next.
+    pub fn take_changes(&self) -> Taken {
+        let mut taken = Taken::default();
+        for state in &self.kinds {
+            let pending = std::mem::take(&mut *state.pending.lock());
+            taken.resync |= pending.resync;
+            let Some(kind) = Watched::of(state.kind) else {
+                continue;
+            };
+            taken.keys.extend(
+                pending
+                    .keys
+                    .into_iter()
+                    .map(|(namespace, name)| (kind, namespace, name)),
+            );
+        }
+        taken
+    }
+
+    /// The objects under `keys` as the stores hold them now, converted one by one: O(keys).
+    pub fn changes_of(&self, keys: &[(Watched, String, String)]) -> Vec<ObjectChanges> {
+        let mut seen = HashSet::with_capacity(keys.len());
+        keys.iter()
+            .filter(|k| seen.insert(*k))
+            .map(|(kind, namespace, name)| self.object_changes(*kind, namespace, name))
+            .collect()
+    }
+
+    /// Every object the stores hold, converted: what a resync gives the kept model.
+    pub fn all_changes(&self) -> Vec<ObjectChanges> {
+        let s = &self.stores;
+        let mut keys: Vec<(Watched, String, String)> = Vec::new();
+        fn named<K: Resource>(kind: Watched, o: &K, keys: &mut Vec<(Watched, String, String)>) {
+            let meta = o.meta();
+            keys.push((
+                kind,
+                meta.namespace.clone().unwrap_or_default(),
+                meta.name.clone().unwrap_or_default(),
+            ));
+        }
+        macro_rules! each {
+            ($store:expr, $kind:ident) => {
+                for o in $store.state() {
+                    named(Watched::$kind, &*o, &mut keys);
+                }
+            };
+        }
+        each!(s.pods, Pod);
+        if let Some((_, local)) = &s.local_pods {
+            each!(local, Pod);
+        }
+        each!(s.services, Service);
+        each!(s.endpoint_slices, EndpointSlice);
+        each!(s.namespaces, Namespace);
+        each!(s.http_routes, HttpRoute);
+        each!(s.grpc_routes, GrpcRoute);
+        each!(s.tls_routes, TlsRoute);
+        each!(s.tcp_routes, TcpRoute);
+        each!(s.udp_routes, UdpRoute);
+        each!(s.reference_grants, ReferenceGrant);
+        each!(s.mesh_filters, MeshFilter);
+        self.changes_of(&keys)
+    }
+
+    /// The pod `namespace/name` as this node serves it: this node's own view for its pods, the
+    /// cluster-wide store for every other ([`with_local_view`]).
+    fn pod_now(&self, namespace: &str, name: &str) -> Option<Arc<Stored<Pod>>> {
+        let at = ObjectRef::new(name).within(namespace);
+        let Some((node, local)) = &self.stores.local_pods else {
+            return self.stores.pods.get(&at);
+        };
+        let on = |p: &Stored<Pod>| {
+            p.0.as_ref().is_ok_and(|p| {
+                p.spec.as_ref().and_then(|s| s.node_name.as_deref()) == Some(node.as_str())
+            })
+        };
+        if let Some(p) = local.get(&at).filter(|p| on(p)) {
+            return Some(p);
+        }
+        self.stores.pods.get(&at).filter(|p| !on(p))
+    }
+
+    /// One object's changes, read from its store now.
+    fn object_changes(&self, kind: Watched, namespace: &str, name: &str) -> ObjectChanges {
+        let key = keyed::key(kind, namespace, name);
+        let s = &self.stores;
+        fn at<K>(namespace: &str, name: &str) -> ObjectRef<K>
+        where
+            K: Resource,
+            K::DynamicType: Default,
+        {
+            let at = ObjectRef::new(name);
+            if namespace.is_empty() {
+                at
+            } else {
+                at.within(namespace)
+            }
+        }
+        // The store's object converted, or its problem when it did not deserialize.
+        macro_rules! read {
+            ($stored:expr, $kind_name:expr, $any:ident) => {{
+                match $stored {
+                    None => (keyed::changes(kind, &key, None), None),
+                    Some(stored) => match &stored.0 {
+                        Ok(o) => {
+                            let meta = o.meta();
+                            let print = fingerprint_of((
+                                $kind_name,
+                                meta.namespace.as_deref().unwrap_or(""),
+                                meta.name.as_deref().unwrap_or(""),
+                                meta.resource_version.as_deref().unwrap_or(""),
+                            ));
+                            (keyed::changes(kind, &key, Some(Any::$any(o))), Some(print))
+                        }
+                        Err(e) => {
+                            let out = if kind == Watched::MeshFilter
+                                && !namespace.is_empty()
+                                && !name.is_empty()
+                            {
+                                // It could be an authorization: kept as unreadable over its
+                                // namespace (issue #35 item 1).
+                                keyed::undecodable_filter(&key, namespace, name, &e.error)
+                            } else {
+                                let mut out = keyed::Keyed::default();
+                                keyed::gone(kind, &key.as_str().into(), &mut out);
+                                out
+                            };
+                            return ObjectChanges {
+                                kind,
+                                problem: Some(format!(
+                                    "{} {namespace}/{name} does not deserialize: {}",
+                                    $kind_name, e.error
+                                )),
+                                key,
+                                changes: out.changes,
+                                fingerprint: None,
+                            };
+                        }
+                    },
+                }
+            }};
+        }
+        let (keyed, fingerprint) = match kind {
+            Watched::Pod => read!(self.pod_now(namespace, name), "Pod", Pod),
+            Watched::Service => read!(s.services.get(&at(namespace, name)), "Service", Service),
+            Watched::EndpointSlice => read!(
+                s.endpoint_slices.get(&at(namespace, name)),
+                "EndpointSlice",
+                EndpointSlice
+            ),
+            Watched::Namespace => read!(s.namespaces.get(&at("", name)), "Namespace", Namespace),
+            Watched::HttpRoute => read!(
+                s.http_routes.get(&at(namespace, name)),
+                "HTTPRoute",
+                HttpRoute
+            ),
+            Watched::GrpcRoute => read!(
+                s.grpc_routes.get(&at(namespace, name)),
+                "GRPCRoute",
+                GrpcRoute
+            ),
+            Watched::TlsRoute => {
+                read!(s.tls_routes.get(&at(namespace, name)), "TLSRoute", TlsRoute)
+            }
+            Watched::TcpRoute => {
+                read!(s.tcp_routes.get(&at(namespace, name)), "TCPRoute", TcpRoute)
+            }
+            Watched::UdpRoute => {
+                read!(s.udp_routes.get(&at(namespace, name)), "UDPRoute", UdpRoute)
+            }
+            Watched::ReferenceGrant => read!(
+                s.reference_grants.get(&at(namespace, name)),
+                "ReferenceGrant",
+                ReferenceGrant
+            ),
+            Watched::MeshFilter => {
+                read!(
+                    s.mesh_filters.get(&at(namespace, name)),
+                    "MeshFilter",
+                    MeshFilter
+                )
+            }
+        };
+        ObjectChanges {
+            kind,
+            key,
+            changes: keyed.changes,
+            problem: keyed.problem.map(|e| e.to_string()),
+            fingerprint,
+        }
+    }
+}
+
 impl Debug for KubeSource {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("KubeSource")
@@ -596,8 +837,13 @@ where
                     .last_event_ms
                     .store(crate::time::wall_ms(), Ordering::Relaxed);
             }
-            match item {
+            match &item {
                 Ok(Event::InitDone) => {
+                    {
+                        let mut pending = state.pending.lock();
+                        pending.resync = true;
+                        pending.keys.clear();
+                    }
                     if state.synced.swap(true, Ordering::AcqRel) {
                         state.relists.fetch_add(1, Ordering::Relaxed);
                     } else {
@@ -607,14 +853,20 @@ where
                     state.answered();
                     let _ = changed.try_send(());
                 }
-                Ok(Event::Apply(_) | Event::Delete(_)) => {
+                Ok(Event::Apply(o) | Event::Delete(o)) => {
+                    let meta = o.meta();
+                    let key = (
+                        meta.namespace.clone().unwrap_or_default(),
+                        meta.name.clone().unwrap_or_default(),
+                    );
+                    state.pending.lock().keys.insert(key);
                     state.answered();
                     let _ = changed.try_send(());
                 }
                 Ok(Event::InitApply(_)) => state.answered(),
                 // Sent before a list is asked for: no answer yet.
                 Ok(Event::Init) => {}
-                Err(e) => on_error(&state, &e, &changed),
+                Err(e) => on_error(&state, e, &changed),
             }
         }
     });

@@ -1,0 +1,325 @@
+//! The Kubernetes source feeding the kept model by changes (issue #37).
+//!
+//! Each watch records the keys it applied or deleted ([`KubeSource::take_changes`]); a load
+//! converts only those objects, as the stores hold them now, and gives the kept model their
+//! changes: O(change) from the store to the published model. The objects are read whole (every
+//! store converted, the result compared with what the kept model holds, only what differs
+//! applied) at the first load, after a relist of any kind, and while MeshFilters may not be read
+//! (each new service then gets an unreadable filter: `unseen`).
+//!
+//! Besides the objects, a load keeps what the node derives from them: the problem of each
+//! object left out (logged when it appears or changes, counted in
+//! `aether_registry_objects_skipped`), and the rows that serve each service, the evidence
+//! retention asks for (spec/model.md §10): a change recomputes the retained ports of the services
+//! it touched, and of the services that retain a port (they expire by the clock), only.
+
+use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
+
+use tracing::warn;
+
+use crate::model::live::{Applied, Change, Kind, Live, Object, ObjectKey};
+use crate::model::retention::{advance_service, generated_has_real_ports};
+use crate::model::rows::row_problem;
+use crate::model::snapshot::{FilterConfig, MeshFilter, RetainedPort, Row, Service, Unreadable};
+use crate::model::{Model, NodeContext};
+use crate::registry::kube::convert::keyed::Watched;
+use crate::registry::kube::watch::{KubeSource, ObjectChanges};
+
+/// A (namespace, service) pair.
+type ServiceName = (Box<str>, Box<str>);
+
+/// What the node keeps of the Kubernetes source between loads.
+#[derive(Debug, Default)]
+pub struct KubeFeed {
+    /// The kept model holds the stores as of a load: a change may be applied alone.
+    filled: bool,
+    /// The line logged of each object left out or kept as unreadable, by kind and key.
+    problems: HashMap<(Watched, String), String>,
+    /// How many rows that serve (no row problem) each service has.
+    serving: HashMap<ServiceName, u32>,
+    /// The services known when MeshFilters last became unreadable (`unseen`).
+    baseline: Option<BTreeSet<(String, String)>>,
+    /// Each object's part of the stores' fingerprint, and their sum: the fingerprint of what
+    /// the kept model holds (`objects::fingerprint` of the same stores).
+    prints: HashMap<(Watched, String), u64>,
+    fingerprint: u64,
+}
+
+/// What one load did.
+#[derive(Debug)]
+pub struct Fed {
+    /// What the kept model did.
+    pub applied: Applied,
+    /// The retention state it was compiled with.
+    pub retained: Vec<RetainedPort>,
+    /// Objects left out or kept as unreadable.
+    pub skipped: usize,
+    /// The objects were read whole.
+    pub whole: bool,
+    /// The fingerprint of the objects the kept model now holds.
+    pub fingerprint: u64,
+}
+
+impl KubeFeed {
+    /// Gives `kept` what changed in the stores since the last load, compiled with `ctx`.
+    /// `previous` is the published model and its retention state (none at the first load).
+    pub fn load(
+        &mut self,
+        kube: &KubeSource,
+        kept: &mut Live,
+        ctx: &NodeContext,
+        previous: Option<(&Model, &[RetainedPort])>,
+    ) -> Fed {
+        let taken = kube.take_changes();
+        let refused = kube
+            .kinds()
+            .iter()
+            .any(|k| k.kind == "MeshFilter" && k.forbidden.load(Ordering::Acquire));
+        let whole = !self.filled || taken.resync || refused || self.baseline.is_some();
+        let objects = if whole {
+            kube.all_changes()
+        } else {
+            kube.changes_of(&taken.keys)
+        };
+        self.note_problems(&objects, whole);
+        self.note_prints(&objects, whole);
+        let mut changes: Vec<Change> = objects.into_iter().flat_map(|o| o.changes).collect();
+        if whole {
+            let unseen = self.unseen(refused, previous.map(|(m, _)| m), &changes);
+            changes.extend(unseen);
+        }
+
+        // The rows that serve each service, and the services this change touched.
+        let mut touched: BTreeSet<ServiceName> = BTreeSet::new();
+        if whole {
+            self.serving.clear();
+        }
+        let mut services: HashMap<ServiceName, Option<&Service>> = HashMap::new();
+        for c in &changes {
+            match c.key.kind {
+                Kind::Row => {
+                    if !whole && let Some(Object::Row(old)) = kept.get(&c.key) {
+                        touched.insert(count(&mut self.serving, old, false));
+                    }
+                    if let Some(Object::Row(new)) = &c.object {
+                        touched.insert(count(&mut self.serving, new, true));
+                    }
+                }
+                Kind::Service => {
+                    if let Some((ns, name)) = c.key.name.split_once('/') {
+                        let now = match &c.object {
+                            Some(Object::Service(s)) => Some(&**s),
+                            _ => None,
+                        };
+                        services.insert((ns.into(), name.into()), now);
+                        touched.insert((ns.into(), name.into()));
+                    }
+                }
+                _ => {}
+            }
+        }
+
+        // Retention (spec/model.md §10), for the services it may have changed.
+        let before: &[RetainedPort] = previous.map_or(&[], |(_, r)| r);
+        let mut retained_changes = Vec::new();
+        let mut retained: Vec<RetainedPort> = Vec::new();
+        if let Some((model, _)) = previous {
+            if whole {
+                touched.clear();
+                for (ns, name, _) in model.http_ports() {
+                    touched.insert((ns.into(), name.into()));
+                }
+            }
+            for r in before {
+                touched.insert((r.namespace.as_str().into(), r.service.as_str().into()));
+            }
+            retained.extend(
+                before
+                    .iter()
+                    .filter(|r| {
+                        !touched.contains(&(r.namespace.as_str().into(), r.service.as_str().into()))
+                    })
+                    .cloned(),
+            );
+            for (ns, name) in &touched {
+                let key = (ns.clone(), name.clone());
+                let service = match services.get(&key) {
+                    Some(now) => *now,
+                    None if whole => None,
+                    None => match kept.get(&ObjectKey {
+                        kind: Kind::Service,
+                        name: format!("{ns}/{name}").into(),
+                    }) {
+                        Some(Object::Service(s)) => Some(&**s),
+                        _ => None,
+                    },
+                };
+                let evidence = self.serving.get(&key).is_some_and(|&n| n > 0)
+                    || service.is_some_and(generated_has_real_ports);
+                if !whole {
+                    for r in before
+                        .iter()
+                        .filter(|r| *r.namespace == **ns && *r.service == **name)
+                    {
+                        retained_changes.push(Change::delete(Kind::Retained, retained_key(r)));
+                    }
+                }
+                let http = model.http_ports_of(ns, name);
+                retained.extend(advance_service(
+                    ns, name, &http, before, evidence, ctx.now_ms,
+                ));
+            }
+            retained.sort_by(|a, b| {
+                (&a.namespace, &a.service, a.port).cmp(&(&b.namespace, &b.service, b.port))
+            });
+            for r in retained.iter().filter(|r| {
+                touched.contains(&(r.namespace.as_str().into(), r.service.as_str().into()))
+            }) {
+                retained_changes.push(Change::put(
+                    retained_key(r),
+                    Object::Retained(Box::new(r.clone())),
+                ));
+            }
+        }
+        drop(services);
+        changes.extend(retained_changes);
+
+        let first = kept.is_empty();
+        let settings = kept.set_context(ctx.clone());
+        let changes = if whole {
+            kept.changes_against(changes)
+        } else {
+            changes
+        };
+        let applied = settings.and(kept.apply(changes));
+        self.filled = true;
+        Fed {
+            applied: Applied {
+                full: applied.full || first,
+                ..applied
+            },
+            retained,
+            skipped: self.problems.len(),
+            whole,
+            fingerprint: self.fingerprint,
+        }
+    }
+
+    /// Keeps each object's part of the fingerprint, and their sum.
+    fn note_prints(&mut self, objects: &[ObjectChanges], whole: bool) {
+        if whole {
+            self.prints.clear();
+            self.fingerprint = 0;
+        }
+        for o in objects {
+            let key = (o.kind, o.key.clone());
+            if let Some(old) = self.prints.remove(&key) {
+                self.fingerprint = self.fingerprint.wrapping_sub(old);
+            }
+            if let Some(new) = o.fingerprint {
+                self.fingerprint = self.fingerprint.wrapping_add(new);
+                self.prints.insert(key, new);
+            }
+        }
+    }
+
+    /// Keeps each object's problem; logs one that is new or changed.
+    fn note_problems(&mut self, objects: &[ObjectChanges], whole: bool) {
+        let before = if whole {
+            std::mem::take(&mut self.problems)
+        } else {
+            HashMap::new()
+        };
+        for o in objects {
+            let key = (o.kind, o.key.clone());
+            let Some(line) = &o.problem else {
+                self.problems.remove(&key);
+                continue;
+            };
+            let was = if whole {
+                before.get(&key)
+            } else {
+                self.problems.get(&key)
+            };
+            if was != Some(line) {
+                warn!(problem = %line, "registry object left out, or kept as unreadable (logged again only if it changes)");
+            }
+            self.problems.insert(key, line.clone());
+        }
+    }
+
+    /// While MeshFilters may not be read (a `403` after the first list, docs/kubernetes.md), a
+    /// MeshFilter written since for a service is not seen: a service that appeared since then
+    /// would be served without the authorization its owner may have written for it. So each
+    /// service (mesh service or Service) that the model of the refusal's start did not hold gets
+    /// an unreadable filter (issue #35 item 1): it refuses `403 authz-unavailable` until
+    /// MeshFilters are read again. The baseline holds the services known when the refusal was
+    /// first seen.
+    fn unseen(&mut self, refused: bool, previous: Option<&Model>, all: &[Change]) -> Vec<Change> {
+        if !refused {
+            self.baseline = None;
+            return Vec::new();
+        }
+        let known = self.baseline.get_or_insert_with(|| {
+            previous
+                .map(|m| {
+                    m.service_ports()
+                        .into_iter()
+                        .map(|(k, _)| (k.namespace.to_string(), k.name.to_string()))
+                        .collect()
+                })
+                .unwrap_or_default()
+        });
+        let mut new: BTreeMap<(String, String), ()> = BTreeMap::new();
+        for c in all {
+            let name = match &c.object {
+                Some(Object::Row(r)) => (r.namespace.clone(), r.service.clone()),
+                Some(Object::Service(s)) => (s.namespace.clone(), s.name.clone()),
+                _ => continue,
+            };
+            if !known.contains(&name) {
+                new.insert(name, ());
+            }
+        }
+        new.into_keys()
+            .map(|(namespace, name)| {
+                Change::put(
+                    format!("unseen:{namespace}/{name}"),
+                    Object::MeshFilter(Box::new(MeshFilter {
+                        name: format!("unseen-while-meshfilters-refused.{name}"),
+                        target_refs: vec![name],
+                        namespace,
+                        config: FilterConfig::Unreadable(Unreadable {
+                            why: "MeshFilters may not be read (403) and this service appeared since: a MeshFilter written for it would not be seen".into(),
+                            whole_namespace: false,
+                        }),
+                    })),
+                )
+            })
+            .collect()
+    }
+}
+
+/// Counts `row` in or out of its service's serving rows; its service.
+fn count(serving: &mut HashMap<ServiceName, u32>, row: &Arc<Row>, add: bool) -> ServiceName {
+    let name: ServiceName = (row.namespace.as_str().into(), row.service.as_str().into());
+    if row_problem(row).is_none() {
+        let n = serving.entry(name.clone()).or_insert(0);
+        if add {
+            *n += 1;
+        } else {
+            *n = n.saturating_sub(1);
+            if *n == 0 {
+                serving.remove(&name);
+            }
+        }
+    }
+    name
+}
+
+/// A retained port's key in the kept model (as `live::keyed` keys it).
+fn retained_key(r: &RetainedPort) -> String {
+    format!("{}/{}:{}", r.namespace, r.service, r.port)
+}
