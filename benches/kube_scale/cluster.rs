@@ -430,13 +430,16 @@ pub(crate) struct Collection {
 }
 
 /// A scripted API server: lists each collection in pages (`limit`, `continue`), answers every
-/// other watched kind with an empty list, and holds every watch open with nothing to say.
+/// other watched kind with an empty list, and holds every watch open with nothing to say until
+/// [`Server::event`] gives it a line: the watch then answers with that event and ends, as a
+/// server's watch may, and the watcher opens the next one.
 pub(crate) struct Server {
     task: JoinHandle<()>,
     /// Time spent building and serializing list pages (the server's work, not the client's).
     generating_ns: Arc<AtomicU64>,
     /// Bytes of list bodies sent.
     pub(crate) sent: Arc<AtomicU64>,
+    events: tokio::sync::mpsc::UnboundedSender<(&'static str, Vec<u8>)>,
 }
 
 impl Server {
@@ -446,24 +449,44 @@ impl Server {
         let generating_ns = Arc::new(AtomicU64::new(0));
         let sent = Arc::new(AtomicU64::new(0));
         let (gen_ns, sent_bytes) = (generating_ns.clone(), sent.clone());
+        let (events, mut to_send) =
+            tokio::sync::mpsc::unbounded_channel::<(&'static str, Vec<u8>)>();
+        let answer = |body: Vec<u8>| {
+            Response::builder()
+                .status(StatusCode::OK)
+                .header("content-type", "application/json")
+                .body(Body::from(body))
+                .expect("a response")
+        };
         let task = tokio::spawn(async move {
             let mut held = Vec::new();
-            while let Some((req, send)) = handle.next_request().await {
-                let query = req.uri().query().unwrap_or("").to_owned();
-                if query.contains("watch=true") {
-                    held.push(send);
-                    continue;
+            let mut waiting: Vec<(&'static str, Vec<u8>)> = Vec::new();
+            loop {
+                tokio::select! {
+                    next = handle.next_request() => {
+                        let Some((req, send)) = next else { break };
+                        let query = req.uri().query().unwrap_or("").to_owned();
+                        let path = req.uri().path().to_owned();
+                        if query.contains("watch=true") {
+                            match waiting.iter().position(|(p, _)| *p == path) {
+                                Some(i) => send.send_response(answer(waiting.remove(i).1)),
+                                None => held.push((path, send)),
+                            }
+                            continue;
+                        }
+                        let t0 = now();
+                        let body = list_page(&collections, &path, &query);
+                        gen_ns.fetch_add(t0.elapsed().as_nanos() as u64, Ordering::Relaxed);
+                        sent_bytes.fetch_add(body.len() as u64, Ordering::Relaxed);
+                        send.send_response(answer(body));
+                    }
+                    Some((path, line)) = to_send.recv() => {
+                        match held.iter().position(|(p, _)| *p == path) {
+                            Some(i) => held.remove(i).1.send_response(answer(line)),
+                            None => waiting.push((path, line)),
+                        }
+                    }
                 }
-                let t0 = now();
-                let body = list_page(&collections, req.uri().path(), &query);
-                gen_ns.fetch_add(t0.elapsed().as_nanos() as u64, Ordering::Relaxed);
-                sent_bytes.fetch_add(body.len() as u64, Ordering::Relaxed);
-                let response = Response::builder()
-                    .status(StatusCode::OK)
-                    .header("content-type", "application/json")
-                    .body(Body::from(body))
-                    .expect("a response");
-                send.send_response(response);
             }
         });
         let client = kube::Client::new(service, "default");
@@ -472,6 +495,7 @@ impl Server {
                 task,
                 generating_ns,
                 sent,
+                events,
             },
             client,
         )
@@ -480,6 +504,13 @@ impl Server {
     /// Seconds the server spent building pages.
     pub(crate) fn generating_secs(&self) -> f64 {
         self.generating_ns.load(Ordering::Relaxed) as f64 / 1e9
+    }
+
+    /// Sends `event` (a watch event's JSON) on the watch of the collection at `path`.
+    pub(crate) fn event(&self, path: &'static str, event: &Value) {
+        let mut line = serde_json::to_vec(event).expect("an event serializes");
+        line.push(b'\n');
+        let _ = self.events.send((path, line));
     }
 }
 

@@ -1,5 +1,8 @@
-//! The Kubernetes source's watches (IO): one kube-rs reflector per kind, feeding stores that a
-//! reload turns into one [`Objects`] and then one snapshot ([`super::objects::snapshot`]).
+//! The Kubernetes source's watches (IO): one kube-rs reflector per kind, feeding stores. Each
+//! watch records the keys it applied or deleted ([`KindState::pending`]); the node takes them
+//! ([`KubeSource::take_changes`]) and converts those objects alone ([`KubeSource::changes_of`]),
+//! or every object after a list ([`KubeSource::all_changes`]); [`KubeSource::objects`] copies
+//! the stores out whole (the writers' inputs, and [`super::objects::snapshot`], the reference).
 //!
 //! Invariants:
 //! - Fail closed at start: [`KubeSource::synced`] is false until every kind has had its first
@@ -22,8 +25,12 @@
 //!   (`spec.nodeName=<node>`). The node-local view is the authority for them, so a new pod of
 //!   this node is captured as soon as its own small watch brings it, however far the
 //!   cluster-wide watch lags or long it relists (docs/decisions.md).
-//! - Every change sends one tick on the `changed` channel (capacity 1: ticks coalesce); the
-//!   daemon debounces and reloads.
+//! - Every change records its key, then sends one tick on the `changed` channel (capacity 1:
+//!   ticks coalesce); the daemon debounces and loads. The store holds the change before its key
+//!   is recorded, and the key before the tick: a load that takes the keys and then reads the
+//!   stores reads at least what they name; a change it missed brings its own tick. Every
+//!   completed list (the first, a relist) marks a resync: what the new list dropped was never
+//!   seen as a deletion.
 //! - A store holds each object behind its own `Arc` ([`Stored`]): a reload shares the stored
 //!   objects and never copies them (docs/kubernetes.md, "Scale"). Stored objects are never
 //!   changed in place: a trim happens before an object is stored, and an update replaces it.
