@@ -807,15 +807,30 @@ async fn claim(env: &Env, on: bool, keys: &mut Option<Vec<String>>) -> Result<()
 /// A pod-IP dial from mp-client to `dst` over HTTP: `Ok(true)` when mp-multi answered,
 /// `Ok(false)` when the connection was closed with no answer at all (refused at accept).
 async fn pod_ip_dial(env: &Env, dst: SocketAddr) -> Result<bool, String> {
-    let o = env
-        .probe(
-            CLIENT,
-            &probe(
-                super::addr(dst.ip(), dst.port()),
-                Send::Http(HttpRequest::get("/")),
-            ),
-        )
-        .await?;
+    // mp-multi's ext_authz has a 200 ms timeout: its first check after a leg that flooded the
+    // daemon (OVERLOAD sheds the pooled connections) opens a new hop, which a loaded machine
+    // may not finish in time, and the answer is `403 authz-unavailable`: fail closed, rightly,
+    // but not what this leg looks at. Asked again, within a bound; any other answer decides.
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+    let o = loop {
+        let o = env
+            .probe(
+                CLIENT,
+                &probe(
+                    super::addr(dst.ip(), dst.port()),
+                    Send::Http(HttpRequest::get("/")),
+                ),
+            )
+            .await?;
+        if o.status == Some(403)
+            && o.reason() == Some("authz-unavailable")
+            && tokio::time::Instant::now() < deadline
+        {
+            tokio::time::sleep(Duration::from_millis(200)).await;
+            continue;
+        }
+        break o;
+    };
     if o.status == Some(200) && o.ident().as_deref() == Some(&format!("mp-multi:{}", dst.port())) {
         return Ok(true);
     }
