@@ -13,7 +13,7 @@
 //! retention asks for (spec/model.md §10): a change recomputes the retained ports of the services
 //! it touched, and of the services that retain a port (they expire by the clock), only.
 
-use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::collections::{BTreeSet, HashMap};
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
 
@@ -158,14 +158,6 @@ impl KubeFeed {
                 };
                 let evidence = self.serving.get(&key).is_some_and(|&n| n > 0)
                     || service.is_some_and(generated_has_real_ports);
-                if !whole {
-                    for r in before
-                        .iter()
-                        .filter(|r| *r.namespace == **ns && *r.service == **name)
-                    {
-                        retained_changes.push(Change::delete(Kind::Retained, retained_key(r)));
-                    }
-                }
                 let http = model.http_ports_of(ns, name);
                 retained.extend(advance_service(
                     ns, name, &http, before, evidence, ctx.now_ms,
@@ -174,9 +166,25 @@ impl KubeFeed {
             retained.sort_by(|a, b| {
                 (&a.namespace, &a.service, a.port).cmp(&(&b.namespace, &b.service, b.port))
             });
-            for r in retained.iter().filter(|r| {
+            let is_touched = |r: &&RetainedPort| {
                 touched.contains(&(r.namespace.as_str().into(), r.service.as_str().into()))
-            }) {
+            };
+            // A port retained still is put again unchanged, which `Live::apply` leaves be; one
+            // gone is deleted (a whole read deletes what it does not list).
+            let kept_keys: BTreeSet<String> = retained
+                .iter()
+                .filter(is_touched)
+                .map(retained_key)
+                .collect();
+            if !whole {
+                for r in before.iter().filter(is_touched) {
+                    let key = retained_key(r);
+                    if !kept_keys.contains(&key) {
+                        retained_changes.push(Change::delete(Kind::Retained, key));
+                    }
+                }
+            }
+            for r in retained.iter().filter(is_touched) {
                 retained_changes.push(Change::put(
                     retained_key(r),
                     Object::Retained(Box::new(r.clone())),
@@ -272,7 +280,7 @@ impl KubeFeed {
                 })
                 .unwrap_or_default()
         });
-        let mut new: BTreeMap<(String, String), ()> = BTreeMap::new();
+        let mut new: BTreeSet<(String, String)> = BTreeSet::new();
         for c in all {
             let name = match &c.object {
                 Some(Object::Row(r)) => (r.namespace.clone(), r.service.clone()),
@@ -280,10 +288,10 @@ impl KubeFeed {
                 _ => continue,
             };
             if !known.contains(&name) {
-                new.insert(name, ());
+                new.insert(name);
             }
         }
-        new.into_keys()
+        new.into_iter()
             .map(|(namespace, name)| {
                 Change::put(
                     format!("unseen:{namespace}/{name}"),

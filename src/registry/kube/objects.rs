@@ -12,8 +12,10 @@
 //!   reaches this module. One bad object never hides the others.
 //! - Pods: a missing `Ready` condition means not Ready (spec/model.md §3.5: Ready is the
 //!   condition being `True`), unlike the file registry, whose hand-written Pods may omit status.
-//! - A reload may take an unchanged pod object's conversion from the last snapshot
-//!   ([`snapshot_reusing`]); the snapshot is the same as converting every object again.
+//! - A conversion may take an unchanged pod object's conversion from the last snapshot
+//!   ([`snapshot_reusing`]); the snapshot is the same as converting every object again. The
+//!   node no longer converts whole snapshots on this source (it converts the changed objects,
+//!   `convert::keyed`); `kube_scale`'s whole-reload figure still does, as the before.
 //! - Generated Services are read back from the API like any other Service: the registrar writes
 //!   them ([`crate::model::registrar`]), every node reads what was written (spec/model.md §8, "Lag").
 
