@@ -131,10 +131,14 @@ struct NodeArgs {
     /// Workload certificate lifetime, in hours.
     #[arg(long, env = "AETHER_CERT_LIFETIME_HOURS")]
     cert_lifetime_hours: Option<u64>,
-    /// Reload spacing, in milliseconds: a Kubernetes change is recompiled at once after a
-    /// quiet spell, then at most once per this; a directory change waits this long.
+    /// How long a registry directory change waits before the directory is read, in
+    /// milliseconds.
     #[arg(long, env = "AETHER_WATCH_DEBOUNCE_MS")]
     watch_debounce_ms: Option<u64>,
+    /// The publisher's coalescing window on the Kubernetes and etcd sources, in milliseconds:
+    /// a change after a quiet spell is published at once, then at most one publish per this.
+    #[arg(long, env = "AETHER_PUBLISH_COALESCE_MS")]
+    publish_coalesce_ms: Option<u64>,
     /// How long a CNI ADD for a pod the registry does not hold yet waits for it, in
     /// milliseconds; then it is answered "try again".
     #[arg(long, env = "AETHER_CNI_ADD_WAIT_MS")]
@@ -1005,6 +1009,7 @@ fn node_config(args: &NodeArgs) -> anyhow::Result<aether::node::NodeConfig> {
         dns_kubernetes_names,
         cert_lifetime_hours,
         watch_debounce_ms,
+        publish_coalesce_ms,
         cni_add_wait_ms,
         cni_add_waiters_max,
         kube_streaming_lists,

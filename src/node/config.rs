@@ -108,10 +108,14 @@ pub struct NodeConfig {
     pub cert_lifetime_hours: u64,
     /// How long shutdown waits for open connections, in seconds.
     pub drain_timeout_secs: u64,
-    /// Reload spacing, in milliseconds: the Kubernetes source recompiles a change at once after
-    /// a quiet spell and then at most once per this; a registry directory change waits this long
-    /// before the directory is read (`node::pace`).
+    /// How long a registry directory change waits before the directory is read, in
+    /// milliseconds: a generator may still be writing (the file source; `node::pace`).
     pub watch_debounce_ms: u64,
+    /// The publisher's coalescing window on the watched sources (Kubernetes, etcd), in
+    /// milliseconds: a change after a quiet spell is published at once, and publishes are then
+    /// at most one per this, every change meanwhile taken by the next (`node::publish`).
+    /// Default 20, at most 10000. Key `publish_coalesce_ms`, `AETHER_PUBLISH_COALESCE_MS`.
+    pub publish_coalesce_ms: u64,
     /// How long a CNI ADD for a pod no published model knows yet waits for one that does, in
     /// milliseconds, *for each such ADD*; then it is answered "try again" (CNI error 11).
     /// Default 5000, at most 600000 (the plugin's longest `timeoutSecs`). Key `cni_add_wait_ms`,
@@ -290,6 +294,7 @@ impl Default for NodeConfig {
             cert_lifetime_hours: 24,
             drain_timeout_secs: 5,
             watch_debounce_ms: 200,
+            publish_coalesce_ms: 20,
             cni_add_wait_ms: 5000,
             cni_add_waiters_max: 128,
             kube_streaming_lists: false,
@@ -410,6 +415,17 @@ impl NodeConfig {
             return Err(ConfigError::Invalid {
                 setting: "access_log",
                 message,
+            });
+        }
+        // A change waits at most this long to be served: longer is no coalescing, it is stale
+        // endpoints.
+        if self.publish_coalesce_ms > 10_000 {
+            return Err(ConfigError::Invalid {
+                setting: "publish_coalesce_ms",
+                message: format!(
+                    "{} ms would keep every registry change from serving that long (10000 ms at most)",
+                    self.publish_coalesce_ms
+                ),
             });
         }
         // `aether cni` waits at most 600 s for any answer (docs/cni.md, `timeoutSecs`).

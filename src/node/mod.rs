@@ -14,6 +14,7 @@ pub mod liveness;
 pub mod memory;
 mod pace;
 pub mod pods;
+mod publish;
 mod retire;
 pub mod stats;
 pub mod telemetry;
@@ -259,6 +260,8 @@ struct WriterInputs {
 /// model serves ([`follow`]).
 struct Loaded {
     model: Model,
+    /// What the kept model took.
+    applied: crate::model::live::Applied,
     /// The retention state the model was compiled with (spec/model.md §10).
     retained: Vec<crate::model::snapshot::RetainedPort>,
     /// The snapshot the model was compiled from, published with it (`aether debug explain`);
@@ -417,6 +420,7 @@ fn load(
     let retained = snapshot.retained.clone();
     Ok(Loaded {
         model,
+        applied,
         retained,
         snapshot: Some(snapshot),
         read,
@@ -457,6 +461,7 @@ fn load_kube(
     stats.record_compile(rows, &model, &fed.applied, started.elapsed());
     Ok(Loaded {
         model,
+        applied: fed.applied,
         retained: fed.retained,
         snapshot: None,
         read: Read::Kube(kube.clone(), fed.fingerprint),
@@ -529,6 +534,7 @@ fn empty(config: &NodeConfig) -> Loaded {
     let snapshot = crate::model::Snapshot::default();
     Loaded {
         model: compile(&snapshot, &ctx),
+        applied: crate::model::live::Applied::default(),
         retained: Vec::new(),
         snapshot: Some(snapshot),
         read: Read::File { fingerprint: 0 },
@@ -674,7 +680,7 @@ async fn run_until(
         }
     };
     let (first, first_snapshot, followed) = first;
-    let mut retained = first.retained.clone();
+    let retained = first.retained.clone();
     match &*source {
         Source::File(_) => info!(node = %config.node_name, registry = %config.registry.display(),
             pods = first.model.pods().count(), "registry loaded"),
@@ -873,12 +879,22 @@ async fn run_until(
     // its list does not unset it: its last store stays in force and the reloads go on with
     // every other kind's changes (issue #35; `/ready` says `degraded`).
     let mut registry_ok = matches!(*source, Source::File(_));
-    let mut pace = pace::Pace::new(
-        match *source {
-            Source::File(_) => pace::Edge::Trailing,
-            Source::Kube(..) | Source::Etcd(_) => pace::Edge::Leading,
+    // The one writer of the published model from here on.
+    let mut publisher = publish::Publisher::new(
+        source.clone(),
+        config.clone(),
+        kept_model.clone(),
+        node_stats.clone(),
+        publish::Outputs {
+            handle: handle.clone(),
+            metrics: shared.inputs.metrics.clone(),
+            dns: dns_table.clone(),
+            writers: writer_tx
+                .as_ref()
+                .map(|(registrar, status, _)| (registrar.clone(), status.clone())),
+            kube_writes: kube_writes.clone(),
         },
-        Duration::from_millis(config.watch_debounce_ms),
+        retained,
     );
     let all_served = reconcile(&config, &shared, &pods, &cni_pods)
         .await
@@ -1001,132 +1017,45 @@ async fn run_until(
                     break;
                 }
             },
-            Some(()) = changed_rx.recv() => {
-                // Debounce inside the branch, so no other branch can drop the change
-                // (node::pace: at once after a quiet spell for the Kubernetes source).
-                tokio::time::sleep(pace.wait(tokio::time::Instant::now())).await;
-                while changed_rx.try_recv().is_ok() {}
-                pace.started(tokio::time::Instant::now());
-                // Reading and compiling is blocking work: off the data plane's threads.
-                let previous = handle.load();
-                let (src, stats, live) = (source.clone(), node_stats.clone(), kept_model.clone());
-                let (cfg, kept) = (config.clone(), retained.clone());
-                let loaded = tokio::task::spawn_blocking(move || {
-                    load(&cfg, &src, &live, &stats, Some((&previous, &kept)))
-                        .map(|l| {
-                            // Compared here, off the runtime's thread: 0.15 to 0.29 of the
-                            // compile (docs/performance.md).
-                            let unchanged = l.model.serves_like(&previous);
-                            (l, unchanged)
-                        })
-                })
-                .await;
-                let loaded = match loaded {
-                    Ok(l) => l,
-                    Err(e) => {
-                        error!(error = %e, "registry reload task failed; keeping the previous model");
-                        continue;
+            Some(()) = changed_rx.recv() => match publisher.publish(&mut changed_rx).await {
+                publish::Outcome::Published(published) => {
+                    debug!(
+                        generation = published.generation,
+                        unchanged = published.unchanged,
+                        changes = published.applied.changes,
+                        full = published.applied.full,
+                        delay_ms = published.delay.as_secs_f64() * 1e3,
+                        "published"
+                    );
+                    registry_ok = true;
+                    // While a successor takes over, the pods stay as they were handed.
+                    if !handing_over {
+                        let ok = reconcile(&config, &shared, &pods, &cni_pods).await.is_empty();
+                        set_ready(&ready_tx, ok);
                     }
-                };
-                match loaded {
-                    Ok((l, unchanged)) => {
-                        let etcd_revision = l.etcd_revision;
-                        retained = l.retained.clone();
-                        debug!(retained = retained.len(), "recompiled");
-                        // The model first: it is what serves, and nothing below decides a
-                        // request (docs/decisions.md, "The model is published first").
-                        // The Kubernetes source's snapshot is made after the publish, below.
-                        let snapshot = l.snapshot.map(Arc::new);
-                        let kept = snapshot.clone().filter(|_| config.debug_keep_snapshot);
-                        // A model that serves like the published one is not published again
-                        // (no new generation, no series rebuilt): swapped in under the same
-                        // generation, beside the snapshot it was compiled from.
-                        let replaced = if unchanged {
-                            debug!(generation = handle.generation(), "recompiled: the model serves as the published one; not published again");
-                            handle.refresh(l.model, kept)
-                        } else {
-                            let (generation, replaced) = handle.replace_shared(l.model, kept);
-                            info!(generation, "model published");
-                            replaced
-                        };
-                        // What this replaces is freed off the runtime's thread (node::retire).
-                        retire::model(replaced);
-                        // Off the request path and off the runtime's threads: the metric series
-                        // of the services it holds (a walk of every service port), the DNS
-                        // table, the writers' inputs and the fingerprint; the snapshot, unless
-                        // kept, is freed there too. Awaited, so two rebuilds never race over the
-                        // series table.
-                        let (metrics, published, cfg) = (shared.inputs.metrics.clone(), handle.published(), config.clone());
-                        let (read, live) = (l.read, kept_model.clone());
-                        let followed = tokio::task::spawn_blocking(move || {
-                            let model = &published.model;
-                            if !unchanged {
-                                metrics.rebuild(model);
-                            }
-                            let snapshot = snapshot.unwrap_or_else(|| {
-                                // What the model was compiled from: no load runs until this is
-                                // done.
-                                let made = Arc::new(live.lock().snapshot());
-                                if cfg.debug_keep_snapshot {
-                                    published.set_source(made.clone());
-                                }
-                                made
-                            });
-                            follow(&cfg, &snapshot, model, read)
-                        })
-                        .await;
-                        let (dns, writers, settled) = match followed {
-                            Ok(f) => (Some(f.dns), f.writers, Some(f.fingerprint)),
-                            Err(e) => {
-                                error!(error = %e, "metric series, DNS table or writer inputs failed; the previous ones stay");
-                                (None, None, None)
-                            }
-                        };
-                        if let (Some(w), Some((reg, st, _))) = (writers, &writer_tx) {
-                            // Marked pending before the fingerprint below: a reader of `/model`
-                            // never sees this registry state as settled before the writers
-                            // looked at it.
-                            kube_writes.status_pending.store(true, std::sync::atomic::Ordering::Release);
-                            if kube_writes.leader() {
-                                kube_writes.registrar.pending.store(true, std::sync::atomic::Ordering::Release);
-                            }
-                            let _ = reg.send(Arc::new(w.registrar));
-                            let _ = st.send(Arc::new(w.status));
-                        }
-                        if let Some(dns) = dns {
-                            retire::drop_off_runtime(dns_table.swap(Arc::new(dns)));
-                        }
-                        registry_ok = true;
-                        // While a successor takes over, the pods stay as they were handed.
-                        if !handing_over {
-                            let ok = reconcile(&config, &shared, &pods, &cni_pods).await.is_empty();
-                            set_ready(&ready_tx, ok);
-                        }
-                        // Published and reconciled: what `/model` reports as loaded.
-                        if let Some(settled) = settled {
-                            fingerprint.store(settled, std::sync::atomic::Ordering::Release);
-                        }
-                        if let (Source::Etcd(etcd), Some(revision)) = (&*source, etcd_revision) {
-                            etcd.compiled.store(revision, std::sync::atomic::Ordering::Release);
-                        }
-                        if *ready_tx.borrow() && offering.is_none() {
-                            hand_over_done(&mut predecessor, &pods).await;
-                            offering = serve_handoff(&handoff_path, handing_tx.clone());
-                        }
+                    // Published and reconciled: what `/model` reports as loaded.
+                    if let Some(settled) = published.settled {
+                        fingerprint.store(settled, std::sync::atomic::Ordering::Release);
                     }
-                    // Not every watch has listed (a kind refused before its first list among
-                    // them): the model stays as it is and the node is not ready (fail closed).
-                    Err(NodeError::NotSynced) => {
-                        debug!("registry not synced");
-                        registry_ok = false;
-                        set_ready(&ready_tx, false);
+                    if let (Source::Etcd(etcd), Some(revision)) = (&*source, published.etcd_revision) {
+                        etcd.compiled.store(revision, std::sync::atomic::Ordering::Release);
                     }
-                    // A failed load keeps the previous model.
-                    Err(e) => error!(error = %crate::DisplayChain(&e), "registry reload failed; keeping the previous model"),
+                    if *ready_tx.borrow() && offering.is_none() {
+                        hand_over_done(&mut predecessor, &pods).await;
+                        offering = serve_handoff(&handoff_path, handing_tx.clone());
+                    }
                 }
-            }
-            _ = retry.tick(), if !*ready_tx.borrow() || !retained.is_empty() => {
-                if !retained.is_empty() {
+                // Not every watch has listed (a kind refused before its first list among
+                // them): the model stays as it is and the node is not ready (fail closed).
+                publish::Outcome::NotSynced => {
+                    registry_ok = false;
+                    set_ready(&ready_tx, false);
+                }
+                // A failed load keeps the previous model (logged by the publisher).
+                publish::Outcome::Failed => {}
+            },
+            _ = retry.tick(), if !*ready_tx.borrow() || publisher.retaining() => {
+                if publisher.retaining() {
                     // Retained entries expire by the clock: recompile so they go on time.
                     let _ = changed_tx.try_send(());
                 }
@@ -1166,6 +1095,8 @@ async fn run_until(
     }
     // The registrar gives its Lease up (if it holds it) while the connections drain, so the
     // next leader need not wait the lease out.
+    // The publisher holds the writers' senders too: dropped first, so that they close.
+    drop(publisher);
     let registrar = writer_tx.take().map(|(reg, st, task)| {
         drop((reg, st));
         tokio::time::timeout(RELEASE_BOUND, task)
@@ -1777,6 +1708,8 @@ async fn drain(inputs: &Inputs, bound: Duration) {
 
 #[cfg(test)]
 mod kube_feed_tests;
+#[cfg(test)]
+mod publish_tests;
 #[cfg(test)]
 mod registry_tests;
 #[cfg(test)]

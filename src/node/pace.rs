@@ -1,9 +1,9 @@
-//! When a registry change is recompiled (`watch_debounce_ms`).
+//! When the publisher takes a registry change (`node::publish`).
 //!
-//! The Kubernetes source's changes are whole objects: a change after a quiet spell is recompiled
-//! at once (the leading edge), and reloads are then kept at least `watch_debounce_ms` apart, every
-//! change meanwhile taken by the next one. A file in the registry directory may be read while
-//! a generator is still writing it, and a write is many file events: a change there waits
+//! The watched sources' changes are whole objects: a change after a quiet spell is published
+//! at once (the leading edge), and publishes are then kept at least `publish_coalesce_ms` apart,
+//! every change meanwhile taken by the next one. A file in the registry directory may be read
+//! while a generator is still writing it, and a write is many file events: a change there waits
 //! `watch_debounce_ms` of its own before the directory is read (the trailing edge).
 
 use std::time::Duration;
