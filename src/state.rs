@@ -19,35 +19,66 @@ pub struct Published {
     pub generation: u64,
     /// The model the data plane serves.
     pub model: Arc<Model>,
-    /// The snapshot it was compiled from, read with [`Published::source`]: given with the model,
-    /// or set once after it was published ([`Published::set_source`]: the Kubernetes source
-    /// makes it from the kept model off the path to the publish); empty where the publisher
-    /// keeps none (tests, `debug_keep_snapshot: false`).
-    source: std::sync::OnceLock<Arc<Snapshot>>,
+    /// The snapshot it was compiled from, read with [`Published::source`].
+    source: Source,
+}
+
+/// Makes the snapshot a model was compiled from when it is asked for (the Kubernetes source:
+/// from the kept model, rather than keeping a copy of the registry beside every model).
+pub trait MakeSource: Send + Sync + std::fmt::Debug {
+    /// The snapshot of the registry as it was at `version`; `None` once it has changed since.
+    fn make(&self, version: u64) -> Option<Snapshot>;
+}
+
+/// Where a published model's snapshot comes from.
+#[derive(Clone, Debug, Default)]
+pub enum Source {
+    /// None is kept (tests, `debug_keep_snapshot: false`).
+    #[default]
+    None,
+    /// Given with the model.
+    Kept(Arc<Snapshot>),
+    /// Made when asked, from the registry at this version.
+    Made(Arc<dyn MakeSource>, u64),
+}
+
+impl From<Option<Arc<Snapshot>>> for Source {
+    fn from(s: Option<Arc<Snapshot>>) -> Self {
+        s.map_or(Self::None, Self::Kept)
+    }
 }
 
 impl Published {
-    fn new(generation: u64, model: Arc<Model>, source: Option<Arc<Snapshot>>) -> Self {
-        let slot = std::sync::OnceLock::new();
-        if let Some(s) = source {
-            let _ = slot.set(s);
-        }
+    fn new(generation: u64, model: Arc<Model>, source: Source) -> Self {
         Self {
             generation,
             model,
-            source: slot,
+            source,
         }
     }
 
-    /// The snapshot the model was compiled from, once it is there.
-    pub fn source(&self) -> Option<&Arc<Snapshot>> {
-        self.source.get()
+    /// The snapshot the model was compiled from: the one kept, or made now; `None` when none
+    /// is kept, or when the registry it would be made from has changed since this publish (a
+    /// newer model is on its way).
+    pub fn source(&self) -> Option<Arc<Snapshot>> {
+        match &self.source {
+            Source::None => None,
+            Source::Kept(s) => Some(s.clone()),
+            Source::Made(maker, version) => maker.make(*version).map(Arc::new),
+        }
     }
 
-    /// Gives the snapshot the model was compiled from, after the publish; a second one is
-    /// ignored (the first stays: it is what the model was compiled from).
-    pub fn set_source(&self, source: Arc<Snapshot>) {
-        let _ = self.source.set(source);
+    /// Whether its snapshot is made when asked ([`Source::Made`]).
+    pub fn made_on_demand(&self) -> bool {
+        matches!(self.source, Source::Made(..))
+    }
+
+    /// The snapshot kept beside the model, if one is.
+    pub fn kept_source(&self) -> Option<&Arc<Snapshot>> {
+        match &self.source {
+            Source::Kept(s) => Some(s),
+            Source::None | Source::Made(..) => None,
+        }
     }
 }
 
@@ -70,7 +101,7 @@ impl ModelHandle {
             current: ArcSwap::from_pointee(Published::new(
                 1,
                 Arc::new(model),
-                source.map(Arc::new),
+                source.map(Arc::new).into(),
             )),
             generation: watch::Sender::new(1),
         }
@@ -110,15 +141,13 @@ impl ModelHandle {
     }
 
     /// [`Self::replace`] with a snapshot the caller still reads after the publish.
-    pub fn replace_shared(
-        &self,
-        model: Model,
-        source: Option<Arc<Snapshot>>,
-    ) -> (u64, Arc<Published>) {
+    pub fn replace_shared(&self, model: Model, source: impl Into<Source>) -> (u64, Arc<Published>) {
         let next = *self.generation.borrow() + 1;
-        let old = self
-            .current
-            .swap(Arc::new(Published::new(next, Arc::new(model), source)));
+        let old = self.current.swap(Arc::new(Published::new(
+            next,
+            Arc::new(model),
+            source.into(),
+        )));
         self.generation.send_replace(next);
         (next, old)
     }
@@ -127,13 +156,13 @@ impl ModelHandle {
     /// in the compile clock only) with the snapshot it was compiled from, under the same
     /// generation: nothing waiting for a new model is woken, and the snapshot beside the model
     /// stays the one it was compiled from. Hands back what it replaced, as [`Self::replace`].
-    pub fn refresh(&self, model: Model, source: Option<Arc<Snapshot>>) -> Arc<Published> {
+    pub fn refresh(&self, model: Model, source: impl Into<Source>) -> Arc<Published> {
         // One publisher writes (STYLE.md §6.3): the generation read here is the one kept.
         let generation = *self.generation.borrow();
         self.current.swap(Arc::new(Published::new(
             generation,
             Arc::new(model),
-            source,
+            source.into(),
         )))
     }
 

@@ -514,6 +514,8 @@ pub struct Live {
     counts: [usize; KINDS],
     model: Model,
     next: PartId,
+    /// One more at every change taken: the objects held are those of a version.
+    version: u64,
 }
 
 /// How many kinds there are.
@@ -544,7 +546,15 @@ impl Live {
             diagnostics: HashMap::new(),
             counts: [0; KINDS],
             next: NONE,
+            version: 0,
         }
+    }
+
+    /// The version of the objects held: one more at every [`Self::apply`] (a resync and a new
+    /// setting included). A snapshot made at one version is what the model of that version was
+    /// compiled from.
+    pub fn version(&self) -> u64 {
+        self.version
     }
 
     /// How many objects of `kind` it holds.
@@ -589,9 +599,25 @@ impl Live {
         s
     }
 
+    /// The objects of `kinds` as one snapshot, in no order: for what reads a few kinds of the
+    /// registry (the DNS table, the writers' inputs), at a walk of the keys and a copy of those
+    /// objects alone (rows and pods are shared).
+    pub fn snapshot_of(&self, kinds: &[Kind]) -> Snapshot {
+        let mut s = Snapshot::default();
+        let objects = self.objects.iter().map(|(k, h)| (k, &h.object));
+        for (key, object) in objects.chain(self.unplaced.iter()) {
+            if kinds.contains(&key.kind) {
+                object.push_into(&mut s);
+            }
+        }
+        s
+    }
+
     /// Everything replaced by `objects` (a relist, a reconnect, a directory read again).
     pub fn resync(&mut self, objects: impl IntoIterator<Item = Change>) -> Applied {
+        let version = self.version;
         *self = Self::new(self.ctx.clone());
+        self.version = version;
         Applied {
             full: true,
             ..self.apply(objects)
@@ -732,6 +758,7 @@ impl Live {
     /// Applies `changes` in order (a later change of one key wins) and compiles the components
     /// they touch.
     pub fn apply(&mut self, changes: impl IntoIterator<Item = Change>) -> Applied {
+        self.version += 1;
         let mut applied = Applied::default();
         let mut queue: Vec<ObjectKey> = Vec::new();
         // Namespaces whose whole-namespace filters came or went: their Services and rows link

@@ -223,11 +223,11 @@ where
             return over();
         };
         return match path {
-            "/debug/explain" => explain(admin, &body),
+            "/debug/explain" => explain(admin, &body).await,
             _ => set_log_level(admin, &body),
         };
     }
-    let published = admin.inputs.model.published();
+    let mut published = admin.inputs.model.published();
     let q = parts.uri.query();
     match path {
         "/debug/pods" => {
@@ -235,15 +235,18 @@ where
             v["not_served"] = Value::Array(admin.pods.lock().await.not_served());
             answer(StatusCode::OK, &v)
         }
-        "/debug/services" => services(admin, &published, query(q, "name").as_deref()),
-        "/debug/routes" => match published.source() {
+        "/debug/services" => {
+            let source = source_of(admin, &mut published).await;
+            services(admin, &published, source, query(q, "name").as_deref())
+        }
+        "/debug/routes" => match source_of(admin, &mut published).await {
             Some(s) => answer(
                 StatusCode::OK,
                 &envelope(
                     admin,
                     &published,
                     "routes",
-                    json!(view::routes(s, &published.model)),
+                    json!(view::routes(&s, &published.model)),
                 ),
             ),
             None => no_source(admin),
@@ -273,15 +276,43 @@ where
             &json!({ "node": admin.node, "filter": admin.debug.logs.current() }),
         ),
         "/debug/capture" => capture(admin, query(q, "pod").as_deref()).await,
-        _ => config_dump(admin, &published).await,
+        _ => config_dump(admin, published).await,
     }
 }
+
+/// The snapshot the published model was compiled from, made off the runtime's threads when it
+/// is made on demand (the Kubernetes source: from the kept model, in about the time of a walk of
+/// the registry).
+/// Made while a load changes the kept model, there is none: `published` is then read again,
+/// until the publish that follows the load is in place (within [`SOURCE_BOUND`]).
+async fn source_of(
+    admin: &Admin,
+    published: &mut Arc<Published>,
+) -> Option<Arc<crate::model::Snapshot>> {
+    let deadline = tokio::time::Instant::now() + SOURCE_BOUND;
+    loop {
+        let asked = published.clone();
+        let made = tokio::task::spawn_blocking(move || asked.source())
+            .await
+            .ok()
+            .flatten();
+        if made.is_some() || !published.made_on_demand() || tokio::time::Instant::now() >= deadline
+        {
+            return made;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+        *published = admin.inputs.model.published();
+    }
+}
+
+/// How long a debug view waits for the model that follows a load under way.
+const SOURCE_BOUND: Duration = Duration::from_secs(5);
 
 fn no_source(admin: &Admin) -> Response<Body> {
     error(
         admin,
         StatusCode::SERVICE_UNAVAILABLE,
-        "no registry snapshot beside the published model: the setting debug_keep_snapshot is off, or (Kubernetes source) the snapshot of the model just published is still being made, in about the time of a reload; services, routes and config-dump need it",
+        "no registry snapshot beside the published model: the setting debug_keep_snapshot is off, or (Kubernetes source, where it is made when asked) the registry has changed since this model was published and the next model is on its way: ask again; services, routes and config-dump need it",
     )
 }
 
@@ -301,11 +332,16 @@ async fn pods(admin: &Admin) -> Value {
     Value::Array(list)
 }
 
-fn services(admin: &Admin, published: &Published, name: Option<&str>) -> Response<Body> {
-    let Some(source) = published.source() else {
+fn services(
+    admin: &Admin,
+    published: &Published,
+    source: Option<Arc<crate::model::Snapshot>>,
+    name: Option<&str>,
+) -> Response<Body> {
+    let Some(source) = source else {
         return no_source(admin);
     };
-    let list = view::services(source, &published.model, name);
+    let list = view::services(&source, &published.model, name);
     match name {
         Some(n) if list.is_empty() => error(
             admin,
@@ -342,7 +378,7 @@ fn certs(admin: &Admin) -> Value {
     )
 }
 
-fn explain(admin: &Admin, body: &[u8]) -> Response<Body> {
+async fn explain(admin: &Admin, body: &[u8]) -> Response<Body> {
     let request: ExplainRequest = match serde_json::from_slice(body) {
         Ok(r) => r,
         Err(e) => {
@@ -357,11 +393,11 @@ fn explain(admin: &Admin, body: &[u8]) -> Response<Body> {
         Ok(q) => q,
         Err(e) => return error(admin, StatusCode::BAD_REQUEST, e),
     };
-    let published = admin.inputs.model.published();
-    let Some(source) = published.source() else {
+    let mut published = admin.inputs.model.published();
+    let Some(source) = source_of(admin, &mut published).await else {
         return no_source(admin);
     };
-    match crate::explain::explain(source, &published.model, &question) {
+    match crate::explain::explain(&source, &published.model, &question) {
         Ok(e) => answer(
             StatusCode::OK,
             &envelope(admin, &published, "explanation", json!(e)),
@@ -434,12 +470,12 @@ async fn capture(admin: &Admin, pod: Option<&str>) -> Response<Body> {
 /// Everything in one document, for bug reports: no CA key, no private key (certificates are
 /// shown by their public parts). Its `compile` key is what `aether explain --config-dump`
 /// compiles again.
-async fn config_dump(admin: &Admin, published: &Published) -> Response<Body> {
-    let Some(source) = published.source() else {
+async fn config_dump(admin: &Admin, mut published: Arc<Published>) -> Response<Body> {
+    let Some(source) = source_of(admin, &mut published).await else {
         return no_source(admin);
     };
     let model = &published.model;
-    let mut dump = envelope(admin, published, "pods", pods(admin).await);
+    let mut dump = envelope(admin, &published, "pods", pods(admin).await);
     dump["aether_config_dump"] = json!(1);
     dump["registry_fingerprint"] = json!(
         admin
@@ -448,8 +484,8 @@ async fn config_dump(admin: &Admin, published: &Published) -> Response<Body> {
             .to_string()
     );
     dump["log_filter"] = json!(admin.debug.logs.current());
-    dump["services"] = json!(view::services(source, model, None));
-    dump["routes"] = json!(view::routes(source, model));
+    dump["services"] = json!(view::services(&source, model, None));
+    dump["routes"] = json!(view::routes(&source, model));
     dump["certs"] = certs(admin);
     dump["diagnostics"] = json!(
         model
@@ -462,7 +498,7 @@ async fn config_dump(admin: &Admin, published: &Published) -> Response<Body> {
     dump["compile"] = json!({
         "generation": published.generation,
         "context": &model.context,
-        "snapshot": &**source,
+        "snapshot": &*source,
     });
     answer(StatusCode::OK, &dump)
 }

@@ -262,6 +262,8 @@ struct Loaded {
     model: Model,
     /// What the kept model took.
     applied: crate::model::live::Applied,
+    /// The version of the kept model's objects the model was compiled from (`Live::version`).
+    version: u64,
     /// The retention state the model was compiled with (spec/model.md §10).
     retained: Vec<crate::model::snapshot::RetainedPort>,
     /// The snapshot the model was compiled from, published with it (`aether debug explain`);
@@ -415,12 +417,14 @@ fn load(
     let mut kept = kept.lock();
     let applied = kept.update_to(&snapshot, &ctx);
     let model = kept.model().clone();
+    let version = kept.version();
     drop(kept);
     stats.record_compile(snapshot.rows.len(), &model, &applied, started.elapsed());
     let retained = snapshot.retained.clone();
     Ok(Loaded {
         model,
         applied,
+        version,
         retained,
         snapshot: Some(snapshot),
         read,
@@ -449,6 +453,7 @@ fn load_kube(
     let fed = feed.lock().load(kube, &mut kept, ctx, previous);
     let model = kept.model().clone();
     let rows = kept.count(crate::model::live::Kind::Row);
+    let version = kept.version();
     drop(kept);
     debug!(
         whole = fed.whole,
@@ -462,6 +467,7 @@ fn load_kube(
     Ok(Loaded {
         model,
         applied: fed.applied,
+        version,
         retained: fed.retained,
         snapshot: None,
         read: Read::Kube(kube.clone(), fed.fingerprint),
@@ -535,6 +541,7 @@ fn empty(config: &NodeConfig) -> Loaded {
     Loaded {
         model: compile(&snapshot, &ctx),
         applied: crate::model::live::Applied::default(),
+        version: 0,
         retained: Vec::new(),
         snapshot: Some(snapshot),
         read: Read::File { fingerprint: 0 },

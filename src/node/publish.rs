@@ -22,14 +22,14 @@ use tokio::time::Instant;
 use tracing::{debug, error, info};
 
 use super::pace::{Edge, Pace};
-use super::{Loaded, NodeConfig, NodeError, Read, Source, follow, retire};
+use super::{Loaded, NodeConfig, NodeError, Read, follow, retire};
 use crate::dns::table::DnsTable;
 use crate::model::Model;
-use crate::model::live::{Applied, Live};
+use crate::model::live::{Applied, Kind, Live};
 use crate::model::snapshot::RetainedPort;
 use crate::node::stats::NodeStats;
 use crate::proxy::metrics::DataPlane;
-use crate::state::ModelHandle;
+use crate::state::{MakeSource, ModelHandle, Source};
 
 /// What a source gives the publisher: each load brings the kept model to the registry as it is
 /// now, by what changed since the last one (or by everything, after a resync).
@@ -50,7 +50,7 @@ pub(crate) trait Feed: Send + Sync + 'static {
     fn edge(&self) -> Edge;
 }
 
-impl Feed for Source {
+impl Feed for super::Source {
     fn load(
         &self,
         config: &NodeConfig,
@@ -211,7 +211,7 @@ impl<F: Feed> Publisher<F> {
         self.retained.clone_from(&l.retained);
         debug!(retained = self.retained.len(), "recompiled");
         let snapshot = l.snapshot.map(Arc::new);
-        let generation = self.swap(l.model, snapshot.clone(), unchanged);
+        let generation = self.swap(l.model, snapshot.clone(), l.version, unchanged);
         let delay = noticed.elapsed();
         self.stats
             .record_publish(unchanged, l.applied.changes, delay);
@@ -233,10 +233,18 @@ impl<F: Feed> Publisher<F> {
         &self,
         model: Model,
         snapshot: Option<Arc<crate::model::Snapshot>>,
+        version: u64,
         unchanged: bool,
     ) -> u64 {
         let handle = &self.out.handle;
-        let kept = snapshot.filter(|_| self.config.debug_keep_snapshot);
+        // Beside the model for `aether debug`: the snapshot the load read, or (the Kubernetes
+        // source, which reads none) one made from the kept model when asked, while it is still
+        // at this version.
+        let kept = match snapshot {
+            _ if !self.config.debug_keep_snapshot => Source::None,
+            Some(s) => Source::Kept(s),
+            None => Source::Made(Arc::new(KeptSource(self.kept.clone())), version),
+        };
         let replaced = if unchanged {
             debug!(
                 generation = handle.generation(),
@@ -256,9 +264,8 @@ impl<F: Feed> Publisher<F> {
     /// What follows the published model, off the request path and off the runtime's threads:
     /// the metric series of the services it holds, the DNS table, the writers' inputs and the
     /// registry's fingerprint. Awaited, so that two rebuilds never race over the series table.
-    /// `snapshot`: what the model was compiled from, when the load read one whole; the
-    /// Kubernetes source's is made from the kept model, which no load changes until this is
-    /// done. Unless kept for `aether debug`, it is freed there too.
+    /// `snapshot`: what the model was compiled from, when the load read one whole; unless kept
+    /// for `aether debug`, it is freed there too.
     async fn follow(
         &self,
         read: Read,
@@ -276,12 +283,13 @@ impl<F: Feed> Publisher<F> {
             if !unchanged {
                 metrics.rebuild(model);
             }
+            // The kinds the followers read, from the kept model (still at the published
+            // version: no load runs until this is done).
             let snapshot = snapshot.unwrap_or_else(|| {
-                let made = Arc::new(live.lock().snapshot());
-                if config.debug_keep_snapshot {
-                    published.set_source(made.clone());
-                }
-                made
+                Arc::new(
+                    live.lock()
+                        .snapshot_of(&[Kind::Service, Kind::Row, Kind::MeshFilter]),
+                )
             });
             follow(&config, &snapshot, model, read)
         })
@@ -307,5 +315,17 @@ impl<F: Feed> Publisher<F> {
         }
         retire::drop_off_runtime(self.out.dns.swap(Arc::new(followed.dns)));
         Some(followed.fingerprint)
+    }
+}
+
+/// The snapshot of a publish, made from the kept model when `aether debug` asks for it, if the
+/// kept model is still at that publish's version (a debug view waits for a load under way).
+#[derive(Debug)]
+struct KeptSource(Arc<parking_lot::Mutex<Live>>);
+
+impl MakeSource for KeptSource {
+    fn make(&self, version: u64) -> Option<crate::model::Snapshot> {
+        let kept = self.0.lock();
+        (kept.version() == version).then(|| kept.snapshot())
     }
 }

@@ -38,6 +38,9 @@ struct Script {
 /// changes and before it compiles them (a publish under way).
 struct Scripted {
     script: parking_lot::Mutex<Script>,
+    /// Whether a load gives the snapshot it read (the file and etcd sources), or none (the
+    /// Kubernetes feed: the publish's snapshot is made from the kept model when asked).
+    whole: bool,
     /// Set: the next load says so on `entered` and waits for the gate to open.
     /// (A blocking wait in the test would hold the paused clock still: `entered` is awaited.)
     gate: parking_lot::Mutex<
@@ -90,8 +93,9 @@ impl Feed for Scripted {
         Ok(Loaded {
             model,
             applied,
+            version: kept.version(),
             retained: Vec::new(),
-            snapshot: Some(kept.snapshot()),
+            snapshot: self.whole.then(|| kept.snapshot()),
             read: Read::File { fingerprint: loads },
             etcd_revision: None,
         })
@@ -113,6 +117,7 @@ struct Bench {
     stats: Arc<NodeStats>,
     notices: mpsc::Sender<()>,
     changed: mpsc::Receiver<()>,
+    kept: Arc<parking_lot::Mutex<Live>>,
 }
 
 fn config() -> NodeConfig {
@@ -129,6 +134,11 @@ fn fixture() -> Snapshot {
 
 impl Bench {
     async fn new() -> Self {
+        Self::reading(true).await
+    }
+
+    /// A bench whose loads give their snapshot (`whole`) or not.
+    async fn reading(whole: bool) -> Self {
         let config = config();
         let first = fixture();
         let feed = Arc::new(Scripted {
@@ -136,6 +146,7 @@ impl Bench {
                 resync: Some(keyed(&first)),
                 ..Script::default()
             }),
+            whole,
             gate: parking_lot::Mutex::new(None),
         });
         let kept = Arc::new(parking_lot::Mutex::new(Live::new(context(&config))));
@@ -148,7 +159,7 @@ impl Bench {
         let publisher = Publisher::new(
             feed.clone(),
             config,
-            kept,
+            kept.clone(),
             stats.clone(),
             Outputs {
                 handle: handle.clone(),
@@ -168,6 +179,7 @@ impl Bench {
             stats,
             notices,
             changed,
+            kept,
         };
         let first = bench.change(Vec::new()).await;
         assert!(first.applied.full, "the first load is a resync");
@@ -496,4 +508,38 @@ async fn a_change_the_model_does_not_show_keeps_the_generation() {
         "nothing waiting for a new model is woken"
     );
     assert_eq!(bench.publishes("unchanged"), 1);
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_source_that_reads_no_snapshot_has_it_made_when_asked_at_the_published_version() {
+    let mut bench = Bench::reading(false).await;
+    bench
+        .change(service("svc-a", "10.9.0.1", "10.96.9.1"))
+        .await;
+    // The followers read the kinds they need from the kept model.
+    assert_eq!(
+        bench.resolves(&fqdn("svc-a")),
+        Some(vec!["10.96.9.1".parse().unwrap()])
+    );
+    let published = bench.handle.published();
+    assert!(
+        published.made_on_demand(),
+        "no snapshot is kept beside the model"
+    );
+    let source = published.source().expect("made when asked");
+    assert!(
+        source.rows.iter().any(|r| r.service == "svc-a"),
+        "it holds the change"
+    );
+    assert!(
+        crate::model::compile(&source, &published.model.context).serves_like(&published.model),
+        "it is what the published model was compiled from"
+    );
+    // A load under way has changed the kept model: the published model's snapshot can no
+    // longer be made (a debug view waits for the next publish), and is not made wrong.
+    bench
+        .kept
+        .lock()
+        .apply(service("svc-b", "10.9.0.2", "10.96.9.2"));
+    assert!(published.source().is_none(), "the registry has moved on");
 }

@@ -39,7 +39,7 @@ pub(crate) fn model(retired: Arc<Published>) {
 fn sole_owner(p: &Arc<Published>) -> bool {
     Arc::strong_count(p) == 1
         && Arc::strong_count(&p.model) == 1
-        && p.source().is_none_or(|s| Arc::strong_count(s) == 1)
+        && p.kept_source().is_none_or(|s| Arc::strong_count(s) == 1)
 }
 
 #[cfg(test)]
