@@ -671,7 +671,14 @@ fn fed(rt: &Runtime, c: &Cluster) -> Result<()> {
         aether::model::live::Kind::MeshFilter,
     ]);
     let follow_secs = t.elapsed().as_secs_f64();
-    drop(followed);
+    // What the node makes of them: the mesh DNS table, the registrar's desired Services.
+    let t = now();
+    let dns = DnsTable::build(&followed, &ctx.domains, true);
+    let dns_secs = t.elapsed().as_secs_f64();
+    let t = now();
+    let desired = generated_services_except(&followed, &ctx.ignored_namespaces);
+    let desired_secs = t.elapsed().as_secs_f64();
+    drop((followed, dns, desired));
     let t = now();
     let made = live.snapshot();
     let snapshot_secs = t.elapsed().as_secs_f64();
@@ -685,7 +692,7 @@ fn fed(rt: &Runtime, c: &Cluster) -> Result<()> {
         live.model().serves_like(&reference),
         "the kept model is the compile of the stores"
     );
-    drop((objects, reference, server, client));
+    drop((objects, reference));
 
     let ms = |v: Vec<f64>| median(v) * 1e3;
     println!(
@@ -711,17 +718,229 @@ fn fed(rt: &Runtime, c: &Cluster) -> Result<()> {
          The kept model and the feed hold {:.1} MiB (objects, components, model, problems, \
          fingerprints); one event's load peaks {:.2} MiB above that. After the publish the node \
          still takes the Services, rows and MeshFilters from the kept model ({:.1} ms) and \
-         copies the stores out for the writers ({:.1} ms), then makes the DNS table and the \
-         writers' inputs from them; `aether debug` has the whole snapshot made when it asks \
-         ({:.1} ms).",
+         copies the stores out for the writers ({:.1} ms), then makes the DNS table ({:.1} ms) \
+         and the registrar's desired Services ({:.1} ms) from them; `aether debug` has the \
+         whole snapshot made when it asks ({:.1} ms).",
         max(&in_store),
         max(&on_wire),
         mib(kept_bytes),
         mib(median(peaks) as u64),
         follow_secs * 1e3,
         objects_secs * 1e3,
+        dns_secs * 1e3,
+        desired_secs * 1e3,
         snapshot_secs * 1e3
     );
-    drop((live, feed, source));
+    let kept = Kept {
+        source: &source,
+        feed: &mut feed,
+        live: &mut live,
+        ctx: &ctx,
+        previous,
+    };
+    churn(rt, c, &server, &pods, &pod_kind, kept)?;
+    drop((live, feed, source, server, client));
     Ok(())
+}
+
+/// What figure 4 built, for figure 5 to go on with.
+struct Kept<'a> {
+    source: &'a KubeSource,
+    feed: &'a mut KubeFeed,
+    live: &'a mut Live,
+    ctx: &'a NodeContext,
+    previous: (
+        aether::model::Model,
+        Vec<aether::model::snapshot::RetainedPort>,
+    ),
+}
+
+/// Pod events a second in figure 5 (the issue's churn goal).
+const CHURN_RATE: u64 = 200;
+
+/// The node's coalescing window (`publish_coalesce_ms`'s default).
+const CHURN_WINDOW: Duration = Duration::from_millis(20);
+
+/// Figure 5: churn. [`CHURN_RATE`] pod events a second for `AETHER_KUBE_SCALE_CHURN_SECS`
+/// (default 60; 0 skips it) through the pods' watch, each a pod made Ready or not, while one
+/// thread publishes as the node's publisher does: at once after a quiet spell, then at most one
+/// publish per [`CHURN_WINDOW`], each load taking every change the watch has recorded, then what
+/// follows the model (the Services, rows and MeshFilters from the kept model, the DNS table,
+/// the registrar's desired Services, the copy out of the stores for the writers). Measured: each
+/// event's time from being sent to its model in place, the publishing thread's CPU, the heap
+/// before and after.
+fn churn(
+    rt: &Runtime,
+    c: &Cluster,
+    server: &Server,
+    pods: &cluster::Collection,
+    pod_kind: &aether::registry::kube::watch::KindState,
+    kept: Kept<'_>,
+) -> Result<()> {
+    use std::sync::atomic::{AtomicBool, Ordering};
+    let secs: u64 = std::env::var("AETHER_KUBE_SCALE_CHURN_SECS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(60);
+    if secs == 0 {
+        return Ok(());
+    }
+    let Kept {
+        source,
+        feed,
+        live,
+        ctx,
+        mut previous,
+    } = kept;
+    let events = CHURN_RATE * secs;
+    let sent = parking_lot::Mutex::new(Vec::with_capacity(events as usize));
+    let base = pod_kind.events.load(Ordering::Acquire);
+    let done = AtomicBool::new(false);
+    let heap_before = allocated();
+    let mut delays = Vec::with_capacity(events as usize);
+    let mut publishes = 0u64;
+    let mut follow_secs = 0.0;
+    let mut cpu_secs = 0.0;
+    let mut wall_secs = 0.0;
+    let mut failed = None;
+    std::thread::scope(|scope| {
+        // The watch and the scripted server run on the runtime: driven here meanwhile.
+        scope.spawn(|| {
+            rt.block_on(async {
+                while !done.load(Ordering::Acquire) {
+                    tokio::time::sleep(Duration::from_millis(1)).await;
+                }
+            });
+        });
+        scope.spawn(|| {
+            let t0 = now();
+            for i in 0..events {
+                let due = t0 + Duration::from_micros(i * 1_000_000 / CHURN_RATE);
+                std::thread::sleep(due.saturating_duration_since(now()));
+                let k = ((i as usize) * 104_729 + 17) % c.pods.max(1);
+                let mut pod = (pods.item)(k);
+                if let Some(conditions) = pod["status"]["conditions"].as_array_mut() {
+                    for cond in conditions.iter_mut().filter(|c| c["type"] == "Ready") {
+                        let flip = if i % 2 == 0 { "False" } else { "True" };
+                        cond["status"] = flip.into();
+                    }
+                }
+                pod["metadata"]["resourceVersion"] = format!("{}", 5_000_000 + i).into();
+                sent.lock().push(now());
+                server.event(
+                    "/api/v1/pods",
+                    &serde_json::json!({"type": "MODIFIED", "object": pod}),
+                );
+            }
+        });
+        // The publisher.
+        let cpu0 = thread_cpu_secs();
+        let t0 = now();
+        let deadline = t0 + Duration::from_secs(secs * 4 + 60);
+        let mut last_start: Option<std::time::Instant> = None;
+        let mut covered = 0u64;
+        while covered < events {
+            // A notice: a change the last publish did not take.
+            while pod_kind.events.load(Ordering::Acquire) - base <= covered {
+                if now() > deadline {
+                    failed = Some(format!(
+                        "{covered} of {events} events published by the deadline"
+                    ));
+                    break;
+                }
+                std::thread::sleep(Duration::from_micros(200));
+            }
+            if failed.is_some() {
+                break;
+            }
+            if let Some(last) = last_start {
+                std::thread::sleep((last + CHURN_WINDOW).saturating_duration_since(now()));
+            }
+            last_start = Some(now());
+            // Every event counted here is pending: the load takes at least these.
+            let upto = pod_kind.events.load(Ordering::Acquire) - base;
+            let fed = feed.load(source, live, ctx, Some((&previous.0, &previous.1)));
+            let model = live.model().clone();
+            let published = now();
+            {
+                let sent = sent.lock();
+                delays
+                    .extend((covered..upto).map(|i| (published - sent[i as usize]).as_secs_f64()));
+            }
+            covered = upto;
+            publishes += 1;
+            let t = now();
+            let followed = live.snapshot_of(&[
+                aether::model::live::Kind::Service,
+                aether::model::live::Kind::Row,
+                aether::model::live::Kind::MeshFilter,
+            ]);
+            let dns = DnsTable::build(&followed, &ctx.domains, true);
+            let desired = generated_services_except(&followed, &ctx.ignored_namespaces);
+            let (objects, _) = source.objects();
+            drop((followed, dns, desired, objects));
+            follow_secs += t.elapsed().as_secs_f64();
+            previous = (model, fed.retained);
+        }
+        cpu_secs = thread_cpu_secs() - cpu0;
+        wall_secs = t0.elapsed().as_secs_f64();
+        done.store(true, Ordering::Release);
+    });
+    if let Some(why) = failed {
+        anyhow::bail!("churn: {why}");
+    }
+    let heap_after = allocated();
+    let reference = compile(&snapshot(&source.objects().0).0, ctx);
+    anyhow::ensure!(
+        live.model().serves_like(&reference),
+        "after the churn the kept model is the compile of the stores"
+    );
+    let mut sorted = delays;
+    sorted.sort_by(f64::total_cmp);
+    let pct = |p: f64| sorted[((sorted.len() as f64 - 1.0) * p).round() as usize] * 1e3;
+    println!(
+        "\n### Churn: {CHURN_RATE} pod events a second for {secs} s (`AETHER_KUBE_SCALE_CHURN_SECS`), \
+         published as the node does ({} ms window)\n",
+        CHURN_WINDOW.as_millis()
+    );
+    println!("| figure | value |");
+    println!("|---|---|");
+    println!("| events sent, all published | {events} |");
+    println!(
+        "| publishes (events per publish) | {publishes} ({:.1}) |",
+        events as f64 / publishes.max(1) as f64
+    );
+    println!(
+        "| **event sent → its model in place**: p50 / p99 / max | {:.1} / {:.1} / {:.1} ms |",
+        pct(0.5),
+        pct(0.99),
+        pct(1.0)
+    );
+    println!(
+        "| **the publishing thread's CPU** (loads and what follows them), share of one core | {:.1} % |",
+        cpu_secs / wall_secs * 100.0
+    );
+    println!(
+        "| of which what follows the model (Services, rows and MeshFilters taken, DNS table, desired Services, stores copied) | {:.1} % |",
+        follow_secs / wall_secs * 100.0
+    );
+    println!(
+        "| heap before → after (the kept model, the stores, the feed) | {:.1} → {:.1} MiB |",
+        mib(heap_before),
+        mib(heap_after)
+    );
+    println!(
+        "\nThe watch's own work per event (deserialize, trim, store) is figure 1's, on the \
+         runtime's thread, not in the publishing thread's CPU above."
+    );
+    Ok(())
+}
+
+/// The CPU time (user and system) the calling thread has spent, in seconds.
+fn thread_cpu_secs() -> f64 {
+    use nix::sys::resource::{UsageWho, getrusage};
+    getrusage(UsageWho::RUSAGE_THREAD).map_or(0.0, |u| {
+        let t = u.user_time() + u.system_time();
+        t.tv_sec() as f64 + t.tv_usec() as f64 * 1e-6
+    })
 }

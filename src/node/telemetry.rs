@@ -127,6 +127,14 @@ impl ControlCollector {
         )?;
         per_kind(
             e,
+            "aether_registry_watch_events",
+            "Objects of the kind the watch applied or deleted (each a change the next publish takes)",
+            None,
+            kinds,
+            |k| ConstCounter::new(k.events.load(Ordering::Relaxed)),
+        )?;
+        per_kind(
+            e,
             "aether_registry_watch_last_event_timestamp",
             "When the kind's watch last brought a change or a list, Unix time (0: never)",
             Some(&Unit::Seconds),

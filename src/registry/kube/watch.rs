@@ -102,6 +102,9 @@ pub struct KindState {
     pub streaming_fallbacks: AtomicU64,
     /// Complete lists after the first (a `410 Gone`, a broken watch).
     pub relists: AtomicU64,
+    /// Objects the watch applied or deleted, each counted once its key is pending (a load that
+    /// reads this before it takes the keys takes at least these).
+    pub events: AtomicU64,
     /// The last error, for `aether debug` (the root-only admin socket); `/ready`, served on the
     /// node's network, leaves it out.
     pub last_error: Mutex<Option<String>>,
@@ -867,6 +870,7 @@ where
                         meta.name.clone().unwrap_or_default(),
                     );
                     state.pending.lock().keys.insert(key);
+                    state.events.fetch_add(1, Ordering::Release);
                     state.answered();
                     let _ = changed.try_send(());
                 }
