@@ -213,6 +213,10 @@ struct NodeArgs {
     /// The most HTTP/2 streams one peer may have open at once over all its connections.
     #[arg(long, env = "AETHER_MAX_STREAMS_PER_PEER")]
     max_streams_per_peer: Option<usize>,
+    /// The bytes first request heads still being read may hold beyond one read's room, over
+    /// every connection; a head that would take more is closed.
+    #[arg(long, env = "AETHER_MAX_PENDING_HEAD_BYTES")]
+    max_pending_head_bytes: Option<usize>,
     /// The memory the overload manager measures against, in bytes; 0: the memory cgroup's limit.
     #[arg(long, env = "AETHER_OVERLOAD_MEMORY_LIMIT_BYTES")]
     overload_memory_limit_bytes: Option<u64>,
@@ -1035,6 +1039,7 @@ fn node_config(args: &NodeArgs) -> anyhow::Result<aether::node::NodeConfig> {
         mirror_max_body_bytes,
         ext_authz_max_body_bytes,
         max_streams_per_peer,
+        max_pending_head_bytes,
         overload_memory_limit_bytes,
         overload_refuse_percent,
         overload_shed_percent,

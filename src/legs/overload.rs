@@ -2,7 +2,8 @@
 //! makes itself (v1's memory controller where it is mounted, else v2), flooded as an attacker
 //! would: HTTP/2 streams with 16 KB header lists, more than one peer may hold, then thousands of
 //! half-written 25 KB request heads. The daemon must not be killed (the cgroup's OOM count stays
-//! 0, its process is the same), must shed by its counters, and must serve its pods' established
+//! 0, its process is the same), must shed by its counters (the memory levels', or the partial
+//! heads' budget, `max_pending_head_bytes`), and must serve its pods' established
 //! traffic (a kept HTTP/1.1 connection and a raw stream) throughout; once out of the cgroup it
 //! takes new connections again.
 
@@ -464,16 +465,19 @@ pub(super) async fn overload(env: &Env) -> Check {
         ));
     }
     let delta = |reason: &str| shed(&after, reason).saturating_sub(shed(&before, reason));
-    let (accept, partial, idle, peer, stream) = (
+    let (accept, partial, idle, peer, stream, budget) = (
         delta("accept-refused"),
         delta("partial-head-closed"),
         delta("idle-closed"),
         delta("peer-streams"),
         delta("stream-refused"),
+        delta("head-budget"),
     );
-    if accept + partial == 0 {
+    // The heads are shed by the memory levels, or before them by the partial heads' budget
+    // (`max_pending_head_bytes`), which keeps their growth from outrunning the levels' checks.
+    if accept + partial + budget == 0 {
         return Err(format!(
-            "nothing was shed by memory: peak {} MiB of {} MiB, {} heads held",
+            "no head was shed: peak {} MiB of {} MiB, {} heads held",
             peak >> 20,
             LIMIT >> 20,
             HEADS - refused_heads
@@ -509,7 +513,7 @@ pub(super) async fn overload(env: &Env) -> Check {
         .await?;
     super::echo(&fresh, "mp-httponly", 8080)?;
     Ok(format!(
-        "{name}, 256 MiB: peak {} MiB; daemon alive (pid {pid}), 0 OOM kills; shed: {accept} accept-refused, {partial} partial-head-closed, {idle} idle-closed, {peer} peer-streams, {stream} stream-refused ({refused_streams} streams and {refused_heads} heads refused as the client saw it); {} answers on established connections, 0 failed",
+        "{name}, 256 MiB: peak {} MiB; daemon alive (pid {pid}), 0 OOM kills; shed: {accept} accept-refused, {partial} partial-head-closed, {budget} head-budget, {idle} idle-closed, {peer} peer-streams, {stream} stream-refused ({refused_streams} streams and {refused_heads} heads refused as the client saw it); {} answers on established connections, 0 failed",
         peak >> 20,
         served.answered
     ))

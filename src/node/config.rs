@@ -243,6 +243,11 @@ pub struct NodeConfig {
     /// address on the mesh hop) may have open at once over all its connections; a stream over
     /// it is refused (`REFUSED_STREAM`). Default 2000.
     pub max_streams_per_peer: usize,
+    /// The bytes first request heads still being read may hold beyond one read's room
+    /// (16 KiB each), over every connection of the node; a head that would take more is closed
+    /// (`aether_shed_total{reason="head-budget"}`). Default 64 MiB; at least
+    /// `max_header_bytes`.
+    pub max_pending_head_bytes: usize,
     /// The memory the overload manager measures against, in bytes; 0 (the default): the limit
     /// of the daemon's memory cgroup (v2 or v1), and no shedding where there is none.
     pub overload_memory_limit_bytes: u64,
@@ -334,6 +339,7 @@ impl Default for NodeConfig {
             mirror_max_body_bytes: 1024 * 1024,
             ext_authz_max_body_bytes: 64 * 1024,
             max_streams_per_peer: crate::proxy::overload::DEFAULT_MAX_STREAMS_PER_PEER,
+            max_pending_head_bytes: crate::proxy::overload::DEFAULT_MAX_PENDING_HEAD_BYTES,
             overload_memory_limit_bytes: 0,
             overload_refuse_percent: 90,
             overload_shed_percent: 95,
@@ -415,6 +421,16 @@ impl NodeConfig {
             return Err(ConfigError::Invalid {
                 setting: "access_log",
                 message,
+            });
+        }
+        // One head at `max_header_bytes` must fit, or no large head is ever read.
+        if self.max_pending_head_bytes < self.max_header_bytes {
+            return Err(ConfigError::Invalid {
+                setting: "max_pending_head_bytes",
+                message: format!(
+                    "{} is less than max_header_bytes ({}): one whole head must fit",
+                    self.max_pending_head_bytes, self.max_header_bytes
+                ),
             });
         }
         // A change waits at most this long to be served: longer is no coalescing, it is stale
@@ -714,6 +730,7 @@ mod tests {
         "mirror_max_body_bytes",
         "ext_authz_max_body_bytes",
         "max_streams_per_peer",
+        "max_pending_head_bytes",
         "udp_max_flows_per_pod",
         "udp_idle_secs",
         "dns_tcp_max_clients",

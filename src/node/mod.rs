@@ -762,9 +762,10 @@ async fn run_until(
                 })
                 .map_err(NodeError::from)?,
         ),
-        overload: Arc::new(crate::proxy::overload::Overload::new(
-            config.max_streams_per_peer,
-        )),
+        overload: Arc::new(
+            crate::proxy::overload::Overload::new(config.max_streams_per_peer)
+                .with_max_pending_head_bytes(config.max_pending_head_bytes),
+        ),
     });
     let upstreams = if config.dns_upstreams.is_empty() {
         std::fs::read_to_string("/etc/resolv.conf")

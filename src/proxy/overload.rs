@@ -17,7 +17,7 @@
 //! have at most `max_streams_per_peer` HTTP/2 streams open at once over all its connections;
 //! each connection is also bounded by `http2_max_concurrent_streams`.
 
-use std::sync::atomic::{AtomicU8, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU8, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Weak};
 
 use dashmap::DashMap;
@@ -135,16 +135,20 @@ pub enum Shed {
     IdleClosed,
     /// A new HTTP/2 stream refused because its peer had `max_streams_per_peer` open.
     PeerStreams,
+    /// A connection whose unfinished first head would have taken the node's partial heads
+    /// past `max_pending_head_bytes`, closed at whatever level.
+    HeadBudget,
 }
 
 impl Shed {
     /// Every reason, for the metric's help and tests.
-    pub const ALL: [Self; 5] = [
+    pub const ALL: [Self; 6] = [
         Self::AcceptRefused,
         Self::StreamRefused,
         Self::PartialHeadClosed,
         Self::IdleClosed,
         Self::PeerStreams,
+        Self::HeadBudget,
     ];
 
     /// The label value.
@@ -155,6 +159,7 @@ impl Shed {
             Self::PartialHeadClosed => "partial-head-closed",
             Self::IdleClosed => "idle-closed",
             Self::PeerStreams => "peer-streams",
+            Self::HeadBudget => "head-budget",
         }
     }
 }
@@ -167,6 +172,10 @@ pub struct Overload {
     conns: DashMap<u64, Weak<dyn Sheddable>>,
     peers: DashMap<Arc<str>, usize>,
     max_streams_per_peer: usize,
+    /// Bytes of first-head buffers beyond their first read's, over every connection.
+    head_bytes: AtomicUsize,
+    /// `max_pending_head_bytes`.
+    max_head_bytes: usize,
     /// `aether_shed_total{reason}`.
     pub shed: Family<[(&'static str, &'static str); 1], Counter>,
     /// The memory in use at the last check (`aether_memory_used_bytes`).
@@ -194,6 +203,14 @@ impl Default for Overload {
 /// `http2_max_concurrent_streams`.
 pub const DEFAULT_MAX_STREAMS_PER_PEER: usize = 2000;
 
+/// The default of `max_pending_head_bytes`: 64 MiB, a thousand heads at `max_header_bytes`.
+pub const DEFAULT_MAX_PENDING_HEAD_BYTES: usize = 64 << 20;
+
+/// What one read of a first head may take without the budget (`max_pending_head_bytes`): a
+/// head that arrives whole in a read or two costs nothing against it, and the number of such
+/// buffers is bounded by the connection limits.
+pub const HEAD_READ_BYTES: usize = 16 * 1024;
+
 impl Overload {
     /// At the normal level, each peer allowed `max_streams_per_peer` HTTP/2 streams at once.
     pub fn new(max_streams_per_peer: usize) -> Self {
@@ -203,10 +220,49 @@ impl Overload {
             conns: DashMap::new(),
             peers: DashMap::new(),
             max_streams_per_peer,
+            head_bytes: AtomicUsize::new(0),
+            max_head_bytes: DEFAULT_MAX_PENDING_HEAD_BYTES,
             shed: Family::default(),
             used_bytes: Gauge::default(),
             limit_bytes: Gauge::default(),
         }
+    }
+
+    /// With `max` bytes for the first-head buffers beyond their first read (`max_pending_head_bytes`).
+    #[must_use]
+    pub fn with_max_pending_head_bytes(mut self, max: usize) -> Self {
+        self.max_head_bytes = max;
+        self
+    }
+
+    /// Take `bytes` more of the partial heads' budget: `false` (nothing taken) when that would
+    /// go past `max_pending_head_bytes`.
+    pub fn charge_head(&self, bytes: usize) -> bool {
+        self.head_bytes
+            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |used| {
+                used.checked_add(bytes)
+                    .filter(|&n| n <= self.max_head_bytes)
+            })
+            .is_ok()
+    }
+
+    /// Take `bytes` of the partial heads' budget whatever it holds (an allocation made).
+    pub fn force_charge_head(&self, bytes: usize) {
+        self.head_bytes.fetch_add(bytes, Ordering::AcqRel);
+    }
+
+    /// Give `bytes` of the partial heads' budget back.
+    pub fn release_head(&self, bytes: usize) {
+        let _ = self
+            .head_bytes
+            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |used| {
+                Some(used.saturating_sub(bytes))
+            });
+    }
+
+    /// Bytes of the partial heads' budget taken now.
+    pub fn pending_head_bytes(&self) -> usize {
+        self.head_bytes.load(Ordering::Acquire)
     }
 
     /// Register its metrics.
@@ -217,7 +273,7 @@ impl Overload {
         }
         registry.register(
             "aether_shed",
-            "Work shed by the overload manager, by reason: accept-refused and stream-refused (memory pressure), partial-head-closed and idle-closed (memory critical), peer-streams (max_streams_per_peer)",
+            "Work shed by the overload manager, by reason: accept-refused and stream-refused (memory pressure), partial-head-closed and idle-closed (memory critical), peer-streams (max_streams_per_peer), head-budget (max_pending_head_bytes)",
             self.shed.clone(),
         );
         registry.register_with_unit(
@@ -402,7 +458,7 @@ pub fn pick_order<T: Ord + Copy>(candidates: &[(usize, T)]) -> Vec<usize> {
 /// head of the bytes read so far ([`Overload::pending`]).
 #[derive(Debug)]
 pub struct Pending {
-    bytes: std::sync::atomic::AtomicUsize,
+    bytes: AtomicUsize,
     since: tokio::time::Instant,
     shed: tokio::sync::Notify,
     told: std::sync::atomic::AtomicBool,
@@ -448,7 +504,7 @@ impl Overload {
     /// returned values drop.
     pub fn pending(self: &Arc<Self>) -> (Arc<Pending>, Registered) {
         let pending = Arc::new(Pending {
-            bytes: std::sync::atomic::AtomicUsize::new(0),
+            bytes: AtomicUsize::new(0),
             since: tokio::time::Instant::now(),
             shed: tokio::sync::Notify::new(),
             told: std::sync::atomic::AtomicBool::new(false),

@@ -254,3 +254,40 @@ async fn a_peer_holds_at_most_its_streams_over_all_its_connections_and_critical_
     w.inputs.overload.set_level(Level::Normal);
     assert_eq!(b.send_request(req("0")).await.unwrap().status(), 200);
 }
+
+#[tokio::test]
+async fn a_head_that_would_take_the_partial_heads_past_their_budget_is_closed_before_it_grows() {
+    let w = World::start().await;
+    let overload = &w.inputs.overload;
+    // Other heads hold all but 8 KiB of the node's budget (`max_pending_head_bytes`).
+    let held = aether::proxy::overload::DEFAULT_MAX_PENDING_HEAD_BYTES - 8 * 1024;
+    overload.force_charge_head(held);
+    // A head that arrives in one read needs none of it: served.
+    let mut small = TcpStream::connect(w.loopback()).await.unwrap();
+    small
+        .write_all(request("mp-multi", "").as_bytes())
+        .await
+        .unwrap();
+    assert_eq!(answer(&mut small).await.body, "mp-multi:8080\n");
+    // A 40 KB head needs more than one read's room: closed unanswered, counted.
+    let head = request("mp-multi", &format!("x-pad: {}\r\n", "a".repeat(40_000)));
+    let mut large = TcpStream::connect(w.loopback()).await.unwrap();
+    let _ = large.write_all(head.as_bytes()).await;
+    assert!(
+        closed_unanswered(&mut large).await,
+        "the head past the budget is closed"
+    );
+    assert_eq!(shed(&w, Shed::HeadBudget), 1);
+    assert_eq!(
+        overload.pending_head_bytes(),
+        held,
+        "the closed head gave back what it took"
+    );
+    // With the budget free again, the same head is served, and gives back what it took.
+    overload.release_head(held);
+    let mut large = TcpStream::connect(w.loopback()).await.unwrap();
+    large.write_all(head.as_bytes()).await.unwrap();
+    assert_eq!(answer(&mut large).await.body, "mp-multi:8080\n");
+    assert_eq!(overload.pending_head_bytes(), 0);
+    assert_eq!(shed(&w, Shed::HeadBudget), 1);
+}

@@ -29,6 +29,7 @@ use super::upstream::passthrough;
 use crate::model::names::{AuthorityInput, HttpVersion};
 use crate::proxy::filters::strip_client_request;
 use crate::proxy::metrics::{self, Direction};
+use crate::proxy::overload::{HEAD_READ_BYTES, Shed};
 use crate::proxy::{Body, BoxError, Inputs, PodCtx, access, count, respond, sniff, upgrade};
 use crate::resolve::answer::{HEADER_ERROR, MeshAnswer, Reason};
 use crate::resolve::decision::{HttpEntry, RequestDecision, RequestFacts, ServiceKey};
@@ -189,6 +190,14 @@ async fn precheck(
 ) -> First {
     let limit = inputs.settings.max_header_bytes;
     let mut buf = BytesMut::new();
+    // What the buffer holds beyond one read's room, against `max_pending_head_bytes`: a flood
+    // of slow heads that grow together is refused before it is allocated, where the memory
+    // levels would see it only after (issue #37's CI: OVERLOAD's drip doubled four thousand
+    // buffers between two checks).
+    let mut charged = HeadCharge {
+        overload: &inputs.overload,
+        bytes: 0,
+    };
     loop {
         if !buf.is_empty()
             && let Some(first) = judge(&buf, entry, &inputs.settings)
@@ -200,7 +209,18 @@ async fn precheck(
         }
         // At most one byte over the limit is read: enough to know the head is too large.
         let room = (limit + 1).saturating_sub(buf.len());
-        buf.reserve(room.min(16 * 1024));
+        let want = room.min(HEAD_READ_BYTES);
+        if buf.capacity() - buf.len() < want {
+            // At most what `BytesMut` grows to: the larger of what is asked and twice it.
+            let grown = (buf.len() + want).max(buf.capacity() * 2);
+            if !charged.to(grown) {
+                inputs.overload.count(Shed::HeadBudget);
+                debug!(entry = ?entry, bytes = buf.len(), "first request head past the node's budget of partial heads (max_pending_head_bytes): closed");
+                return First::Close;
+            }
+        }
+        buf.reserve(want);
+        charged.settle(buf.capacity());
         let mut window = (&mut *stream).take(u64::try_from(room).unwrap_or(u64::MAX));
         let read = tokio::select! {
             read = tokio::time::timeout_at(deadline, window.read_buf(&mut buf)) => read,
@@ -222,6 +242,46 @@ async fn precheck(
             Ok(Err(_)) => return First::Close,
             Ok(Ok(_)) => {}
         }
+    }
+}
+
+/// The part of a first head's buffer beyond one read's room, taken from the node's budget
+/// (`max_pending_head_bytes`) and given back when the head is read or the connection closed.
+struct HeadCharge<'a> {
+    overload: &'a crate::proxy::overload::Overload,
+    bytes: usize,
+}
+
+impl HeadCharge<'_> {
+    /// Charge a buffer of `capacity`: `false` (nothing changed) when the budget has no room.
+    fn to(&mut self, capacity: usize) -> bool {
+        let want = capacity.saturating_sub(HEAD_READ_BYTES);
+        if want > self.bytes && !self.overload.charge_head(want - self.bytes) {
+            return false;
+        }
+        if want < self.bytes {
+            self.overload.release_head(self.bytes - want);
+        }
+        self.bytes = want;
+        true
+    }
+
+    /// Charge the buffer's capacity as allocated: the budget was checked against a bound of
+    /// it, so this is at most that, and taken whatever the budget holds.
+    fn settle(&mut self, capacity: usize) {
+        let want = capacity.saturating_sub(HEAD_READ_BYTES);
+        if want > self.bytes {
+            self.overload.force_charge_head(want - self.bytes);
+        } else {
+            self.overload.release_head(self.bytes - want);
+        }
+        self.bytes = want;
+    }
+}
+
+impl Drop for HeadCharge<'_> {
+    fn drop(&mut self) {
+        self.overload.release_head(self.bytes);
     }
 }
 
