@@ -92,6 +92,37 @@ pub enum Object {
     Retained(Box<RetainedPort>),
 }
 
+impl Kind {
+    /// Its bit in [`Applied::kinds`].
+    pub fn bit(self) -> u16 {
+        1 << self as u16
+    }
+}
+
+/// Whether two rows differ in their readiness at most.
+fn same_but_readiness(a: &Row, b: &Row) -> bool {
+    // Named field by field, so that a field added to the row is compared here too.
+    let Row {
+        namespace,
+        service,
+        address,
+        port,
+        ports,
+        port_protocols,
+        ready: _,
+        pod,
+        node,
+    } = a;
+    *namespace == b.namespace
+        && *service == b.service
+        && *address == b.address
+        && *port == b.port
+        && *ports == b.ports
+        && *port_protocols == b.port_protocols
+        && *pod == b.pod
+        && *node == b.node
+}
+
 impl Object {
     /// Its kind.
     pub fn kind(&self) -> Kind {
@@ -472,6 +503,11 @@ pub struct Applied {
     pub objects: usize,
     /// Everything was compiled again (a resync, a new setting).
     pub full: bool,
+    /// The kinds whose objects changed, a bit each (`1 << kind`): what follows the model
+    /// (the DNS table, the writers' inputs) is made again only when what it reads changed.
+    pub kinds: u16,
+    /// A row was added or deleted, or changed in more than its readiness.
+    pub rows_reshaped: bool,
 }
 
 impl Applied {
@@ -483,7 +519,14 @@ impl Applied {
             compiled: self.compiled + other.compiled,
             objects: self.objects + other.objects,
             full: self.full || other.full,
+            kinds: self.kinds | other.kinds,
+            rows_reshaped: self.rows_reshaped || other.rows_reshaped,
         }
+    }
+
+    /// Whether objects of `kind` may have changed (everything may after a full compile).
+    pub fn touched(&self, kind: Kind) -> bool {
+        self.full || self.kinds & kind.bit() != 0
     }
 
     /// `full` or `incremental`, as the node's metrics label it.
@@ -768,6 +811,7 @@ impl Live {
             applied.changes += 1;
             let count = &mut self.counts[key.kind as usize];
             if matches!(key.kind, Kind::Namespace | Kind::ReferenceGrant) {
+                applied.kinds |= key.kind.bit();
                 let had = match object {
                     Some(o) => {
                         *count += 1;
@@ -786,6 +830,15 @@ impl Live {
                 && *new == held.object
             {
                 continue;
+            }
+            applied.kinds |= key.kind.bit();
+            if key.kind == Kind::Row && !applied.rows_reshaped {
+                applied.rows_reshaped = match (self.objects.get(&key).map(|h| &h.object), &object) {
+                    (Some(Object::Row(old)), Some(Object::Row(new))) => {
+                        !same_but_readiness(old, new)
+                    }
+                    _ => true,
+                };
             }
             if object.is_some() {
                 *count += 1;

@@ -58,6 +58,9 @@ pub struct Fed {
     pub skipped: usize,
     /// The objects were read whole.
     pub whole: bool,
+    /// Every object the load took was a pod (what the writers read is in other kinds and in
+    /// the rows, [`Applied::rows_reshaped`]).
+    pub only_pods: bool,
     /// The fingerprint of the objects the kept model now holds.
     pub fingerprint: u64,
 }
@@ -78,6 +81,7 @@ impl KubeFeed {
             .iter()
             .any(|k| k.kind == "MeshFilter" && k.forbidden.load(Ordering::Acquire));
         let whole = !self.filled || taken.resync || refused || self.baseline.is_some();
+        let only_pods = !whole && taken.keys.iter().all(|(kind, _, _)| *kind == Watched::Pod);
         let objects = if whole {
             kube.all_changes()
         } else {
@@ -211,6 +215,7 @@ impl KubeFeed {
             retained,
             skipped: self.problems.len(),
             whole,
+            only_pods,
             fingerprint: self.fingerprint,
         }
     }

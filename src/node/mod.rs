@@ -282,8 +282,8 @@ enum Read {
     File { fingerprint: u64 },
     /// The Kubernetes source, whose objects, read from the stores after the publish, make the
     /// writers' inputs, and the fingerprint of what the model was compiled from (kept by
-    /// changes, [`kube_feed`]).
-    Kube(Arc<KubeSource>, u64),
+    /// changes, [`kube_feed`]); `only_pods`: the load took nothing but pods.
+    Kube(Arc<KubeSource>, u64, bool),
 }
 
 /// What follows a published model, made after it serves: nothing here decides a request, so
@@ -291,26 +291,49 @@ enum Read {
 /// is published first").
 struct Followers {
     /// The mesh DNS table of the same snapshot, swapped in after the model: a name new to the
-    /// registry resolves only once the model serves it.
-    dns: DnsTable,
+    /// registry resolves only once the model serves it. `None`: the one in place stands.
+    dns: Option<DnsTable>,
     /// The Kubernetes source's writer inputs.
     writers: Option<WriterInputs>,
     /// The registry's fingerprint: stored once everything above is in place.
     fingerprint: u64,
 }
 
-/// The DNS table, the writers' inputs and the fingerprint of what `model` was compiled from.
+/// Which of what follows a model is made again: the rest stands, since what it reads did not
+/// change.
+#[derive(Clone, Copy, Debug)]
+struct Parts {
+    /// The DNS table (it reads the Services).
+    dns: bool,
+    /// The Kubernetes writers' inputs (they read the stores' Services, routes and filters, the
+    /// rows' services and ports, the model's route statuses).
+    writers: bool,
+}
+
+impl Parts {
+    const ALL: Self = Self {
+        dns: true,
+        writers: true,
+    };
+}
+
+/// The DNS table, the writers' inputs (those of `parts`) and the fingerprint of what `model`
+/// was compiled from.
 fn follow(
     config: &NodeConfig,
     snapshot: &crate::model::Snapshot,
     model: &Model,
     read: Read,
+    parts: Parts,
 ) -> Followers {
     let ctx = context(config);
-    let dns = DnsTable::build(snapshot, &ctx.domains, config.dns_kubernetes_names);
+    let dns = parts
+        .dns
+        .then(|| DnsTable::build(snapshot, &ctx.domains, config.dns_kubernetes_names));
     let (writers, fingerprint) = match read {
         Read::File { fingerprint } => (None, fingerprint),
-        Read::Kube(kube, fingerprint) => {
+        Read::Kube(_, fingerprint, _) if !parts.writers => (None, fingerprint),
+        Read::Kube(kube, fingerprint, _) => {
             // Read after the publish: they may be newer than the model (the writers look again
             // at the next load); the fingerprint is the model's own.
             let (objects, _) = kube.objects();
@@ -470,7 +493,7 @@ fn load_kube(
         version,
         retained: fed.retained,
         snapshot: None,
-        read: Read::Kube(kube.clone(), fed.fingerprint),
+        read: Read::Kube(kube.clone(), fed.fingerprint, fed.only_pods),
         etcd_revision: None,
     })
 }
@@ -667,7 +690,7 @@ async fn run_until(
                 let mut l = load(&cfg, &src, &kept, &stats, None)?;
                 let read = std::mem::replace(&mut l.read, Read::File { fingerprint: 0 });
                 let snapshot = snapshot_of(l.snapshot.take(), &kept);
-                let followed = follow(&cfg, &snapshot, &l.model, read);
+                let followed = follow(&cfg, &snapshot, &l.model, read, Parts::ALL);
                 Ok::<_, NodeError>((l, snapshot, followed))
             })
             .await
@@ -682,7 +705,7 @@ async fn run_until(
             let mut l = empty(&config);
             let read = std::mem::replace(&mut l.read, Read::File { fingerprint: 0 });
             let snapshot = snapshot_of(l.snapshot.take(), &kept_model);
-            let followed = follow(&config, &snapshot, &l.model, read);
+            let followed = follow(&config, &snapshot, &l.model, read, Parts::ALL);
             (l, snapshot, followed)
         }
     };
@@ -701,7 +724,7 @@ async fn run_until(
         config.debug_keep_snapshot.then_some(first_snapshot),
     ));
     let fingerprint = Arc::new(std::sync::atomic::AtomicU64::new(followed.fingerprint));
-    let dns_table = Arc::new(ArcSwap::from_pointee(followed.dns));
+    let dns_table = Arc::new(ArcSwap::from_pointee(followed.dns.unwrap_or_default()));
 
     let ca = match (&config.ca_cert, &config.ca_key, &config.ca_dir) {
         (Some(cert), Some(key), _) => Ca::load(cert, key)?,

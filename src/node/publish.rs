@@ -22,7 +22,7 @@ use tokio::time::Instant;
 use tracing::{debug, error, info};
 
 use super::pace::{Edge, Pace};
-use super::{Loaded, NodeConfig, NodeError, Read, follow, retire};
+use super::{Loaded, NodeConfig, NodeError, Parts, Read, follow, retire};
 use crate::dns::table::DnsTable;
 use crate::model::Model;
 use crate::model::live::{Applied, Kind, Live};
@@ -186,7 +186,8 @@ impl<F: Feed> Publisher<F> {
                     // Compared here, off the runtime's thread: 0.15 to 0.29 of the compile
                     // (docs/performance.md).
                     let unchanged = l.model.serves_like(&previous);
-                    (l, unchanged)
+                    let statuses = previous.route_statuses().eq(l.model.route_statuses());
+                    (l, unchanged, statuses)
                 })
         })
         .await;
@@ -207,7 +208,16 @@ impl<F: Feed> Publisher<F> {
                 return Outcome::Failed;
             }
         };
-        let (l, unchanged) = loaded;
+        let (l, unchanged, same_statuses) = loaded;
+        // What follows the model is made again where what it reads changed: the DNS table
+        // from the Services; the writers' inputs unless the load took pods alone whose rows
+        // changed no more than their readiness, and the route statuses stand.
+        let a = &l.applied;
+        let only_pods = matches!(l.read, Read::Kube(_, _, true));
+        let parts = Parts {
+            dns: a.touched(Kind::Service),
+            writers: !only_pods || a.full || a.rows_reshaped || !same_statuses,
+        };
         self.retained.clone_from(&l.retained);
         debug!(retained = self.retained.len(), "recompiled");
         let snapshot = l.snapshot.map(Arc::new);
@@ -215,7 +225,7 @@ impl<F: Feed> Publisher<F> {
         let delay = noticed.elapsed();
         self.stats
             .record_publish(unchanged, l.applied.changes, delay);
-        let settled = self.follow(l.read, snapshot, unchanged).await;
+        let settled = self.follow(l.read, snapshot, unchanged, parts).await;
         Outcome::Published(Publication {
             generation,
             unchanged,
@@ -271,6 +281,7 @@ impl<F: Feed> Publisher<F> {
         read: Read,
         snapshot: Option<Arc<crate::model::Snapshot>>,
         unchanged: bool,
+        parts: Parts,
     ) -> Option<u64> {
         let (metrics, published, config, live) = (
             self.out.metrics.clone(),
@@ -284,14 +295,18 @@ impl<F: Feed> Publisher<F> {
                 metrics.rebuild(model);
             }
             // The kinds the followers read, from the kept model (still at the published
-            // version: no load runs until this is done).
-            let snapshot = snapshot.unwrap_or_else(|| {
-                Arc::new(
-                    live.lock()
-                        .snapshot_of(&[Kind::Service, Kind::Row, Kind::MeshFilter]),
-                )
-            });
-            follow(&config, &snapshot, model, read)
+            // version: no load runs until this is done), when one of them is made again.
+            let snapshot = match snapshot {
+                Some(s) => s,
+                None if parts.dns || parts.writers => {
+                    Arc::new(
+                        live.lock()
+                            .snapshot_of(&[Kind::Service, Kind::Row, Kind::MeshFilter]),
+                    )
+                }
+                None => Arc::default(),
+            };
+            follow(&config, &snapshot, model, read, parts)
         })
         .await;
         let followed = match followed {
@@ -313,7 +328,9 @@ impl<F: Feed> Publisher<F> {
             let _ = registrar.send(Arc::new(w.registrar));
             let _ = status.send(Arc::new(w.status));
         }
-        retire::drop_off_runtime(self.out.dns.swap(Arc::new(followed.dns)));
+        if let Some(dns) = followed.dns {
+            retire::drop_off_runtime(self.out.dns.swap(Arc::new(dns)));
+        }
         Some(followed.fingerprint)
     }
 }

@@ -543,3 +543,31 @@ async fn a_source_that_reads_no_snapshot_has_it_made_when_asked_at_the_published
         .apply(service("svc-b", "10.9.0.2", "10.96.9.2"));
     assert!(published.source().is_none(), "the registry has moved on");
 }
+
+#[tokio::test(start_paused = true)]
+async fn the_dns_table_is_made_again_only_when_a_service_changed() {
+    let mut bench = Bench::new().await;
+    let changes = service("svc-a", "10.9.0.1", "10.96.9.1");
+    bench.change(changes.clone()).await;
+    let before = bench.dns.load_full();
+    // svc-a's pod made not Ready: its row changes, no Service does.
+    let mut row = changes[0].clone();
+    if let Some(Object::Row(r)) = &mut row.object {
+        Arc::make_mut(r).ready = false;
+    }
+    let p = bench.change(vec![row]).await;
+    assert!(!p.unchanged, "the model serves the readiness");
+    assert!(
+        Arc::ptr_eq(&before, &bench.dns.load_full()),
+        "the DNS table stands"
+    );
+    // A Service's address moved: made again.
+    let mut moved = service("svc-a", "10.9.0.1", "10.96.9.7");
+    moved.remove(0);
+    bench.change(moved).await;
+    assert!(!Arc::ptr_eq(&before, &bench.dns.load_full()));
+    assert_eq!(
+        bench.resolves(&fqdn("svc-a")),
+        Some(vec!["10.96.9.7".parse().unwrap()])
+    );
+}

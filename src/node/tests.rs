@@ -95,7 +95,7 @@ fn shared_with(manifests: &str) -> (NodeConfig, Shared) {
     };
     let loaded = compiled(&config, manifests);
     let snapshot = loaded.snapshot.clone().unwrap_or_default();
-    let followed = follow(&config, &snapshot, &loaded.model, loaded.read);
+    let followed = follow(&config, &snapshot, &loaded.model, loaded.read, Parts::ALL);
     let shared = Shared {
         inputs: Arc::new(Inputs {
             model: Arc::new(ModelHandle::new(loaded.model)),
@@ -112,7 +112,7 @@ fn shared_with(manifests: &str) -> (NodeConfig, Shared) {
         stats: Arc::new(NodeStats::default()),
         not_served: Arc::default(),
         dns: dns::DnsShared {
-            table: Arc::new(ArcSwap::from_pointee(followed.dns)),
+            table: Arc::new(ArcSwap::from_pointee(followed.dns.unwrap_or_default())),
             upstreams: Vec::new(),
             accept_errors: Counter::default(),
             tcp: crate::dns::TcpLimits::default(),
