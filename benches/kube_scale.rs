@@ -806,8 +806,8 @@ fn churn(
     // The data plane's metric series, made again for each model that serves differently.
     let series = aether::proxy::metrics::DataPlane::default();
     series.rebuild(&previous.0);
-    // Publishes whose DNS table, writers' inputs were made again.
-    let mut rebuilt = (0u64, 0u64);
+    // Publishes whose DNS table, writers' inputs, metric series were made again.
+    let mut rebuilt = (0u64, 0u64, 0u64);
     std::thread::scope(|scope| {
         // The watch and the scripted server run on the runtime: driven here meanwhile.
         scope.spawn(|| {
@@ -881,10 +881,16 @@ fn churn(
             let t = now();
             let unchanged = model.serves_like(&previous.0);
             let same_statuses = previous.0.route_statuses().eq(model.route_statuses());
-            if !unchanged {
-                series.rebuild(&model);
-            }
             let a = &fed.applied;
+            if !unchanged
+                && (!fed.only_pods
+                    || a.full
+                    || a.rows_reshaped
+                    || a.came_or_went(aether::model::live::Kind::Pod))
+            {
+                series.rebuild(&model);
+                rebuilt.2 += 1;
+            }
             let dns = a.touched(aether::model::live::Kind::Service);
             let writers = !fed.only_pods || a.full || a.rows_reshaped || !same_statuses;
             if dns || writers {
@@ -950,8 +956,8 @@ fn churn(
         follow_secs / wall_secs * 100.0
     );
     println!(
-        "| publishes that made the DNS table, the writers' inputs again | {}, {} |",
-        rebuilt.0, rebuilt.1
+        "| publishes that made the DNS table, the writers' inputs, the metric series again | {}, {}, {} |",
+        rebuilt.0, rebuilt.1, rebuilt.2
     );
     println!(
         "| heap before → after (the kept model, the stores, the feed) | {:.1} → {:.1} MiB |",

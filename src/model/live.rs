@@ -508,6 +508,8 @@ pub struct Applied {
     pub kinds: u16,
     /// A row was added or deleted, or changed in more than its readiness.
     pub rows_reshaped: bool,
+    /// The kinds of which an object was added or deleted (not replaced), a bit each.
+    pub come_or_gone: u16,
 }
 
 impl Applied {
@@ -521,7 +523,13 @@ impl Applied {
             full: self.full || other.full,
             kinds: self.kinds | other.kinds,
             rows_reshaped: self.rows_reshaped || other.rows_reshaped,
+            come_or_gone: self.come_or_gone | other.come_or_gone,
         }
+    }
+
+    /// Whether an object of `kind` may have been added or deleted.
+    pub fn came_or_went(&self, kind: Kind) -> bool {
+        self.full || self.come_or_gone & kind.bit() != 0
     }
 
     /// Whether objects of `kind` may have changed (everything may after a full compile).
@@ -832,6 +840,9 @@ impl Live {
                 continue;
             }
             applied.kinds |= key.kind.bit();
+            if object.is_none() || !self.objects.contains_key(&key) {
+                applied.come_or_gone |= key.kind.bit();
+            }
             if key.kind == Kind::Row && !applied.rows_reshaped {
                 applied.rows_reshaped = match (self.objects.get(&key).map(|h| &h.object), &object) {
                     (Some(Object::Row(old)), Some(Object::Row(new))) => {

@@ -308,12 +308,15 @@ struct Parts {
     /// The Kubernetes writers' inputs (they read the stores' Services, routes and filters, the
     /// rows' services and ports, the model's route statuses).
     writers: bool,
+    /// The data plane's metric series (the model's service ports and sources).
+    series: bool,
 }
 
 impl Parts {
     const ALL: Self = Self {
         dns: true,
         writers: true,
+        series: true,
     };
 }
 

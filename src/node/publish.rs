@@ -217,6 +217,10 @@ impl<F: Feed> Publisher<F> {
         let parts = Parts {
             dns: a.touched(Kind::Service),
             writers: !only_pods || a.full || a.rows_reshaped || !same_statuses,
+            // The series are kept per service port and per source (a mesh service, a pod's
+            // ServiceAccount): pods alone change neither unless one came or went.
+            series: !unchanged
+                && (!only_pods || a.full || a.rows_reshaped || a.came_or_went(Kind::Pod)),
         };
         self.retained.clone_from(&l.retained);
         debug!(retained = self.retained.len(), "recompiled");
@@ -225,7 +229,7 @@ impl<F: Feed> Publisher<F> {
         let delay = noticed.elapsed();
         self.stats
             .record_publish(unchanged, l.applied.changes, delay);
-        let settled = self.follow(l.read, snapshot, unchanged, parts).await;
+        let settled = self.follow(l.read, snapshot, parts).await;
         Outcome::Published(Publication {
             generation,
             unchanged,
@@ -280,7 +284,6 @@ impl<F: Feed> Publisher<F> {
         &self,
         read: Read,
         snapshot: Option<Arc<crate::model::Snapshot>>,
-        unchanged: bool,
         parts: Parts,
     ) -> Option<u64> {
         let (metrics, published, config, live) = (
@@ -291,7 +294,7 @@ impl<F: Feed> Publisher<F> {
         );
         let followed = tokio::task::spawn_blocking(move || {
             let model = &published.model;
-            if !unchanged {
+            if parts.series {
                 metrics.rebuild(model);
             }
             // The kinds the followers read, from the kept model (still at the published
