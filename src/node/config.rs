@@ -245,7 +245,7 @@ pub struct NodeConfig {
     pub max_streams_per_peer: usize,
     /// The bytes first request heads still being read may hold beyond one read's room
     /// (16 KiB each), over every connection of the node; a head that would take more is closed
-    /// (`aether_shed_total{reason="head-budget"}`). Default 64 MiB; at least
+    /// (`aether_shed_total{reason="head-budget"}`). Default 64 MiB; at least twice
     /// `max_header_bytes`.
     pub max_pending_head_bytes: usize,
     /// The memory the overload manager measures against, in bytes; 0 (the default): the limit
@@ -423,12 +423,13 @@ impl NodeConfig {
                 message,
             });
         }
-        // One head at `max_header_bytes` must fit, or no large head is ever read.
-        if self.max_pending_head_bytes < self.max_header_bytes {
+        // One head at `max_header_bytes` must fit, or no large head is ever read: its buffer,
+        // grown by doubling, holds up to twice the head.
+        if self.max_pending_head_bytes < self.max_header_bytes.saturating_mul(2) {
             return Err(ConfigError::Invalid {
                 setting: "max_pending_head_bytes",
                 message: format!(
-                    "{} is less than max_header_bytes ({}): one whole head must fit",
+                    "{} is less than twice max_header_bytes ({}): one whole head's buffer must fit",
                     self.max_pending_head_bytes, self.max_header_bytes
                 ),
             });
@@ -692,6 +693,34 @@ mod tests {
         c.mesh_domain = ".x".into();
         assert!(c.validate().is_err());
         std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[test]
+    fn a_head_budget_that_cannot_hold_one_whole_head_and_a_long_coalescing_window_are_refused() {
+        let ok = NodeConfig {
+            node_name: "n".into(),
+            ..NodeConfig::default()
+        };
+        ok.validate().unwrap();
+        let small = NodeConfig {
+            max_header_bytes: 64 * 1024,
+            max_pending_head_bytes: 100 * 1024,
+            ..ok.clone()
+        };
+        let err = small.validate().unwrap_err().to_string();
+        assert!(err.contains("max_pending_head_bytes"), "{err}");
+        NodeConfig {
+            max_pending_head_bytes: 128 * 1024,
+            ..small
+        }
+        .validate()
+        .unwrap();
+        let slow = NodeConfig {
+            publish_coalesce_ms: 10_001,
+            ..ok
+        };
+        let err = slow.validate().unwrap_err().to_string();
+        assert!(err.contains("publish_coalesce_ms"), "{err}");
     }
 
     #[test]
