@@ -18,6 +18,12 @@
 //!    that only counts them (the baseline), and the same events applied to a [`Table`] (what
 //!    the source adds to each event).
 //!
+//! 4. **One row's change to the node's model**: a pod's readiness flipped, taken by the node's
+//!    whole read (every row from the table, the registrar's Services, the kept model brought
+//!    to the snapshot object by object: what every load did before issue #37) and by the etcd
+//!    feed (the row, its service's generated Service, the kept model given the change). The
+//!    two models are checked equal at every step.
+//!
 //! No timing is asserted; the bench prints tables. Run: `cargo bench --bench etcd_scale`.
 //! `AETHER_ETCD_SCALE_PODS` (default 20000; services are a tenth) changes the size.
 #![allow(clippy::print_stdout, missing_docs)] // A benchmark harness reports on stdout.
@@ -33,10 +39,12 @@ use tikv_jemalloc_ctl::{epoch, stats};
 use tokio::sync::mpsc;
 
 use aether::lab::etcd::{EtcdServer, installed};
+use aether::model::live::Live;
 use aether::model::port::PortProtocol;
 use aether::model::registrar::complete_snapshot_except;
 use aether::model::snapshot::{ProtocolValue, Row, Snapshot};
 use aether::model::{NodeContext, compile};
+use aether::node::etcd_feed::EtcdFeed;
 use aether::registry::etcd::{EtcdSettings, EtcdSource, Registration, Table, keys};
 use aether::time::now;
 
@@ -326,6 +334,7 @@ async fn run(pods: usize, server: &EtcdServer, dir: &std::path::Path) -> Result<
         with_model as f64 / pods as f64
     );
     drop(model);
+    one_row_changed(&source, &snapshot, &ctx)?;
     drop(snapshot);
 
     // 3. Watch events: written while the source watches.
@@ -427,5 +436,72 @@ async fn run(pods: usize, server: &EtcdServer, dir: &std::path::Path) -> Result<
     );
     drop(registrations);
     drop(source);
+    Ok(())
+}
+
+/// Figure 4: one row's change to the node's model, the whole read against the feed.
+fn one_row_changed(source: &EtcdSource, snapshot: &Snapshot, ctx: &NodeContext) -> Result<()> {
+    const FLIPS: usize = 20;
+    let cidr: ipnet::IpNet = "10.96.0.0/16".parse()?;
+    let mut whole = Live::new(ctx.clone());
+    whole.update_to(snapshot, ctx);
+    let mut fed = Live::new(ctx.clone());
+    fed.update_to(snapshot, ctx);
+    let mut feed = EtcdFeed::default();
+    feed.fill(&[], snapshot, 0);
+    let mut rows = snapshot.rows.clone();
+    let (mut by_whole, mut by_change) = (Vec::new(), Vec::new());
+    for i in 0..FLIPS {
+        let k = (i * 7919) % rows.len();
+        let mut row = (*rows[k]).clone();
+        row.ready = !row.ready;
+        let row = std::sync::Arc::new(row);
+        rows[k] = row.clone();
+        // The whole read: the table's rows (here with the flip put in), the registrar, the
+        // kept model compared object by object.
+        let t = now();
+        let (_, _) = source.rows_at().context("listed")?;
+        let mut s = Snapshot {
+            rows: rows.clone(),
+            ..Snapshot::default()
+        };
+        complete_snapshot_except(&mut s, cidr, &ctx.ignored_namespaces);
+        whole.update_to(&s, ctx);
+        let _published = whole.model().clone();
+        by_whole.push(t.elapsed());
+        drop(s);
+        // The feed: the row's change alone.
+        let t = now();
+        let id = (row.namespace.clone(), row.service.clone(), row.address);
+        let f = feed.changes(vec![(id, Some(row))], ctx, cidr, None);
+        fed.apply(f.changes);
+        let _published = fed.model().clone();
+        by_change.push(t.elapsed());
+        if !fed.model().serves_like(whole.model()) {
+            bail!("flip {i}: the model kept by changes differs from the whole read's");
+        }
+    }
+    let ms = |v: &mut Vec<Duration>| {
+        v.sort();
+        (
+            v[v.len() / 2].as_secs_f64() * 1000.0,
+            v[v.len() - 1].as_secs_f64() * 1000.0,
+        )
+    };
+    let (w50, wmax) = ms(&mut by_whole);
+    let (c50, cmax) = ms(&mut by_change);
+    println!();
+    println!(
+        "| one row's readiness flipped, to the node's model ({} rows, median / slowest of {FLIPS}) | ms | ratio |",
+        rows.len()
+    );
+    println!("|---|---|---|");
+    println!(
+        "| the whole read (baseline): every row, the registrar, the kept model compared whole | {w50:.3} / {wmax:.3} | 1 |"
+    );
+    println!(
+        "| the etcd feed: the row, its service's generated Service, the change applied | {c50:.3} / {cmax:.3} | {:.4} |",
+        c50 / w50
+    );
     Ok(())
 }

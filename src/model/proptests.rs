@@ -1014,10 +1014,10 @@ fn check_connections(s: &Snapshot) -> Result<(), TestCaseError> {
 
 /// A small deterministic generator for shuffles (splitmix64).
 #[derive(Debug)]
-struct Mix(u64);
+pub(crate) struct Mix(pub(crate) u64);
 
 impl Mix {
-    fn next(&mut self) -> u64 {
+    pub(crate) fn next(&mut self) -> u64 {
         self.0 = self.0.wrapping_add(0x9e37_79b9_7f4a_7c15);
         let mut z = self.0;
         z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);

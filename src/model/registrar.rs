@@ -230,6 +230,18 @@ pub fn complete_snapshot_except(
     cidr: IpNet,
     ignored: &BTreeSet<String>,
 ) -> RegistrarReport {
+    let report = add_generated_except(snapshot, ignored);
+    allocate_cluster_ips(&mut snapshot.services, cidr);
+    report
+}
+
+/// [`complete_snapshot_except`] but for the ClusterIPs: the generated Services the rows call
+/// for, added after the snapshot's own (a generated Service already present, the first of its
+/// name, takes the ports the rows give it and keeps its addresses).
+pub fn add_generated_except(
+    snapshot: &mut Snapshot,
+    ignored: &BTreeSet<String>,
+) -> RegistrarReport {
     let (mut generated, report) = generated_services_except(snapshot, ignored);
     // Each generated Service matched against the first Service of its (namespace, name) in one
     // pass over the snapshot: a scan of the snapshot per generated Service was quadratic
@@ -260,7 +272,6 @@ pub fn complete_snapshot_except(
             .zip(matched)
             .filter_map(|(g, m)| m.is_none().then_some(g)),
     );
-    allocate_cluster_ips(&mut snapshot.services, cidr);
     report
 }
 

@@ -20,15 +20,14 @@ use std::sync::atomic::Ordering;
 use tracing::warn;
 
 use crate::model::live::{Applied, Change, Kind, Live, Object, ObjectKey};
-use crate::model::retention::{advance_service, generated_has_real_ports};
+use crate::model::retention::generated_has_real_ports;
 use crate::model::rows::row_problem;
 use crate::model::snapshot::{FilterConfig, MeshFilter, RetainedPort, Row, Service, Unreadable};
 use crate::model::{Model, NodeContext};
 use crate::registry::kube::convert::keyed::Watched;
 use crate::registry::kube::watch::{KubeSource, ObjectChanges};
 
-/// A (namespace, service) pair.
-type ServiceName = (Box<str>, Box<str>);
+use super::retain::ServiceName;
 
 /// What the node keeps of the Kubernetes source between loads.
 #[derive(Debug, Default)]
@@ -126,29 +125,9 @@ impl KubeFeed {
         }
 
         // Retention (spec/model.md §10), for the services it may have changed.
-        let before: &[RetainedPort] = previous.map_or(&[], |(_, r)| r);
-        let mut retained_changes = Vec::new();
-        let mut retained: Vec<RetainedPort> = Vec::new();
-        if let Some((model, _)) = previous {
-            if whole {
-                touched.clear();
-                for (ns, name, _) in model.http_ports() {
-                    touched.insert((ns.into(), name.into()));
-                }
-            }
-            for r in before {
-                touched.insert((r.namespace.as_str().into(), r.service.as_str().into()));
-            }
-            retained.extend(
-                before
-                    .iter()
-                    .filter(|r| {
-                        !touched.contains(&(r.namespace.as_str().into(), r.service.as_str().into()))
-                    })
-                    .cloned(),
-            );
-            for (ns, name) in &touched {
-                let key = (ns.clone(), name.clone());
+        let (retained, retained_changes) =
+            super::retain::by_change(touched, previous, whole, ctx.now_ms, |ns, name| {
+                let key: ServiceName = (ns.into(), name.into());
                 let service = match services.get(&key) {
                     Some(now) => *now,
                     None if whole => None,
@@ -160,41 +139,9 @@ impl KubeFeed {
                         _ => None,
                     },
                 };
-                let evidence = self.serving.get(&key).is_some_and(|&n| n > 0)
-                    || service.is_some_and(generated_has_real_ports);
-                let http = model.http_ports_of(ns, name);
-                retained.extend(advance_service(
-                    ns, name, &http, before, evidence, ctx.now_ms,
-                ));
-            }
-            retained.sort_by(|a, b| {
-                (&a.namespace, &a.service, a.port).cmp(&(&b.namespace, &b.service, b.port))
+                self.serving.get(&key).is_some_and(|&n| n > 0)
+                    || service.is_some_and(generated_has_real_ports)
             });
-            let is_touched = |r: &&RetainedPort| {
-                touched.contains(&(r.namespace.as_str().into(), r.service.as_str().into()))
-            };
-            // A port retained still is put again unchanged, which `Live::apply` leaves be; one
-            // gone is deleted (a whole read deletes what it does not list).
-            let kept_keys: BTreeSet<String> = retained
-                .iter()
-                .filter(is_touched)
-                .map(retained_key)
-                .collect();
-            if !whole {
-                for r in before.iter().filter(is_touched) {
-                    let key = retained_key(r);
-                    if !kept_keys.contains(&key) {
-                        retained_changes.push(Change::delete(Kind::Retained, key));
-                    }
-                }
-            }
-            for r in retained.iter().filter(is_touched) {
-                retained_changes.push(Change::put(
-                    retained_key(r),
-                    Object::Retained(Box::new(r.clone())),
-                ));
-            }
-        }
         drop(services);
         changes.extend(retained_changes);
 
@@ -330,9 +277,4 @@ fn count(serving: &mut HashMap<ServiceName, u32>, row: &Arc<Row>, add: bool) -> 
         }
     }
     name
-}
-
-/// A retained port's key in the kept model (as `live::keyed` keys it).
-fn retained_key(r: &RetainedPort) -> String {
-    format!("{}/{}:{}", r.namespace, r.service, r.port)
 }

@@ -7,6 +7,7 @@ pub mod cni_records;
 pub mod config;
 pub mod debug;
 pub mod dns;
+pub mod etcd_feed;
 pub mod handoff;
 pub mod kube_feed;
 pub mod listeners;
@@ -15,6 +16,7 @@ pub mod memory;
 mod pace;
 pub mod pods;
 mod publish;
+mod retain;
 mod retire;
 pub mod stats;
 pub mod telemetry;
@@ -118,6 +120,11 @@ pub struct EtcdNode {
     local: parking_lot::Mutex<Vec<crate::model::snapshot::Row>>,
     /// The store revision of the rows of the published model.
     compiled: std::sync::atomic::AtomicI64,
+    /// What the loads by changes keep ([`etcd_feed`]).
+    feed: parking_lot::Mutex<etcd_feed::EtcdFeed>,
+    /// The manifest directory changed since it was last read (set by its watch): the next load
+    /// reads it whole.
+    dir_changed: std::sync::atomic::AtomicBool,
 }
 
 impl EtcdNode {
@@ -127,7 +134,7 @@ impl EtcdNode {
     pub fn report(&self) -> serde_json::Value {
         use std::sync::atomic::Ordering::{Acquire, Relaxed};
         let stats = self.source.stats();
-        let seen = self.source.rows_at().map_or(0, |(_, revision)| revision);
+        let seen = self.source.revision().unwrap_or(0);
         let compiled = self.compiled.load(Acquire);
         let probed = self.liveness.all_probed(&self.local.lock());
         let state = &self.registration.state;
@@ -273,6 +280,11 @@ struct Loaded {
     read: Read,
     /// The etcd store revision of the snapshot's rows.
     etcd_revision: Option<i64>,
+    /// The load took nothing but endpoints (pods, or etcd's rows): what the writers and the
+    /// metric series read is in other kinds, and in the rows' shape ([`Applied::rows_reshaped`]).
+    ///
+    /// [`Applied::rows_reshaped`]: crate::model::live::Applied
+    endpoints_only: bool,
 }
 
 /// The registry as read, beyond the snapshot.
@@ -282,8 +294,8 @@ enum Read {
     File { fingerprint: u64 },
     /// The Kubernetes source, whose objects, read from the stores after the publish, make the
     /// writers' inputs, and the fingerprint of what the model was compiled from (kept by
-    /// changes, [`kube_feed`]); `only_pods`: the load took nothing but pods.
-    Kube(Arc<KubeSource>, u64, bool),
+    /// changes, [`kube_feed`]).
+    Kube(Arc<KubeSource>, u64),
 }
 
 /// What follows a published model, made after it serves: nothing here decides a request, so
@@ -335,8 +347,8 @@ fn follow(
         .then(|| DnsTable::build(snapshot, &ctx.domains, config.dns_kubernetes_names));
     let (writers, fingerprint) = match read {
         Read::File { fingerprint } => (None, fingerprint),
-        Read::Kube(_, fingerprint, _) if !parts.writers => (None, fingerprint),
-        Read::Kube(kube, fingerprint, _) => {
+        Read::Kube(_, fingerprint) if !parts.writers => (None, fingerprint),
+        Read::Kube(kube, fingerprint) => {
             // Read after the publish: they may be newer than the model (the writers look again
             // at the next load); the fingerprint is the model's own.
             let (objects, _) = kube.objects();
@@ -396,6 +408,8 @@ fn load(
     previous: Option<(&Model, &[crate::model::snapshot::RetainedPort])>,
 ) -> Result<Loaded, NodeError> {
     let ctx = context(config);
+    // The etcd source's directory Services as read, and its fingerprint: what its feed keeps.
+    let mut etcd_read = None;
     let (mut snapshot, read, etcd_revision) = match source {
         Source::File(last) => {
             let (snapshot, fingerprint) = read_dir(config, &mut last.lock(), stats)?;
@@ -403,22 +417,47 @@ fn load(
         }
         Source::Kube(kube, feed) => return load_kube(&ctx, kube, feed, kept, stats, previous),
         Source::Etcd(etcd) => {
-            let (mut snapshot, fingerprint) = read_dir(config, &mut etcd.last.lock(), stats)?;
-            // This node's pods, as the directory gives them, are what it registers.
-            *etcd.local.lock() = snapshot
-                .rows
-                .iter()
-                .filter(|r| r.node.as_deref() == Some(config.node_name.as_str()))
-                .map(|r| (**r).clone())
-                .collect();
+            use std::sync::atomic::Ordering::AcqRel;
+            // The directory is read whole at the first load and after it changed; etcd's rows
+            // come by changes, or whole after a listing (issue #37).
+            let dir = if etcd.dir_changed.swap(false, AcqRel) || !etcd.feed.lock().filled() {
+                let read = read_dir(config, &mut etcd.last.lock(), stats);
+                if read.is_err() {
+                    etcd.dir_changed
+                        .store(true, std::sync::atomic::Ordering::Release);
+                }
+                let read = read?;
+                // This node's pods, as the directory gives them, are what it registers.
+                *etcd.local.lock() = read
+                    .0
+                    .rows
+                    .iter()
+                    .filter(|r| r.node.as_deref() == Some(config.node_name.as_str()))
+                    .map(|r| (**r).clone())
+                    .collect();
+                Some(read)
+            } else {
+                None
+            };
             // Every node's rows are etcd's: none is served before the first listing.
-            let Some((rows, revision)) = etcd.source.rows_at() else {
+            let Some((taken, revision)) = etcd.source.take_changes(dir.is_some()) else {
                 stats.registry_synced.set(0);
                 return Err(NodeError::NotSynced);
             };
             etcd.register();
             etcd.export(stats);
-            snapshot.rows = rows;
+            let (mut snapshot, fingerprint) = match dir {
+                None if !taken.whole => {
+                    return Ok(load_etcd_changes(
+                        &ctx, config, etcd, taken, revision, kept, stats, previous,
+                    ));
+                }
+                Some(read) => read,
+                // Listed again with the directory unchanged: read it too, as at the start.
+                None => read_dir(config, &mut etcd.last.lock(), stats)?,
+            };
+            snapshot.rows = taken.rows.into_iter().filter_map(|(_, row)| row).collect();
+            etcd_read = Some((snapshot.services.clone(), fingerprint));
             (snapshot, Read::File { fingerprint }, Some(revision))
         }
     };
@@ -446,6 +485,9 @@ fn load(
     let version = kept.version();
     drop(kept);
     stats.record_compile(snapshot.rows.len(), &model, &applied, started.elapsed());
+    if let (Source::Etcd(etcd), Some((services, fingerprint))) = (source, etcd_read) {
+        etcd.feed.lock().fill(&services, &snapshot, fingerprint);
+    }
     let retained = snapshot.retained.clone();
     Ok(Loaded {
         model,
@@ -455,7 +497,47 @@ fn load(
         snapshot: Some(snapshot),
         read,
         etcd_revision,
+        endpoints_only: false,
     })
+}
+
+/// [`load`] on the etcd source when only rows changed ([`etcd_feed`]): the rows, the Services
+/// the registrar makes of them and the retained ports of their services go to the kept model;
+/// no snapshot is made on the way to the publish.
+#[allow(clippy::too_many_arguments)]
+fn load_etcd_changes(
+    ctx: &NodeContext,
+    config: &NodeConfig,
+    etcd: &EtcdNode,
+    taken: crate::registry::etcd::TableChanges,
+    revision: i64,
+    kept: &parking_lot::Mutex<Live>,
+    stats: &NodeStats,
+    previous: Option<(&Model, &[crate::model::snapshot::RetainedPort])>,
+) -> Loaded {
+    let started = crate::time::now();
+    let mut feed = etcd.feed.lock();
+    let fed = feed.changes(taken.rows, ctx, config.service_cidr, previous);
+    let mut kept = kept.lock();
+    let settings = kept.set_context(ctx.clone());
+    let applied = settings.and(kept.apply(fed.changes));
+    let model = kept.model().clone();
+    let rows = kept.count(crate::model::live::Kind::Row);
+    let version = kept.version();
+    drop(kept);
+    stats.record_compile(rows, &model, &applied, started.elapsed());
+    Loaded {
+        model,
+        applied,
+        version,
+        retained: fed.retained,
+        snapshot: None,
+        read: Read::File {
+            fingerprint: feed.fingerprint(),
+        },
+        etcd_revision: Some(revision),
+        endpoints_only: fed.endpoints_only,
+    }
 }
 
 /// [`load`] on the Kubernetes source, which gives what changed ([`kube_feed`]): no snapshot on
@@ -496,8 +578,9 @@ fn load_kube(
         version,
         retained: fed.retained,
         snapshot: None,
-        read: Read::Kube(kube.clone(), fed.fingerprint, fed.only_pods),
+        read: Read::Kube(kube.clone(), fed.fingerprint),
         etcd_revision: None,
+        endpoints_only: fed.only_pods,
     })
 }
 
@@ -572,6 +655,7 @@ fn empty(config: &NodeConfig) -> Loaded {
         snapshot: Some(snapshot),
         read: Read::File { fingerprint: 0 },
         etcd_revision: None,
+        endpoints_only: false,
     }
 }
 
@@ -648,7 +732,10 @@ async fn run_until(
             Source::File(parking_lot::Mutex::new(LastGood::default()))
         }
         config::RegistrySource::Etcd => {
-            _file_watcher = crate::registry::file::watch_dir(&config.registry, changed_tx.clone());
+            // The directory's notices mark it changed, so that the next load reads it whole
+            // (etcd's own notices bring only the rows that changed).
+            let (dir_tx, mut dir_rx) = mpsc::channel::<()>(1);
+            _file_watcher = crate::registry::file::watch_dir(&config.registry, dir_tx);
             let settings = config.etcd_settings()?;
             let source =
                 crate::registry::etcd::EtcdSource::start(settings.clone(), changed_tx.clone());
@@ -657,14 +744,26 @@ async fn run_until(
                 state_dir.join("etcd-lease"),
                 source.clone(),
             );
-            Source::Etcd(Arc::new(EtcdNode {
+            let node = Arc::new(EtcdNode {
                 last: parking_lot::Mutex::new(LastGood::default()),
                 source,
                 registration,
                 liveness: Arc::default(),
                 local: parking_lot::Mutex::default(),
                 compiled: std::sync::atomic::AtomicI64::new(0),
-            }))
+                feed: parking_lot::Mutex::default(),
+                dir_changed: std::sync::atomic::AtomicBool::new(true),
+            });
+            let (marked, changed) = (Arc::downgrade(&node), changed_tx.clone());
+            tokio::spawn(async move {
+                while dir_rx.recv().await.is_some() {
+                    let Some(node) = marked.upgrade() else { return };
+                    node.dir_changed
+                        .store(true, std::sync::atomic::Ordering::Release);
+                    let _ = changed.try_send(());
+                }
+            });
+            Source::Etcd(node)
         }
         config::RegistrySource::Kube => {
             let client = crate::registry::kube::client::client(&config.node_name)
@@ -1740,6 +1839,8 @@ async fn drain(inputs: &Inputs, bound: Duration) {
     }
 }
 
+#[cfg(test)]
+mod etcd_feed_tests;
 #[cfg(test)]
 mod kube_feed_tests;
 #[cfg(test)]

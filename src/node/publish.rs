@@ -210,17 +210,23 @@ impl<F: Feed> Publisher<F> {
         };
         let (l, unchanged, same_statuses) = loaded;
         // What follows the model is made again where what it reads changed: the DNS table
-        // from the Services; the writers' inputs unless the load took pods alone whose rows
-        // changed no more than their readiness, and the route statuses stand.
+        // from the Services; the writers' inputs (the Kubernetes source's) unless the load took
+        // endpoints alone whose rows changed no more than their readiness, and the route
+        // statuses stand.
         let a = &l.applied;
-        let only_pods = matches!(l.read, Read::Kube(_, _, true));
+        let endpoints = l.endpoints_only;
         let parts = Parts {
             dns: a.touched(Kind::Service),
-            writers: !only_pods || a.full || a.rows_reshaped || !same_statuses,
+            writers: matches!(l.read, Read::Kube(..))
+                && (!endpoints || a.full || a.rows_reshaped || !same_statuses),
             // The series are kept per service port and per source (a mesh service, a pod's
-            // ServiceAccount): pods alone change neither unless one came or went.
+            // ServiceAccount): endpoints alone change neither unless one came or went.
             series: !unchanged
-                && (!only_pods || a.full || a.rows_reshaped || a.came_or_went(Kind::Pod)),
+                && (!endpoints
+                    || a.full
+                    || a.rows_reshaped
+                    || a.came_or_went(Kind::Pod)
+                    || a.came_or_went(Kind::Row)),
         };
         self.retained.clone_from(&l.retained);
         debug!(retained = self.retained.len(), "recompiled");

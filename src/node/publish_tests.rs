@@ -98,6 +98,7 @@ impl Feed for Scripted {
             snapshot: self.whole.then(|| kept.snapshot()),
             read: Read::File { fingerprint: loads },
             etcd_revision: None,
+            endpoints_only: false,
         })
     }
 

@@ -37,7 +37,7 @@ use tracing::{debug, info, warn};
 
 use crate::model::snapshot::Row;
 
-pub use table::{Refused, Table};
+pub use table::{Refused, RowId, Table, TableChanges};
 
 /// How a node reaches etcd.
 #[derive(Clone, Debug)]
@@ -194,6 +194,21 @@ impl EtcdSource {
     /// The served rows and the store revision they are of, or `None` before the first listing.
     pub fn rows_at(&self) -> Option<(Vec<Arc<Row>>, i64)> {
         self.followed.rows_at()
+    }
+
+    /// The rows changed since the last call (every row after a listing, or when `all` is
+    /// asked) and the store revision they are of; `None` before the first listing.
+    pub fn take_changes(&self, all: bool) -> Option<(TableChanges, i64)> {
+        self.followed
+            .table
+            .lock()
+            .as_mut()
+            .map(|(table, revision)| (table.take_changes(all), *revision))
+    }
+
+    /// The store revision the rows are at, `None` before the first listing.
+    pub fn revision(&self) -> Option<i64> {
+        self.followed.table.lock().as_ref().map(|(_, r)| *r)
     }
 
     /// Every key held that is not served.

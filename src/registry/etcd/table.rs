@@ -8,13 +8,26 @@
 //!   a consumer of several listings de-duplicates): of copies that differ, the one written last
 //!   (highest `mod_revision`; then the lowest key) is the row.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashSet};
 use std::net::IpAddr;
 use std::sync::Arc;
 
 use crate::model::snapshot::Row;
 
-use super::keys::{EndpointKey, Refusal, decode};
+use super::keys::{EndpointKey, Refusal, decode, endpoints_prefix};
+
+/// A row's identity: (namespace, service, address), what its keys name.
+pub type RowId = (String, String, IpAddr);
+
+/// What changed since the last [`Table::take_changes`].
+#[derive(Clone, Debug, Default)]
+pub struct TableChanges {
+    /// The table was listed again (or never taken from): everything is in `rows`.
+    pub whole: bool,
+    /// Each row whose identity a put or a delete named since, as the table serves it now
+    /// (`None`: it serves none); when `whole`, every served row.
+    pub rows: Vec<(RowId, Option<Arc<Row>>)>,
+}
 
 /// One key as read.
 #[derive(Clone, Debug)]
@@ -37,6 +50,10 @@ pub struct Refused {
 pub struct Table {
     prefix: String,
     entries: BTreeMap<Vec<u8>, Entry>,
+    /// The identities named by a put or a delete since the last [`Table::take_changes`].
+    touched: HashSet<RowId>,
+    /// Listed again since then (or never taken from).
+    relisted: bool,
 }
 
 impl Table {
@@ -45,6 +62,8 @@ impl Table {
         Self {
             prefix: prefix.to_owned(),
             entries: BTreeMap::new(),
+            touched: HashSet::new(),
+            relisted: true,
         }
     }
 
@@ -67,6 +86,8 @@ impl Table {
     ) -> Vec<Refused> {
         let mut old = std::mem::take(&mut self.entries);
         let mut refused = Vec::new();
+        self.relisted = true;
+        self.touched.clear();
         for (key, value, mod_revision) in listing {
             let kept = old
                 .remove(key)
@@ -90,8 +111,65 @@ impl Table {
     pub fn put(&mut self, key: &[u8], value: &[u8], mod_revision: i64) -> Option<Refused> {
         let entry = self.read(key, value, mod_revision);
         let refused = entry.read.as_ref().err().map(|r| refused_key(key, r));
+        self.touch(key);
         self.entries.insert(key.to_vec(), entry);
         refused
+    }
+
+    /// Notes the identity `key` names (a key that does not parse names none, and never
+    /// served).
+    fn touch(&mut self, key: &[u8]) {
+        if self.relisted {
+            return;
+        }
+        if let Ok(k) = EndpointKey::parse(&self.prefix, key) {
+            self.touched.insert((k.namespace, k.service, k.address));
+        }
+    }
+
+    /// What changed since the last call: the rows of the identities touched, as served now,
+    /// or every row after a listing or when `all` is asked. O(rows touched × the keys of their
+    /// services).
+    pub fn take_changes(&mut self, all: bool) -> TableChanges {
+        if std::mem::take(&mut self.relisted) || all {
+            self.touched.clear();
+            let rows = self
+                .rows()
+                .into_iter()
+                .map(|r| ((r.namespace.clone(), r.service.clone(), r.address), Some(r)))
+                .collect();
+            return TableChanges { whole: true, rows };
+        }
+        let touched = std::mem::take(&mut self.touched);
+        let rows = touched
+            .into_iter()
+            .map(|id| {
+                let row = self.row_of(&id);
+                (id, row)
+            })
+            .collect();
+        TableChanges { whole: false, rows }
+    }
+
+    /// The row served for `id`, as [`Table::rows`] picks it among its keys (the one written
+    /// last; then the lowest key): its service's keys are one range.
+    fn row_of(&self, (namespace, service, address): &RowId) -> Option<Arc<Row>> {
+        let from = format!("{}{namespace}/{service}/", endpoints_prefix(&self.prefix)).into_bytes();
+        let mut best: Option<(i64, &Arc<Row>)> = None;
+        for (_, entry) in self
+            .entries
+            .range(from.clone()..)
+            .take_while(|(k, _)| k.starts_with(&from))
+        {
+            let Ok(row) = &entry.read else { continue };
+            if row.address != *address {
+                continue;
+            }
+            if best.is_none_or(|(rev, _)| entry.mod_revision > rev) {
+                best = Some((entry.mod_revision, row));
+            }
+        }
+        best.map(|(_, row)| Arc::clone(row))
     }
 
     /// The revision that last put `key`, if it is held (served or refused).
@@ -101,6 +179,7 @@ impl Table {
 
     /// A key deleted (or expired with its lease).
     pub fn delete(&mut self, key: &[u8]) {
+        self.touch(key);
         self.entries.remove(key);
     }
 

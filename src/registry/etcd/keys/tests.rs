@@ -318,3 +318,71 @@ proptest! {
         }
     }
 }
+
+proptest! {
+    /// The rows a table gives by its changes, applied to what it gave before, are the rows it
+    /// serves: after random puts (several copies of one row under its protocols, written at
+    /// any revision, some of them refused) and deletes, and after a listing.
+    #[test]
+    fn the_rows_given_by_changes_are_the_rows_served(
+        steps in prop::collection::vec(
+            prop::collection::vec((0u8..3, 0u8..2, 0u8..3, 0u8..4, 1i64..6, any::<bool>()), 1..6),
+            1..12,
+        ),
+    ) {
+        let mut table = Table::new(PREFIX);
+        let mut given: BTreeMap<crate::registry::etcd::RowId, std::sync::Arc<Row>> = BTreeMap::new();
+        let apply = |table: &mut Table, given: &mut BTreeMap<_, _>| {
+            let changes = table.take_changes(false);
+            if changes.whole {
+                given.clear();
+            }
+            for (id, row) in changes.rows {
+                match row {
+                    Some(r) => given.insert(id, r),
+                    None => given.remove(&id),
+                };
+            }
+        };
+        let mut revision = 0;
+        let mut store: BTreeMap<String, (Vec<u8>, i64)> = BTreeMap::new();
+        for (n, batch) in steps.iter().enumerate() {
+            for &(service, address, protocol, what, back, ready) in batch {
+                revision += 1;
+                let mut row = mixed_row();
+                row.service = format!("s{service}");
+                row.address = IpAddr::from([10, 0, 0, address]);
+                row.ready = ready;
+                let kvs = encode(PREFIX, &row).unwrap();
+                let (key, value) = &kvs[usize::from(protocol) % kvs.len()];
+                let (value, at) = match what {
+                    0 => {
+                        table.delete(key.as_bytes());
+                        store.remove(key);
+                        continue;
+                    }
+                    // A copy written at an earlier revision than others (a mirror replaying).
+                    1 => (value.as_bytes().to_vec(), revision - back.min(revision - 1)),
+                    2 => (b"{\"schema\": 1}".to_vec(), revision),
+                    _ => (value.as_bytes().to_vec(), revision),
+                };
+                table.put(key.as_bytes(), &value, at);
+                store.insert(key.clone(), (value, at));
+            }
+            if n % 5 == 4 {
+                // Listed again (a compaction, say): everything given again.
+                table.replace(store.iter().map(|(k, (v, r))| (k.as_bytes(), v.as_slice(), *r)));
+            }
+            apply(&mut table, &mut given);
+            let served: BTreeMap<_, _> = table
+                .rows()
+                .into_iter()
+                .map(|r| ((r.namespace.clone(), r.service.clone(), r.address), r))
+                .collect();
+            prop_assert_eq!(&given, &served);
+        }
+        let all = table.take_changes(true);
+        prop_assert!(all.whole);
+        prop_assert_eq!(all.rows.len(), given.len());
+    }
+}
