@@ -458,12 +458,49 @@ struct Gave {
     classes: Vec<ServiceKey>,
     statuses: Vec<RouteStatus>,
     diagnostics: Vec<Diagnostic>,
+    /// The service ports and the sources it gives the model (`Model::service_ports`,
+    /// `Model::sources`): what the data plane's metric series are kept by.
+    series: Vec<SeriesKey>,
+}
+
+/// One key of the data plane's metric series: a service port, or a source.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+enum SeriesKey {
+    Port(ServiceKey, u16),
+    Source(Arc<str>, Arc<str>),
+}
+
+/// The series keys of `e`, as `Model::service_ports` and `Model::sources` read them.
+fn series_of(e: &Entries) -> Vec<SeriesKey> {
+    let mut out = Vec::new();
+    for (_, names) in &e.names {
+        for entry in names.values() {
+            out.extend(
+                entry
+                    .ports
+                    .keys()
+                    .map(|&p| SeriesKey::Port(entry.key.clone(), p)),
+            );
+        }
+    }
+    for (key, ports) in &e.classes {
+        out.extend(ports.keys().map(|&p| SeriesKey::Port(key.clone(), p)));
+        out.push(SeriesKey::Source(key.namespace.clone(), key.name.clone()));
+    }
+    for p in &e.pods {
+        out.push(SeriesKey::Source(
+            p.namespace.as_str().into(),
+            p.service_account.as_str().into(),
+        ));
+    }
+    out
 }
 
 impl Gave {
     /// What `e` puts in a model.
     fn of(e: &Entries) -> Self {
         Self {
+            series: series_of(e),
             names: e
                 .names
                 .iter()
@@ -510,6 +547,9 @@ pub struct Applied {
     pub rows_reshaped: bool,
     /// The kinds of which an object was added or deleted (not replaced), a bit each.
     pub come_or_gone: u16,
+    /// A service port or a source came or went (`Model::service_ports`, `Model::sources`):
+    /// the data plane's metric series, kept by them, are to be made again.
+    pub series_changed: bool,
 }
 
 impl Applied {
@@ -524,6 +564,7 @@ impl Applied {
             kinds: self.kinds | other.kinds,
             rows_reshaped: self.rows_reshaped || other.rows_reshaped,
             come_or_gone: self.come_or_gone | other.come_or_gone,
+            series_changed: self.series_changed || other.series_changed,
         }
     }
 
@@ -563,6 +604,11 @@ pub struct Live {
     diagnostics: HashMap<Diagnostic, u32>,
     /// How many objects of each kind it holds (by `Kind as usize`).
     counts: [usize; KINDS],
+    /// How many components gave each series key.
+    series: HashMap<SeriesKey, u32>,
+    /// The series keys that came or went during the change under way, with whether each was
+    /// held before it.
+    flips: HashMap<SeriesKey, bool>,
     model: Model,
     next: PartId,
     /// One more at every change taken: the objects held are those of a version.
@@ -596,6 +642,8 @@ impl Live {
             in_namespace: HashMap::new(),
             diagnostics: HashMap::new(),
             counts: [0; KINDS],
+            series: HashMap::new(),
+            flips: HashMap::new(),
             next: NONE,
             version: 0,
         }
@@ -961,6 +1009,7 @@ impl Live {
             placing.insert(key, hashes);
         }
         if placing.is_empty() {
+            applied.series_changed |= self.series_flipped();
             return;
         }
         // Union-find over their links.
@@ -1037,6 +1086,7 @@ impl Live {
             let entries = compile_entries(&s, &self.ctx);
             let gave = if bulk {
                 let gave = Gave::of(&entries);
+                self.count_series(&gave.series, true);
                 for d in &entries.diagnostics {
                     *self.diagnostics.entry(d.clone()).or_insert(0) += 1;
                 }
@@ -1062,6 +1112,7 @@ impl Live {
         if bulk {
             self.put_all(all, all_names);
         }
+        applied.series_changed |= self.series_flipped();
     }
 
     /// Makes the model of `all` (with `names`), every component's entries: see `place`.
@@ -1072,8 +1123,12 @@ impl Live {
 
     /// Puts the entries of one component's compile in the model; what it put.
     fn put_in(&mut self, part: Entries) -> Gave {
+        let mut gave = Gave {
+            series: series_of(&part),
+            ..Gave::default()
+        };
+        self.count_series(&gave.series, true);
         let m = &mut self.model;
-        let mut gave = Gave::default();
         for (ns, names) in part.names {
             if !m.names.contains_key(&ns) {
                 m.names.insert(ns.clone(), Table::default());
@@ -1126,8 +1181,37 @@ impl Live {
         gave
     }
 
+    /// Counts the series keys a component gave in (or out); notes each that came or went.
+    fn count_series(&mut self, keys: &[SeriesKey], add: bool) {
+        for k in keys {
+            if add {
+                let n = self.series.entry(k.clone()).or_insert(0);
+                *n += 1;
+                if *n == 1 {
+                    self.flips.entry(k.clone()).or_insert(false);
+                }
+            } else if let Some(n) = self.series.get_mut(k) {
+                *n -= 1;
+                if *n == 0 {
+                    self.series.remove(k);
+                    self.flips.entry(k.clone()).or_insert(true);
+                }
+            }
+        }
+    }
+
+    /// Whether a series key the change came upon is held now and was not before, or the
+    /// reverse (a component dissolved and compiled again gives back what it took).
+    fn series_flipped(&mut self) -> bool {
+        let flips = std::mem::take(&mut self.flips);
+        flips
+            .into_iter()
+            .any(|(k, was)| self.series.contains_key(&k) != was)
+    }
+
     /// Takes what one component gave out of the model.
     fn take_out(&mut self, gave: Gave) {
+        self.count_series(&gave.series, false);
         let m = &mut self.model;
         for (ns, n) in &gave.names {
             let emptied = m.names.get_mut(ns).is_some_and(|t| {

@@ -1834,12 +1834,16 @@ proptest! {
                     None => now.remove(&change.key),
                 };
                 let described = format!("{:?} {:?}", change.key, change.object.as_ref().map(Object::kind));
-                live.apply([change]);
+                let before = live.model().clone();
+                let applied = live.apply([change]);
                 let s = live.snapshot();
                 let expected = compile(&s, &ctx);
                 if let Some(d) = model_difference(live.model(), &expected) {
                     prop_assert!(false, "seed {}, world {}, small change {}: {}: {}", seed, step, small, described, d);
                 }
+                series_said(&before, live.model(), &applied).map_err(|e| {
+                    TestCaseError::fail(format!("seed {seed}, world {step}, small change {small}: {described}: {e}"))
+                })?;
             }
             // The jump: what differs, in random batches.
             let target = held(keyed(next));
@@ -1858,11 +1862,15 @@ proptest! {
             while !diff.is_empty() {
                 let n = 1 + usize::try_from(rng.next() % diff.len() as u64).unwrap();
                 let batch: Vec<Change> = diff.drain(..n).collect();
-                live.apply(batch);
+                let before = live.model().clone();
+                let applied = live.apply(batch);
                 let expected = compile(&live.snapshot(), &ctx);
                 if let Some(d) = model_difference(live.model(), &expected) {
                     prop_assert!(false, "seed {}, jump to world {}: {}", seed, step + 1, d);
                 }
+                series_said(&before, live.model(), &applied).map_err(|e| {
+                    TestCaseError::fail(format!("seed {seed}, jump to world {}: {e}", step + 1))
+                })?;
             }
             let expected = compile(next, &ctx);
             if let Some(d) = model_difference(live.model(), &expected) {
@@ -1892,6 +1900,25 @@ proptest! {
         if let Some(d) = model_difference(live.model(), &expected) {
             prop_assert!(false, "seed {}, a new setting: {}", seed, d);
         }
+    }
+}
+
+/// Whether `applied` says the metric series' keys changed exactly when they did: the service
+/// ports or the sources of `after` are not those of `before`.
+fn series_said(
+    before: &crate::model::Model,
+    after: &crate::model::Model,
+    applied: &crate::model::live::Applied,
+) -> Result<(), String> {
+    let changed =
+        before.service_ports() != after.service_ports() || before.sources() != after.sources();
+    if applied.full || applied.series_changed == changed {
+        Ok(())
+    } else {
+        Err(format!(
+            "the series' keys changed: {changed}; the kept model said {}",
+            applied.series_changed
+        ))
     }
 }
 

@@ -28,6 +28,21 @@ impl Tally {
         }
     }
 
+    /// Takes one row's vote back.
+    pub fn remove(&mut self, p: PortProtocol) {
+        let n = match p {
+            PortProtocol::Http => &mut self.http,
+            PortProtocol::Tcp => &mut self.tcp,
+            PortProtocol::Udp => &mut self.udp,
+        };
+        *n = n.saturating_sub(1);
+    }
+
+    /// Whether no row votes.
+    pub fn is_empty(&self) -> bool {
+        self.http == 0 && self.tcp == 0 && self.udp == 0
+    }
+
     /// The winner: the highest count; a tie goes to HTTP, then TCP, then UDP.
     pub fn winner(&self) -> Option<PortProtocol> {
         let mut best: Option<(u32, PortProtocol)> = None;

@@ -13,16 +13,18 @@
 //! retention asks for (spec/model.md §10): a change recomputes the retained ports of the services
 //! it touched, and of the services that retain a port (they expire by the clock), only.
 
-use std::collections::{BTreeSet, HashMap};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
 
 use tracing::warn;
 
 use crate::model::live::{Applied, Change, Kind, Live, Object, ObjectKey};
+use crate::model::port::PortProtocol;
 use crate::model::retention::generated_has_real_ports;
-use crate::model::rows::row_problem;
+use crate::model::rows::{row_problem, served_protocols};
 use crate::model::snapshot::{FilterConfig, MeshFilter, RetainedPort, Row, Service, Unreadable};
+use crate::model::vote::Tally;
 use crate::model::{Model, NodeContext};
 use crate::registry::kube::convert::keyed::Watched;
 use crate::registry::kube::watch::{KubeSource, ObjectChanges};
@@ -38,6 +40,9 @@ pub struct KubeFeed {
     problems: HashMap<(Watched, String), String>,
     /// How many rows that serve (no row problem) each service has.
     serving: HashMap<ServiceName, u32>,
+    /// The registrar's vote of each mesh service (spec/model.md §8): its registered rows and
+    /// the tally of each port, from which its generated Service is made.
+    votes: HashMap<ServiceName, Votes>,
     /// The services known when MeshFilters last became unreadable (`unseen`).
     baseline: Option<BTreeSet<(String, String)>>,
     /// Each object's part of the stores' fingerprint, and their sum: the fingerprint of what
@@ -62,6 +67,33 @@ pub struct Fed {
     pub only_pods: bool,
     /// The fingerprint of the objects the kept model now holds.
     pub fingerprint: u64,
+    /// The generated Services the rows call for (the registrar's desired Services) may have
+    /// changed: always after a whole read; otherwise when a touched service's vote changed.
+    pub desired_changed: bool,
+}
+
+/// One mesh service's registered rows and the tally of each port they declare.
+#[derive(Debug, Default)]
+struct Votes {
+    rows: u32,
+    tallies: BTreeMap<u16, Tally>,
+}
+
+/// What a generated Service is made of: whether there is one, and each port's winner.
+type Shape = (bool, Vec<(u16, Option<PortProtocol>)>);
+
+impl Votes {
+    /// What the generated Service is made of.
+    fn shape(&self) -> Shape {
+        (
+            self.rows > 0,
+            self.tallies
+                .iter()
+                .filter(|(_, t)| !t.is_empty())
+                .map(|(&p, t)| (p, t.winner()))
+                .collect(),
+        )
+    }
 }
 
 impl KubeFeed {
@@ -98,16 +130,21 @@ impl KubeFeed {
         let mut touched: BTreeSet<ServiceName> = BTreeSet::new();
         if whole {
             self.serving.clear();
+            self.votes.clear();
         }
+        // The generated Service's shape of each service whose vote this load changes, before.
+        let mut shapes: HashMap<ServiceName, Shape> = HashMap::new();
         let mut services: HashMap<ServiceName, Option<&Service>> = HashMap::new();
         for c in &changes {
             match c.key.kind {
                 Kind::Row => {
                     if !whole && let Some(Object::Row(old)) = kept.get(&c.key) {
                         touched.insert(count(&mut self.serving, old, false));
+                        self.vote(old, false, ctx, &mut shapes);
                     }
                     if let Some(Object::Row(new)) = &c.object {
                         touched.insert(count(&mut self.serving, new, true));
+                        self.vote(new, true, ctx, &mut shapes);
                     }
                 }
                 Kind::Service => {
@@ -145,6 +182,13 @@ impl KubeFeed {
         drop(services);
         changes.extend(retained_changes);
 
+        let desired_changed = whole
+            || shapes.iter().any(|(name, before)| {
+                self.votes
+                    .get(name)
+                    .map_or((false, Vec::new()), Votes::shape)
+                    != *before
+            });
         let first = kept.is_empty();
         let settings = kept.set_context(ctx.clone());
         let changes = if whole {
@@ -164,6 +208,42 @@ impl KubeFeed {
             whole,
             only_pods,
             fingerprint: self.fingerprint,
+            desired_changed,
+        }
+    }
+
+    /// Counts `row`'s vote in or out of its service's (the registrar's input: a row of an
+    /// ignored namespace, or refused, makes no Service); notes the service's shape before its
+    /// first change in this load.
+    fn vote(
+        &mut self,
+        row: &Row,
+        add: bool,
+        ctx: &NodeContext,
+        shapes: &mut HashMap<ServiceName, Shape>,
+    ) {
+        if ctx.ignored_namespaces.contains(&row.namespace) || row_problem(row).is_some() {
+            return;
+        }
+        let name: ServiceName = (row.namespace.as_str().into(), row.service.as_str().into());
+        let votes = self.votes.entry(name.clone()).or_default();
+        shapes.entry(name.clone()).or_insert_with(|| votes.shape());
+        for (&port, &p) in &served_protocols(row) {
+            let t = votes.tallies.entry(port).or_default();
+            if add {
+                t.add(p);
+            } else {
+                t.remove(p);
+            }
+        }
+        if add {
+            votes.rows += 1;
+        } else {
+            votes.rows = votes.rows.saturating_sub(1);
+            votes.tallies.retain(|_, t| !t.is_empty());
+            if votes.rows == 0 {
+                self.votes.remove(&name);
+            }
         }
     }
 

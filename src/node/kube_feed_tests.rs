@@ -11,6 +11,7 @@ use super::kube_feed::KubeFeed;
 use crate::lab::apiserver::store::{Key, Part};
 use crate::lab::apiserver::{ApiServer, Settings, resources, serve_on_loopback};
 use crate::model::live::Live;
+use crate::model::registrar::generated_services_except;
 use crate::model::retention::{GRACE_MS, advance};
 use crate::model::snapshot::RetainedPort;
 use crate::model::{Model, NodeContext, compile};
@@ -244,6 +245,7 @@ async fn a_kept_model_fed_by_watch_events_is_the_compile_of_the_stores() {
     let mut live = Live::new(ctx.clone());
     let mut previous: Option<(Model, Vec<RetainedPort>)> = None;
     let mut whole = 0;
+    let mut desired_before = Vec::new();
     for step in 0..steps {
         let what = change(&server, &mut rng);
         caught_up(&server, &source, &what).await;
@@ -252,6 +254,8 @@ async fn a_kept_model_fed_by_watch_events_is_the_compile_of_the_stores() {
         // A watch records its key just after the store took the change: a load may come
         // between the two and see it at the next, as the node's next tick brings it.
         let deadline = crate::time::now() + Duration::from_secs(60);
+        // Whether the loads took pods alone, and said the desired Services may have changed.
+        let (mut only_pods, mut said) = (true, false);
         let fed = loop {
             let fed = feed.load(
                 &source,
@@ -260,6 +264,8 @@ async fn a_kept_model_fed_by_watch_events_is_the_compile_of_the_stores() {
                 previous.as_ref().map(|(m, r)| (m, r.as_slice())),
             );
             whole += usize::from(fed.whole);
+            only_pods &= fed.only_pods;
+            said |= fed.desired_changed;
             if fed.fingerprint == readable_fingerprint(&server) {
                 break fed;
             }
@@ -272,6 +278,14 @@ async fn a_kept_model_fed_by_watch_events_is_the_compile_of_the_stores() {
         };
 
         let mut reference = snapshot(&source.objects().0).0;
+        // The registrar's desired Services: a load of pods alone says when they may change
+        // (the writers' inputs are made again only then).
+        let desired = generated_services_except(&reference, &ctx.ignored_namespaces).0;
+        assert!(
+            said || !only_pods || desired == desired_before,
+            "seed {seed}, step {step} ({what}): the desired Services changed and the load said not"
+        );
+        desired_before = desired;
         if let Some((model, retained)) = &previous {
             reference.retained = advance(&model.http_ports(), retained, &reference, ctx.now_ms);
         }

@@ -280,11 +280,12 @@ struct Loaded {
     read: Read,
     /// The etcd store revision of the snapshot's rows.
     etcd_revision: Option<i64>,
-    /// The load took nothing but endpoints (pods, or etcd's rows): what the writers and the
-    /// metric series read is in other kinds, and in the rows' shape ([`Applied::rows_reshaped`]).
-    ///
-    /// [`Applied::rows_reshaped`]: crate::model::live::Applied
+    /// The load took nothing but endpoints (pods, or etcd's rows): of what the writers read,
+    /// only the registrar's desired Services can have changed (`desired_changed`).
     endpoints_only: bool,
+    /// The registrar's desired Services (the generated Services the rows call for) may have
+    /// changed (the Kubernetes source's writers read them).
+    desired_changed: bool,
 }
 
 /// The registry as read, beyond the snapshot.
@@ -498,6 +499,7 @@ fn load(
         read,
         etcd_revision,
         endpoints_only: false,
+        desired_changed: true,
     })
 }
 
@@ -537,6 +539,7 @@ fn load_etcd_changes(
         },
         etcd_revision: Some(revision),
         endpoints_only: fed.endpoints_only,
+        desired_changed: true,
     }
 }
 
@@ -581,6 +584,7 @@ fn load_kube(
         read: Read::Kube(kube.clone(), fed.fingerprint),
         etcd_revision: None,
         endpoints_only: fed.only_pods,
+        desired_changed: fed.desired_changed,
     })
 }
 
@@ -656,6 +660,7 @@ fn empty(config: &NodeConfig) -> Loaded {
         read: Read::File { fingerprint: 0 },
         etcd_revision: None,
         endpoints_only: false,
+        desired_changed: true,
     }
 }
 

@@ -211,22 +211,17 @@ impl<F: Feed> Publisher<F> {
         let (l, unchanged, same_statuses) = loaded;
         // What follows the model is made again where what it reads changed: the DNS table
         // from the Services; the writers' inputs (the Kubernetes source's) unless the load took
-        // endpoints alone whose rows changed no more than their readiness, and the route
-        // statuses stand.
+        // endpoints alone that left the registrar's desired Services as they were, and the
+        // route statuses stand.
         let a = &l.applied;
-        let endpoints = l.endpoints_only;
         let parts = Parts {
             dns: a.touched(Kind::Service),
             writers: matches!(l.read, Read::Kube(..))
-                && (!endpoints || a.full || a.rows_reshaped || !same_statuses),
+                && (!l.endpoints_only || a.full || l.desired_changed || !same_statuses),
             // The series are kept per service port and per source (a mesh service, a pod's
-            // ServiceAccount): endpoints alone change neither unless one came or went.
-            series: !unchanged
-                && (!endpoints
-                    || a.full
-                    || a.rows_reshaped
-                    || a.came_or_went(Kind::Pod)
-                    || a.came_or_went(Kind::Row)),
+            // ServiceAccount): made again when one of those came or went (the kept model
+            // counts them by component).
+            series: !unchanged && (a.full || a.series_changed),
         };
         self.retained.clone_from(&l.retained);
         debug!(retained = self.retained.len(), "recompiled");

@@ -99,6 +99,7 @@ impl Feed for Scripted {
             read: Read::File { fingerprint: loads },
             etcd_revision: None,
             endpoints_only: false,
+            desired_changed: true,
         })
     }
 
