@@ -125,6 +125,9 @@ pub struct EtcdNode {
     /// The manifest directory changed since it was last read (set by its watch): the next load
     /// reads it whole.
     dir_changed: std::sync::atomic::AtomicBool,
+    /// The readiness the store held at this run's first listing, while a local pod is still
+    /// to be probed ([`EtcdNode::held_readiness`]).
+    first_listed: parking_lot::Mutex<Option<Readiness>>,
 }
 
 impl EtcdNode {
@@ -205,25 +208,40 @@ impl EtcdNode {
     }
 
     /// The store's readiness of the rows of `local` not probed yet in this run (empty when
-    /// every one has been), or `None` before the first listing.
+    /// every one has been), or `None` before the first listing. A row the store no longer
+    /// holds keeps the readiness it had at this run's first listing: an upgraded daemon revokes
+    /// its predecessor's lease, which deletes the rows the predecessor wrote last, and its
+    /// pods must not turn not Ready for that before they are probed (seen as `403
+    /// authz-unavailable` from an authorization server so unregistered, leg UPGRADE).
     fn held_readiness(&self, local: &[crate::model::snapshot::Row]) -> Option<HeldReadiness> {
         if self.liveness.all_probed(local) {
             return Some(HeldReadiness::default());
         }
         let rows = self.source.rows()?;
-        Some(HeldReadiness(
-            rows.iter()
-                .map(|r| ((r.namespace.clone(), r.service.clone(), r.address), r.ready))
-                .collect(),
-        ))
+        let now: BTreeMap<_, _> = rows
+            .iter()
+            .map(|r| ((r.namespace.clone(), r.service.clone(), r.address), r.ready))
+            .collect();
+        Some(HeldReadiness::of(&mut self.first_listed.lock(), now))
     }
 }
 
-/// Rows' readiness as the store holds it, by (namespace, service, address).
+/// Rows' readiness, by (namespace, service, address).
+type Readiness = BTreeMap<(String, String, std::net::IpAddr), bool>;
+
+/// Rows' readiness as the store holds it.
 #[derive(Debug, Default)]
-struct HeldReadiness(BTreeMap<(String, String, std::net::IpAddr), bool>);
+struct HeldReadiness(Readiness);
 
 impl HeldReadiness {
+    /// The readiness the store holds `now`, and for a row it no longer holds, the one it held
+    /// at the first listing (kept in `first`, taken from `now` at the first call).
+    fn of(first: &mut Option<Readiness>, now: Readiness) -> Self {
+        let mut held = first.get_or_insert_with(|| now.clone()).clone();
+        held.extend(now);
+        Self(held)
+    }
+
     /// `row`'s readiness in the store; not Ready when the store has no row of it.
     fn ready(&self, row: &crate::model::snapshot::Row) -> bool {
         self.0
@@ -758,6 +776,7 @@ async fn run_until(
                 compiled: std::sync::atomic::AtomicI64::new(0),
                 feed: parking_lot::Mutex::default(),
                 dir_changed: std::sync::atomic::AtomicBool::new(true),
+                first_listed: parking_lot::Mutex::default(),
             });
             let (marked, changed) = (Arc::downgrade(&node), changed_tx.clone());
             tokio::spawn(async move {

@@ -869,3 +869,38 @@ async fn while_meshfilters_may_not_be_read_a_service_new_since_refuses() {
     assert!(live.snapshot().mesh_filters.is_empty());
     assert_eq!(*live.model(), compile(&load(&source), &ctx));
 }
+
+#[test]
+fn a_row_the_store_no_longer_holds_keeps_its_first_listed_readiness_until_probed() {
+    use crate::model::snapshot::Row;
+    let row = |address: [u8; 4], ready: bool| Row {
+        namespace: "mp".into(),
+        service: "mp-authz".into(),
+        address: address.into(),
+        port: 8080,
+        ports: vec![8080],
+        port_protocols: None,
+        ready,
+        pod: None,
+        node: Some("node-a".into()),
+    };
+    let id = |r: &Row| ((r.namespace.clone(), r.service.clone(), r.address), r.ready);
+    let (a, b, c) = (
+        row([10, 0, 0, 1], true),
+        row([10, 0, 0, 2], true),
+        row([10, 0, 0, 3], true),
+    );
+    let mut first = None;
+    // The first listing: the predecessor's rows, Ready.
+    let held = HeldReadiness::of(&mut first, [id(&a), id(&b)].into_iter().collect());
+    assert!(held.ready(&a) && held.ready(&b));
+    // The predecessor's lease revoked: its rows deleted; one written again, not Ready.
+    let b_down = row([10, 0, 0, 2], false);
+    let held = HeldReadiness::of(&mut first, [id(&b_down)].into_iter().collect());
+    assert!(
+        held.ready(&a),
+        "a row deleted since keeps the first listing's readiness"
+    );
+    assert!(!held.ready(&b), "the store's readiness now wins");
+    assert!(!held.ready(&c), "a row the store never held is not Ready");
+}
