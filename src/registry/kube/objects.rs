@@ -477,16 +477,17 @@ pub fn with_local_view(cluster: Vec<Arc<Pod>>, local: Vec<Arc<Pod>>, node: &str)
 /// holds every pod, so a pod's containers, volumes, tolerations and statuses would be most of
 /// the daemon's memory (docs/kubernetes.md, "Scale").
 ///
-/// Kept: name, namespace, labels, the `aether.io` annotations (capture, ports, inbound mode,
-/// managed), the deletion timestamp and the resourceVersion; the ServiceAccount and the node;
-/// the pod and host IPs and the `Ready` condition (status and type only). The store keeps the
+/// Kept: name, namespace, the `aether.io` annotations (capture, ports, inbound mode, managed),
+/// the deletion timestamp and the resourceVersion; the ServiceAccount and the node; the pod and
+/// host IPs and the `Ready` condition (status and type only). Not the labels: nothing the model
+/// compiles reads a pod's labels (on this source the API server's EndpointSlices say which pods
+/// back a Service), and their map was about a sixth of a stored pod (issue #37). The store keeps the
 /// trimmed pod itself (no copy of it), so nothing it keeps holds room for what was dropped.
 pub fn trim_pod(pod: &mut Pod) {
     let meta = std::mem::take(&mut pod.metadata);
     pod.metadata = ObjectMeta {
         name: meta.name,
         namespace: meta.namespace,
-        labels: meta.labels,
         annotations: meta.annotations.map(|a| {
             a.into_iter()
                 .filter(|(k, _)| is_mesh_annotation(k))
