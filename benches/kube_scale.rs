@@ -793,6 +793,9 @@ fn churn(
         mut previous,
     } = kept;
     let events = CHURN_RATE * secs;
+    // `AETHER_KUBE_SCALE_CHURN=rollout`: pods created and deleted (a rolling restart) rather
+    // than made Ready or not.
+    let rollout = std::env::var("AETHER_KUBE_SCALE_CHURN").is_ok_and(|v| v == "rollout");
     let sent = parking_lot::Mutex::new(Vec::with_capacity(events as usize));
     let base = pod_kind.events.load(Ordering::Acquire);
     let done = AtomicBool::new(false);
@@ -822,19 +825,41 @@ fn churn(
             for i in 0..events {
                 let due = t0 + Duration::from_micros(i * 1_000_000 / CHURN_RATE);
                 std::thread::sleep(due.saturating_duration_since(now()));
-                let k = ((i as usize) * 104_729 + 17) % c.pods.max(1);
-                let mut pod = (pods.item)(k);
-                if let Some(conditions) = pod["status"]["conditions"].as_array_mut() {
-                    for cond in conditions.iter_mut().filter(|c| c["type"] == "Ready") {
-                        let flip = if i % 2 == 0 { "False" } else { "True" };
-                        cond["status"] = flip.into();
+                let (kind, pod) = if rollout {
+                    // A rolling restart: a new pod of a service, then one of its old pods
+                    // deleted.
+                    let n = i / 2;
+                    let k = ((n as usize) * 104_729 + 17) % c.pods.max(1);
+                    let mut pod = (pods.item)(k);
+                    if i % 2 == 0 {
+                        let name =
+                            format!("{}-r{n}", pod["metadata"]["name"].as_str().unwrap_or("pod"));
+                        let ip = format!("10.250.{}.{}", n / 250, n % 250 + 1);
+                        pod["metadata"]["name"] = name.into();
+                        pod["metadata"]["uid"] = format!("00000000-0000-4000-8000-{n:012}").into();
+                        pod["status"]["podIP"] = ip.clone().into();
+                        pod["status"]["podIPs"] = serde_json::json!([{"ip": ip}]);
+                        ("ADDED", pod)
+                    } else {
+                        ("DELETED", pod)
                     }
-                }
+                } else {
+                    let k = ((i as usize) * 104_729 + 17) % c.pods.max(1);
+                    let mut pod = (pods.item)(k);
+                    if let Some(conditions) = pod["status"]["conditions"].as_array_mut() {
+                        for cond in conditions.iter_mut().filter(|c| c["type"] == "Ready") {
+                            let flip = if i % 2 == 0 { "False" } else { "True" };
+                            cond["status"] = flip.into();
+                        }
+                    }
+                    ("MODIFIED", pod)
+                };
+                let mut pod = pod;
                 pod["metadata"]["resourceVersion"] = format!("{}", 5_000_000 + i).into();
                 sent.lock().push(now());
                 server.event(
                     "/api/v1/pods",
-                    &serde_json::json!({"type": "MODIFIED", "object": pod}),
+                    &serde_json::json!({"type": kind, "object": pod}),
                 );
             }
         });
@@ -875,24 +900,19 @@ fn churn(
             covered = upto;
             publishes += 1;
             // What follows, as the node's publisher decides it (`node::publish`): the metric
-            // series when the model changed; the DNS table when a Service did; the writers'
-            // inputs unless only pods changed, their rows no more than their readiness, and
-            // the route statuses stand.
+            // series when a service port or a source came or went; the DNS table when a
+            // Service changed; the writers' inputs unless only pods changed, the registrar's
+            // desired Services as they were, and the route statuses stand.
             let t = now();
             let unchanged = model.serves_like(&previous.0);
             let same_statuses = previous.0.route_statuses().eq(model.route_statuses());
             let a = &fed.applied;
-            if !unchanged
-                && (!fed.only_pods
-                    || a.full
-                    || a.rows_reshaped
-                    || a.came_or_went(aether::model::live::Kind::Pod))
-            {
+            if !unchanged && (a.full || a.series_changed) {
                 series.rebuild(&model);
                 rebuilt.2 += 1;
             }
             let dns = a.touched(aether::model::live::Kind::Service);
-            let writers = !fed.only_pods || a.full || a.rows_reshaped || !same_statuses;
+            let writers = !fed.only_pods || a.full || fed.desired_changed || !same_statuses;
             if dns || writers {
                 let followed = live.snapshot_of(&[
                     aether::model::live::Kind::Service,
@@ -931,7 +951,12 @@ fn churn(
     let pct = |p: f64| sorted[((sorted.len() as f64 - 1.0) * p).round() as usize] * 1e3;
     println!(
         "\n### Churn: {CHURN_RATE} pod events a second for {secs} s (`AETHER_KUBE_SCALE_CHURN_SECS`), \
-         published as the node does ({} ms window)\n",
+         {}, published as the node does ({} ms window)\n",
+        if rollout {
+            "pods created and deleted (`AETHER_KUBE_SCALE_CHURN=rollout`)"
+        } else {
+            "pods made Ready or not"
+        },
         CHURN_WINDOW.as_millis()
     );
     println!("| figure | value |");

@@ -99,30 +99,6 @@ impl Kind {
     }
 }
 
-/// Whether two rows differ in their readiness at most.
-fn same_but_readiness(a: &Row, b: &Row) -> bool {
-    // Named field by field, so that a field added to the row is compared here too.
-    let Row {
-        namespace,
-        service,
-        address,
-        port,
-        ports,
-        port_protocols,
-        ready: _,
-        pod,
-        node,
-    } = a;
-    *namespace == b.namespace
-        && *service == b.service
-        && *address == b.address
-        && *port == b.port
-        && *ports == b.ports
-        && *port_protocols == b.port_protocols
-        && *pod == b.pod
-        && *node == b.node
-}
-
 impl Object {
     /// Its kind.
     pub fn kind(&self) -> Kind {
@@ -543,10 +519,6 @@ pub struct Applied {
     /// The kinds whose objects changed, a bit each (`1 << kind`): what follows the model
     /// (the DNS table, the writers' inputs) is made again only when what it reads changed.
     pub kinds: u16,
-    /// A row was added or deleted, or changed in more than its readiness.
-    pub rows_reshaped: bool,
-    /// The kinds of which an object was added or deleted (not replaced), a bit each.
-    pub come_or_gone: u16,
     /// A service port or a source came or went (`Model::service_ports`, `Model::sources`):
     /// the data plane's metric series, kept by them, are to be made again.
     pub series_changed: bool,
@@ -562,15 +534,8 @@ impl Applied {
             objects: self.objects + other.objects,
             full: self.full || other.full,
             kinds: self.kinds | other.kinds,
-            rows_reshaped: self.rows_reshaped || other.rows_reshaped,
-            come_or_gone: self.come_or_gone | other.come_or_gone,
             series_changed: self.series_changed || other.series_changed,
         }
-    }
-
-    /// Whether an object of `kind` may have been added or deleted.
-    pub fn came_or_went(&self, kind: Kind) -> bool {
-        self.full || self.come_or_gone & kind.bit() != 0
     }
 
     /// Whether objects of `kind` may have changed (everything may after a full compile).
@@ -888,17 +853,6 @@ impl Live {
                 continue;
             }
             applied.kinds |= key.kind.bit();
-            if object.is_none() || !self.objects.contains_key(&key) {
-                applied.come_or_gone |= key.kind.bit();
-            }
-            if key.kind == Kind::Row && !applied.rows_reshaped {
-                applied.rows_reshaped = match (self.objects.get(&key).map(|h| &h.object), &object) {
-                    (Some(Object::Row(old)), Some(Object::Row(new))) => {
-                        !same_but_readiness(old, new)
-                    }
-                    _ => true,
-                };
-            }
             if object.is_some() {
                 *count += 1;
             }

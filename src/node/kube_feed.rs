@@ -62,8 +62,8 @@ pub struct Fed {
     pub skipped: usize,
     /// The objects were read whole.
     pub whole: bool,
-    /// Every object the load took was a pod (what the writers read is in other kinds and in
-    /// the rows, [`Applied::rows_reshaped`]).
+    /// Every object the load took was a pod (of what the writers read, only the registrar's
+    /// desired Services can then have changed: `desired_changed`).
     pub only_pods: bool,
     /// The fingerprint of the objects the kept model now holds.
     pub fingerprint: u64,
