@@ -561,6 +561,9 @@ pub struct RegistrationState {
     pub asked: AtomicU64,
     /// The number of the last call whose rows are all written.
     pub written: AtomicU64,
+    /// A later run of this node (an upgrade's successor) holds the registration: this run
+    /// writes nothing more.
+    pub handed_over: AtomicBool,
 }
 
 impl RegistrationState {
@@ -651,6 +654,12 @@ async fn register(
                             // rows before this run knows its pods.
                             continue;
                         }
+                        if successor_holds(&lease_file, ours) {
+                            // The successor wrote its lease before its first key, and revokes
+                            // this one once its rows are written: a key it overwrote is not
+                            // taken back (it would go with this lease's revoke).
+                            return Ok(());
+                        }
                         let want = desired_keys(&settings.prefix, &asked.rows, &mut told, &source);
                         // A key of this lease deleted or overwritten by another writer is
                         // written again: the node's rows are its own to keep.
@@ -682,15 +691,16 @@ async fn register(
             }
         }
         .await;
+        if successor_holds(&lease_file, ours) {
+            info!(
+                "etcd: a later run of this node holds its registration; this run stops registering"
+            );
+            state.handed_over.store(true, Ordering::Release);
+            return;
+        }
         match result {
             Ok(()) => return,
             Err(e) => {
-                if successor_holds(&lease_file, ours) {
-                    info!(
-                        "etcd: a later run of this node holds its registration; this run stops registering"
-                    );
-                    return;
-                }
                 warn!(error = %crate::DisplayChain(&e), "etcd: registration interrupted; this node's rows are written again under a new lease");
                 backoff.wait().await;
                 desired.mark_changed();

@@ -612,3 +612,65 @@ async fn a_dropped_source_ends_its_watch() {
     }
     panic!("the source was dropped and its task still holds its state after 5 s");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_run_whose_successor_holds_the_registration_takes_no_key_back() {
+    let test = "a_run_whose_successor_holds_the_registration_takes_no_key_back";
+    let Some(f) = fixture(test) else {
+        return;
+    };
+    let source = f.source();
+    let a = row("mp-a", "10.244.1.1", &[(8080, PortProtocol::Http)]);
+    let first = f.register("lease", &source);
+    first.set(vec![a.clone()]);
+    rows_until(&source, "the row", |r| r.len() == 1).await;
+    let old = f.lease("lease");
+    // The upgrade's successor starts beside it: its lease recorded, nothing set yet.
+    let second = f.register("lease", &source);
+    for _ in 0..400 {
+        if f.lease("lease") != old {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(25)).await;
+    }
+    assert_ne!(f.lease("lease"), old, "the successor recorded its lease");
+    // Another writer (here, by hand) overwrites the row: not Ready.
+    let mut client = connect(&f.s).await.unwrap();
+    let held = keys_under(&mut client, "/aether/").await;
+    let (key, (value, _)) = held.iter().next().unwrap();
+    let forged = value.replace("\"ready\":true", "\"ready\":false");
+    client
+        .put(key.as_str(), forged.clone(), None)
+        .await
+        .unwrap();
+    rows_until(&source, "the forged row read", |r| {
+        r.len() == 1 && !r[0].ready
+    })
+    .await;
+    // The old run's next set (its probes) writes nothing: it stops, the key as forged.
+    first.set(vec![a.clone()]);
+    for _ in 0..400 {
+        if first
+            .state
+            .handed_over
+            .load(std::sync::atomic::Ordering::Acquire)
+        {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(25)).await;
+    }
+    assert!(
+        first
+            .state
+            .handed_over
+            .load(std::sync::atomic::Ordering::Acquire),
+        "the old run stopped registering"
+    );
+    let now = keys_under(&mut client, "/aether/").await;
+    assert_eq!(
+        now.get(key).map(|(v, _)| v),
+        Some(&forged),
+        "no key taken back"
+    );
+    drop(second);
+}
