@@ -73,8 +73,6 @@ pub struct Fed {
     pub changes: Vec<Change>,
     /// The retention state the model is compiled with.
     pub retained: Vec<RetainedPort>,
-    /// Rows alone changed.
-    pub endpoints_only: bool,
 }
 
 impl EtcdFeed {
@@ -180,11 +178,7 @@ impl EtcdFeed {
                 self.evidence(ns, name)
             });
         changes.extend(retained_changes);
-        Fed {
-            endpoints_only: changes.iter().all(|c| c.key.kind == Kind::Row),
-            changes,
-            retained,
-        }
+        Fed { changes, retained }
     }
 
     /// The Service changes the registrar makes for the `touched` services' rows.

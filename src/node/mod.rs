@@ -298,12 +298,10 @@ struct Loaded {
     read: Read,
     /// The etcd store revision of the snapshot's rows.
     etcd_revision: Option<i64>,
-    /// The load took nothing but endpoints (pods, or etcd's rows): of what the writers read,
-    /// only the registrar's desired Services can have changed (`desired_changed`).
-    endpoints_only: bool,
-    /// The registrar's desired Services (the generated Services the rows call for) may have
-    /// changed (the Kubernetes source's writers read them).
-    desired_changed: bool,
+    /// What the Kubernetes writers read besides the model's route statuses (the stores'
+    /// Services, routes and filters; the registrar's desired Services, made from the rows) may
+    /// have changed: `false` only for a load of pods that left the desired Services as they were.
+    writers_read_changed: bool,
 }
 
 /// The registry as read, beyond the snapshot.
@@ -472,8 +470,14 @@ fn load(
                     ));
                 }
                 Some(read) => read,
-                // Listed again with the directory unchanged: read it too, as at the start.
-                None => read_dir(config, &mut etcd.last.lock(), stats)?,
+                // Listed again with the directory unchanged: read it too, as at the start. The
+                // listing's rows are taken: should the directory not read, the next load reads
+                // both whole again (`take_changes(true)`), or a row the listing dropped would
+                // stay.
+                None => read_dir(config, &mut etcd.last.lock(), stats).inspect_err(|_| {
+                    etcd.dir_changed
+                        .store(true, std::sync::atomic::Ordering::Release);
+                })?,
             };
             snapshot.rows = taken.rows.into_iter().filter_map(|(_, row)| row).collect();
             etcd_read = Some((snapshot.services.clone(), fingerprint));
@@ -516,8 +520,7 @@ fn load(
         snapshot: Some(snapshot),
         read,
         etcd_revision,
-        endpoints_only: false,
-        desired_changed: true,
+        writers_read_changed: true,
     })
 }
 
@@ -556,8 +559,7 @@ fn load_etcd_changes(
             fingerprint: feed.fingerprint(),
         },
         etcd_revision: Some(revision),
-        endpoints_only: fed.endpoints_only,
-        desired_changed: true,
+        writers_read_changed: true,
     }
 }
 
@@ -601,8 +603,7 @@ fn load_kube(
         snapshot: None,
         read: Read::Kube(kube.clone(), fed.fingerprint),
         etcd_revision: None,
-        endpoints_only: fed.only_pods,
-        desired_changed: fed.desired_changed,
+        writers_read_changed: !fed.only_pods || fed.desired_changed,
     })
 }
 
@@ -677,8 +678,7 @@ fn empty(config: &NodeConfig) -> Loaded {
         snapshot: Some(snapshot),
         read: Read::File { fingerprint: 0 },
         etcd_revision: None,
-        endpoints_only: false,
-        desired_changed: true,
+        writers_read_changed: true,
     }
 }
 

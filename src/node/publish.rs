@@ -211,13 +211,13 @@ impl<F: Feed> Publisher<F> {
         let (l, unchanged, same_statuses) = loaded;
         // What follows the model is made again where what it reads changed: the DNS table
         // from the Services; the writers' inputs (the Kubernetes source's) unless the load took
-        // endpoints alone that left the registrar's desired Services as they were, and the
-        // route statuses stand.
+        // pods alone that left the registrar's desired Services as they were, and the route
+        // statuses stand.
         let a = &l.applied;
         let parts = Parts {
             dns: a.touched(Kind::Service),
             writers: matches!(l.read, Read::Kube(..))
-                && (!l.endpoints_only || a.full || l.desired_changed || !same_statuses),
+                && (a.full || l.writers_read_changed || !same_statuses),
             // The series are kept per service port and per source (a mesh service, a pod's
             // ServiceAccount): made again when one of those came or went (the kept model
             // counts them by component).

@@ -98,8 +98,7 @@ impl Feed for Scripted {
             snapshot: self.whole.then(|| kept.snapshot()),
             read: Read::File { fingerprint: loads },
             etcd_revision: None,
-            endpoints_only: false,
-            desired_changed: true,
+            writers_read_changed: true,
         })
     }
 

@@ -255,27 +255,31 @@ struct HeadCharge<'a> {
 impl HeadCharge<'_> {
     /// Charge a buffer of `capacity`: `false` (nothing changed) when the budget has no room.
     fn to(&mut self, capacity: usize) -> bool {
-        let want = capacity.saturating_sub(HEAD_READ_BYTES);
-        if want > self.bytes && !self.overload.charge_head(want - self.bytes) {
-            return false;
-        }
-        if want < self.bytes {
-            self.overload.release_head(self.bytes - want);
-        }
-        self.bytes = want;
-        true
+        self.charge(capacity, false)
     }
 
     /// Charge the buffer's capacity as allocated: the budget was checked against a bound of
     /// it, so this is at most that, and taken whatever the budget holds.
     fn settle(&mut self, capacity: usize) {
+        self.charge(capacity, true);
+    }
+
+    /// The charge made that of `capacity` (beyond one read's room); `force`: whatever the
+    /// budget holds.
+    fn charge(&mut self, capacity: usize, force: bool) -> bool {
         let want = capacity.saturating_sub(HEAD_READ_BYTES);
         if want > self.bytes {
-            self.overload.force_charge_head(want - self.bytes);
+            let more = want - self.bytes;
+            if force {
+                self.overload.force_charge_head(more);
+            } else if !self.overload.charge_head(more) {
+                return false;
+            }
         } else {
             self.overload.release_head(self.bytes - want);
         }
         self.bytes = want;
+        true
     }
 }
 
