@@ -10,12 +10,12 @@
 //!
 //! 1. **CPU per watch event** (one pod changed anywhere in the cluster reaches every node): the
 //!    JSON of one `MODIFIED` event deserialized and stored, as kube-rs does it by default (`Pod`,
-//!    stored whole) and as the source does it (`Stored<Pod>`: kube's `DeserializeGuard`, the pod
-//!    behind its own `Arc`, trimmed, stored); the
+//!    stored whole) and as the source does it (`Stored<MeshPod>`: kube's `DeserializeGuard`, the
+//!    pod decoded as the mesh reads it and behind its own `Arc`, stored); the
 //!    baseline is parsing the same bytes into nothing (`serde::de::IgnoredAny`).
 //! 2. **Memory held by the pod store** (jemalloc `stats.allocated` after an epoch advance, before
-//!    and after the initial list): the source's store (trimmed) against a kube-rs reflector on
-//!    the same pods (untrimmed), bytes per pod, beside the pod's JSON size on the wire.
+//!    and after the initial list): the source's store (`MeshPod`) against a kube-rs reflector on
+//!    the same pods (`Pod`, whole), bytes per pod, beside the pod's JSON size on the wire.
 //! 3. **One reload** on the whole cluster, as the node does it: the copy out of the stores
 //!    (`KubeSource::objects`), `objects::snapshot`, `model::compile` (the model is published
 //!    here), then `objects::fingerprint`, the DNS table, the registrar's input and freeing the
@@ -62,7 +62,8 @@ use aether::model::live::Live;
 use aether::model::registrar::generated_services_except;
 use aether::model::{NodeContext, compile};
 use aether::node::kube_feed::KubeFeed;
-use aether::registry::kube::objects::{fingerprint, snapshot, snapshot_reusing, trim_pod};
+use aether::registry::kube::objects::{fingerprint, snapshot, snapshot_reusing};
+use aether::registry::kube::pod::MeshPod;
 use aether::registry::kube::watch::{KubeSource, Stored, WatchSettings};
 use aether::time::now;
 
@@ -145,11 +146,6 @@ fn per_event(c: &Cluster, runs: usize) {
         })
         .collect();
     let wire = events.iter().map(Vec::len).sum::<usize>() / sample;
-    let trimmed_json = {
-        let mut pod: Pod = serde_json::from_value(c.pod(0)).expect("a generated pod");
-        trim_pod(&mut pod);
-        serde_json::to_vec(&pod).map_or(0, |v| v.len())
-    };
     let per_pod = |f: &mut dyn FnMut(&[u8])| {
         let t = now();
         for e in &events {
@@ -166,7 +162,7 @@ fn per_event(c: &Cluster, runs: usize) {
             let _: WatchEvent<Pod> = serde_json::from_slice(e).expect("a pod event");
         }));
         rows[2].push(per_pod(&mut |e| {
-            let _: WatchEvent<Stored<Pod>> = serde_json::from_slice(e).expect("a pod event");
+            let _: WatchEvent<Stored<MeshPod>> = serde_json::from_slice(e).expect("a pod event");
         }));
         let mut plain: Writer<Pod> = Writer::default();
         rows[3].push(per_pod(&mut |e| {
@@ -175,14 +171,11 @@ fn per_event(c: &Cluster, runs: usize) {
             }
         }));
         drop(plain);
-        let mut guarded: Writer<Stored<Pod>> = Writer::default();
+        let mut guarded: Writer<Stored<MeshPod>> = Writer::default();
         rows[4].push(per_pod(&mut |e| {
-            if let WatchEvent::Modified(mut guard) =
-                serde_json::from_slice::<WatchEvent<Stored<Pod>>>(e).expect("a pod event")
+            if let WatchEvent::Modified(guard) =
+                serde_json::from_slice::<WatchEvent<Stored<MeshPod>>>(e).expect("a pod event")
             {
-                if let Ok(pod) = &mut guard.0 {
-                    trim_pod(std::sync::Arc::make_mut(pod));
-                }
                 guarded.apply_watcher_event(&Event::Apply(guard));
             }
         }));
@@ -190,18 +183,19 @@ fn per_event(c: &Cluster, runs: usize) {
     let base = median(rows[0].clone());
     println!(
         "\n### CPU per pod watch event ({sample} distinct pods, median of {runs} runs)\n\n\
-         One `MODIFIED` event is {wire} bytes of JSON (the pod trimmed would be {trimmed_json}); \
-         a `Pod` value is {} bytes before any of its heap fields.\n",
-        size_of::<Pod>()
+         One `MODIFIED` event is {wire} bytes of JSON; a `Pod` value is {} bytes before any of \
+         its heap fields, a `MeshPod` {}.\n",
+        size_of::<Pod>(),
+        size_of::<MeshPod>()
     );
     println!("| step | µs per event | ratio to parsing only |");
     println!("|---|---|---|");
     let names = [
         "baseline: parse the JSON into nothing (`IgnoredAny`)",
         "into `WatchEvent<Pod>` (kube-rs default)",
-        "into `WatchEvent<Stored<Pod>>` (the source: kube's `DeserializeGuard`, buffered, then typed)",
+        "into `WatchEvent<Stored<MeshPod>>` (the source: kube's `DeserializeGuard`, buffered, then typed)",
         "kube-rs default: `Pod`, stored whole",
-        "the source: `Stored<Pod>`, trimmed, stored",
+        "the source: `Stored<MeshPod>`, stored",
     ];
     for (name, r) in names.iter().zip(rows) {
         let m = median(r);
@@ -250,7 +244,7 @@ fn start_source(rt: &Runtime, client: &Client) -> KubeSource {
     })
 }
 
-/// Figure 2: the pod store, trimmed (the source) and untrimmed (a kube-rs reflector).
+/// Figure 2: the pod store, as the source holds it (`MeshPod`) and as a kube-rs reflector does.
 fn pod_store(rt: &Runtime, c: &Cluster) -> Result<()> {
     let before = allocated();
     let t = now();
@@ -300,11 +294,7 @@ fn pod_store(rt: &Runtime, c: &Cluster) -> Result<()> {
     );
     println!("|---|---|---|---|---|---|");
     whole.row("kube-rs default (`Pod`, untrimmed)", c.pods, None);
-    trimmed.row(
-        "the source (`Stored<Pod>`, trimmed)",
-        c.pods,
-        Some(whole.held),
-    );
+    trimmed.row("the source (`Stored<MeshPod>`)", c.pods, Some(whole.held));
     println!(
         "(list bodies: {:.1} MiB on the wire; \"client µs\" is the list's wall time less the scripted server's)",
         mib(whole.wire)
@@ -709,7 +699,7 @@ fn fed(rt: &Runtime, c: &Cluster) -> Result<()> {
         ms(in_store.clone())
     );
     println!(
-        "| **the same from the event's bytes on the wire** (deserialized, trimmed, stored, then as above) | {:.3} |",
+        "| **the same from the event's bytes on the wire** (deserialized, stored, then as above) | {:.3} |",
         ms(on_wire.clone())
     );
     let max = |v: &[f64]| v.iter().copied().fold(0.0, f64::max) * 1e3;
@@ -990,7 +980,7 @@ fn churn(
         mib(heap_after)
     );
     println!(
-        "\nThe watch's own work per event (deserialize, trim, store) is figure 1's, on the \
+        "\nThe watch's own work per event (deserialize, store) is figure 1's, on the \
          runtime's thread, not in the publishing thread's CPU above."
     );
     Ok(())

@@ -18,14 +18,15 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 
 use http::{Request, Response, StatusCode};
-use k8s_openapi::api::core::v1::{Pod, Service};
+use k8s_openapi::api::core::v1::Service;
 use kube::client::Body;
 use serde_json::{Value, json};
 use tokio::task::JoinHandle;
 
 use aether::model::registrar;
 use aether::registry::kube::generated::service_object;
-use aether::registry::kube::objects::{Objects, snapshot, trim_pod};
+use aether::registry::kube::objects::{Objects, snapshot};
+use aether::registry::kube::pod::MeshPod;
 use aether::time::now;
 
 /// Pods per mesh service (a Deployment's replicas).
@@ -314,7 +315,7 @@ impl Cluster {
     }
 
     /// The Services the cluster holds: the user Services, then the generated ones the registrar
-    /// writes for every other mesh service (from the trimmed pods, as every node reads them).
+    /// writes for every other mesh service (from the pods as every node reads them).
     fn services(&self) -> Vec<Value> {
         let user: Vec<Value> = (0..self.mesh_services())
             .filter(|&s| Self::user_service(s))
@@ -322,9 +323,8 @@ impl Cluster {
             .collect();
         let mut objects = Objects::default();
         for p in 0..self.pods {
-            let mut pod: Pod =
+            let pod: MeshPod =
                 serde_json::from_value(self.pod(p)).expect("a generated pod deserializes");
-            trim_pod(&mut pod);
             objects.pods.push(Arc::new(pod));
         }
         for u in &user {

@@ -109,20 +109,28 @@ fn parse_port_number(s: &str) -> Option<u16> {
 pub fn parse_declared_ports(
     annotations: &BTreeMap<String, String>,
 ) -> Result<DeclaredPorts, InvalidAnnotation> {
-    let default = match annotations.get(ANNOTATION_PROTOCOL) {
+    parse_declared_ports_with(|key| annotations.get(key).map(String::as_str))
+}
+
+/// [`parse_declared_ports`] of the annotations `annotation` gives by key.
+pub fn parse_declared_ports_with<'a>(
+    annotation: impl Fn(&str) -> Option<&'a str>,
+) -> Result<DeclaredPorts, InvalidAnnotation> {
+    let default = match annotation(ANNOTATION_PROTOCOL) {
         None => PortProtocol::Http,
-        Some(v) => PortProtocol::parse(v.trim())
-            .ok_or_else(|| InvalidAnnotation::BadProtocol { value: v.clone() })?,
+        Some(v) => PortProtocol::parse(v.trim()).ok_or_else(|| InvalidAnnotation::BadProtocol {
+            value: v.to_owned(),
+        })?,
     };
-    let port = match annotations.get(ANNOTATION_PORT) {
+    let port = match annotation(ANNOTATION_PORT) {
         None => DEFAULT_DECLARED_PORT,
-        Some(v) => {
-            parse_port_number(v).ok_or_else(|| InvalidAnnotation::BadPort { value: v.clone() })?
-        }
+        Some(v) => parse_port_number(v).ok_or_else(|| InvalidAnnotation::BadPort {
+            value: v.to_owned(),
+        })?,
     };
 
     let mut listed: BTreeMap<u16, PortProtocol> = BTreeMap::new();
-    if let Some(list) = annotations.get(ANNOTATION_PORTS) {
+    if let Some(list) = annotation(ANNOTATION_PORTS) {
         for entry in list.split(',').map(str::trim) {
             if entry.is_empty() && list.trim().is_empty() {
                 // An empty annotation lists nothing.

@@ -57,6 +57,7 @@ use crate::registry::kube::convert::{
     convert_udp_route,
 };
 use crate::registry::kube::mesh_filter::MeshFilterResource;
+use crate::registry::kube::pod::MeshPod;
 use crate::yaml::YamlError;
 
 /// What [`load_dir`] read: the snapshot of every good document, and every bad one.
@@ -727,15 +728,16 @@ fn convert_manifests(
     let mut service_origins = BTreeMap::new();
     for (origin, manifest) in manifests {
         let result = match manifest {
-            Manifest::Pod(pod) => convert_pod(pod, MissingReadyCondition::Ready).map(|converted| {
-                match converted.registration {
-                    Some(Registration::Row(row)) => snapshot.rows.push(Arc::new(row)),
-                    Some(Registration::Refused(refused)) => snapshot.refused_pods.push(refused),
-                    None => {}
-                }
-                snapshot.pods.push(Arc::new(converted.pod));
-                good_pods.push(pod.as_ref());
-            }),
+            Manifest::Pod(pod) => convert_pod(&MeshPod::from(&**pod), MissingReadyCondition::Ready)
+                .map(|converted| {
+                    match converted.registration {
+                        Some(Registration::Row(row)) => snapshot.rows.push(Arc::new(row)),
+                        Some(Registration::Refused(refused)) => snapshot.refused_pods.push(refused),
+                        None => {}
+                    }
+                    snapshot.pods.push(Arc::new(converted.pod));
+                    good_pods.push(pod.as_ref());
+                }),
             Manifest::Service(service) => convert_service(service).map(|converted| {
                 service_origins.insert(
                     (converted.namespace.clone(), converted.name.clone()),

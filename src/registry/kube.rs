@@ -11,4 +11,5 @@ pub mod convert;
 pub mod generated;
 pub mod mesh_filter;
 pub mod objects;
+pub mod pod;
 pub mod watch;

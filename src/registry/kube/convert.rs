@@ -19,23 +19,22 @@ mod routes;
 #[cfg(test)]
 mod tests;
 
-use std::collections::BTreeMap;
 use std::fmt;
 use std::net::IpAddr;
 
 use k8s_openapi::api::core::v1::Namespace as K8sNamespace;
-use k8s_openapi::api::core::v1::Pod as K8sPod;
 use k8s_openapi::api::core::v1::Service as K8sService;
 use k8s_openapi::api::core::v1::ServicePort as K8sServicePort;
 use k8s_openapi::api::discovery::v1::EndpointSlice as K8sEndpointSlice;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta as K8sObjectMeta;
 use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString as K8sIntOrString;
 
+use super::pod::MeshPod;
 use crate::model::port::Transport;
 use crate::model::rows::{
     ANNOTATION_EXCLUDE_PORTS, ANNOTATION_EXCLUDE_RANGES, ANNOTATION_INBOUND_MODE,
     ANNOTATION_MANAGED, ANNOTATION_NETNS, ANNOTATION_NETNS_FROM, ANNOTATION_REDIRECT_ALL,
-    LABEL_MESH_SERVICE, parse_declared_ports,
+    LABEL_MESH_SERVICE, parse_declared_ports_with,
 };
 use crate::model::snapshot::{
     EndpointSlice, Pod, RefusedPod, Row, Service, ServicePort, SliceEndpoint, SlicePort, TargetPort,
@@ -402,12 +401,11 @@ fn parse_exclude_ranges(
 /// primary, `status.podIP`), and carries the pod's name and node. Capture annotations are parsed
 /// strictly: a bad value is an error for the whole pod.
 pub fn convert_pod(
-    pod: &K8sPod,
+    pod: &MeshPod,
     missing_ready: MissingReadyCondition,
 ) -> Result<PodConversion, ConvertError> {
     let key = namespaced_key("Pod", &pod.metadata)?;
-    let empty = BTreeMap::new();
-    let annotations = pod.metadata.annotations.as_ref().unwrap_or(&empty);
+    let annotation = |k: &str| pod.annotation(k);
     let spec = pod.spec.as_ref();
     let status = pod.status.as_ref();
 
@@ -439,7 +437,7 @@ pub fn convert_pod(
         None => missing_ready == MissingReadyCondition::Ready,
     };
 
-    let managed = match annotations.get(ANNOTATION_MANAGED).map(String::as_str) {
+    let managed = match annotation(ANNOTATION_MANAGED) {
         Some("false") => false,
         None | Some("true") => true,
         Some(other) => {
@@ -455,7 +453,7 @@ pub fn convert_pod(
     // capture it without capturing the node, and its "pod IP" is the node's, which several such
     // pods share. It is never managed (project decision, docs/decisions.md).
     let managed = managed && !spec.and_then(|s| s.host_network).unwrap_or(false);
-    let inbound_mode = annotations.get(ANNOTATION_INBOUND_MODE).cloned();
+    let inbound_mode = annotation(ANNOTATION_INBOUND_MODE).map(str::to_owned);
     let mut host_ips = Vec::new();
     match status
         .and_then(|s| s.host_ips.as_ref())
@@ -475,29 +473,18 @@ pub fn convert_pod(
             }
         }
     }
-    let redirect_all = annotations
-        .get(ANNOTATION_REDIRECT_ALL)
+    let redirect_all = annotation(ANNOTATION_REDIRECT_ALL)
         .map(|v| parse_redirect_all(&key, v))
         .transpose()?;
-    let exclude_outbound_ports = match annotations.get(ANNOTATION_EXCLUDE_PORTS) {
+    let exclude_outbound_ports = match annotation(ANNOTATION_EXCLUDE_PORTS) {
         Some(v) => parse_exclude_ports(&key, v)?,
         None => Vec::new(),
     };
-    let exclude_outbound_ip_ranges = match annotations.get(ANNOTATION_EXCLUDE_RANGES) {
+    let exclude_outbound_ip_ranges = match annotation(ANNOTATION_EXCLUDE_RANGES) {
         Some(v) => parse_exclude_ranges(&key, v)?,
         None => Vec::new(),
     };
-    let command = spec
-        .and_then(|s| s.containers.first())
-        .map(|c| {
-            c.command
-                .iter()
-                .flatten()
-                .chain(c.args.iter().flatten())
-                .cloned()
-                .collect()
-        })
-        .unwrap_or_default();
+    let command = pod.command.clone();
     let service_account = spec
         .and_then(|s| s.service_account_name.clone())
         .filter(|s| !s.is_empty())
@@ -519,10 +506,8 @@ pub fn convert_pod(
         exclude_outbound_ports,
         exclude_outbound_ip_ranges,
         ready,
-        netns: annotations.get(ANNOTATION_NETNS).cloned(),
-        netns_from_cni: annotations
-            .get(ANNOTATION_NETNS_FROM)
-            .is_some_and(|v| v == "cni"),
+        netns: annotation(ANNOTATION_NETNS).map(str::to_owned),
+        netns_from_cni: annotation(ANNOTATION_NETNS_FROM).is_some_and(|v| v == "cni"),
         command,
         inbound_mode,
         host_ips,
@@ -530,7 +515,7 @@ pub fn convert_pod(
 
     let registration = match out.ips.first() {
         Some(&address) if managed && !terminating => {
-            Some(match parse_declared_ports(annotations) {
+            Some(match parse_declared_ports_with(annotation) {
                 Ok(declared) => {
                     let mut row =
                         declared.to_row(&out.namespace, &out.service_account, address, ready);

@@ -29,7 +29,7 @@ use gateway_api::experimental::referencegrants::ReferenceGrant;
 use gateway_api::experimental::tcproutes::TcpRoute;
 use gateway_api::experimental::tlsroutes::TlsRoute;
 use gateway_api::experimental::udproutes::UdpRoute;
-use k8s_openapi::api::core::v1::{Namespace, Pod, PodCondition, PodSpec, PodStatus, Service};
+use k8s_openapi::api::core::v1::{Namespace, Service};
 use k8s_openapi::api::discovery::v1::EndpointSlice;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 
@@ -41,6 +41,7 @@ use super::convert::{
     unreadable_mesh_filter, unreadable_tcp_route, unreadable_tls_route, unreadable_udp_route,
 };
 use super::mesh_filter::MeshFilterResource;
+use super::pod::MeshPod;
 use crate::model::Snapshot;
 use crate::model::snapshot::{Pod as SnapshotPod, RefusedPod, Row};
 
@@ -60,9 +61,9 @@ pub struct Undecodable {
 /// Every object of every watched kind, as the stores hold them.
 #[derive(Clone, Debug, Default)]
 pub struct Objects {
-    /// Pods, cluster-wide, trimmed ([`trim_pod`]); this node's from its own view
+    /// Pods, cluster-wide, as the mesh reads them ([`MeshPod`]); this node's from its own view
     /// ([`with_local_view`]).
-    pub pods: Vec<Arc<Pod>>,
+    pub pods: Vec<Arc<MeshPod>>,
     /// Services.
     pub services: Vec<Arc<Service>>,
     /// EndpointSlices.
@@ -129,7 +130,7 @@ pub fn snapshot(objects: &Objects) -> (Snapshot, Vec<ObjectProblem>) {
 pub struct PodPlaces {
     /// By the object's address: the object, its position in the conversion's (namespace, name)
     /// order, and what became of it.
-    by_object: HashMap<usize, (Arc<Pod>, usize, Place)>,
+    by_object: HashMap<usize, (Arc<MeshPod>, usize, Place)>,
     /// How many pods the conversion that made these places took from the previous snapshot.
     pub reused: usize,
 }
@@ -307,15 +308,16 @@ pub fn snapshot_reusing(
 /// numbers); only the others are sorted by name and put in among them. Sorting every pod by
 /// name read two strings of two pods, spread over the heap, about log n times a pod. (A store
 /// keys its objects by namespace and name, so no two pods here share both.)
-fn pod_order<'o>(pods: &'o [Arc<Pod>], previous: Option<&PodPlaces>) -> Vec<&'o Arc<Pod>> {
-    let by_name = |a: &&Arc<Pod>, b: &&Arc<Pod>| sort_key(&a.metadata).cmp(&sort_key(&b.metadata));
+fn pod_order<'o>(pods: &'o [Arc<MeshPod>], previous: Option<&PodPlaces>) -> Vec<&'o Arc<MeshPod>> {
+    let by_name =
+        |a: &&Arc<MeshPod>, b: &&Arc<MeshPod>| sort_key(&a.metadata).cmp(&sort_key(&b.metadata));
     let Some(places) = previous else {
-        let mut all: Vec<&Arc<Pod>> = pods.iter().collect();
+        let mut all: Vec<&Arc<MeshPod>> = pods.iter().collect();
         all.sort_by(by_name);
         return all;
     };
-    let mut known: Vec<(usize, &Arc<Pod>)> = Vec::with_capacity(pods.len());
-    let mut new: Vec<&Arc<Pod>> = Vec::new();
+    let mut known: Vec<(usize, &Arc<MeshPod>)> = Vec::with_capacity(pods.len());
+    let mut new: Vec<&Arc<MeshPod>> = Vec::new();
     for pod in pods {
         match places.by_object.get(&(Arc::as_ptr(pod) as usize)) {
             Some(&(_, rank, _)) => known.push((rank, pod)),
@@ -466,72 +468,15 @@ pub fn fingerprint_of(key: FingerprintKey<'_>) -> u64 {
 ///
 /// The node-local view's pods are checked again here, so a server that ignored the field
 /// selector would still give each pod once.
-pub fn with_local_view(cluster: Vec<Arc<Pod>>, local: Vec<Arc<Pod>>, node: &str) -> Vec<Arc<Pod>> {
-    let on = |p: &Pod| p.spec.as_ref().and_then(|s| s.node_name.as_deref()) == Some(node);
-    let mut pods: Vec<Arc<Pod>> = cluster.into_iter().filter(|p| !on(p)).collect();
+pub fn with_local_view(
+    cluster: Vec<Arc<MeshPod>>,
+    local: Vec<Arc<MeshPod>>,
+    node: &str,
+) -> Vec<Arc<MeshPod>> {
+    let on = |p: &MeshPod| p.node_name() == Some(node);
+    let mut pods: Vec<Arc<MeshPod>> = cluster.into_iter().filter(|p| !on(p)).collect();
     pods.extend(local.into_iter().filter(|p| on(p)));
     pods
-}
-
-/// Keep of a cluster-wide Pod only what [`convert_pod`] reads, before it is stored: every node
-/// holds every pod, so a pod's containers, volumes, tolerations and statuses would be most of
-/// the daemon's memory (docs/kubernetes.md, "Scale").
-///
-/// Kept: name, namespace, the `aether.io` annotations (capture, ports, inbound mode, managed),
-/// the deletion timestamp and the resourceVersion; the ServiceAccount and the node; the pod and
-/// host IPs and the `Ready` condition (status and type only). Not the labels: nothing the model
-/// compiles reads a pod's labels (on this source the API server's EndpointSlices say which pods
-/// back a Service), and their map was about a sixth of a stored pod (issue #37). The store keeps the
-/// trimmed pod itself (no copy of it), so nothing it keeps holds room for what was dropped.
-pub fn trim_pod(pod: &mut Pod) {
-    let meta = std::mem::take(&mut pod.metadata);
-    pod.metadata = ObjectMeta {
-        name: meta.name,
-        namespace: meta.namespace,
-        annotations: meta.annotations.map(|a| {
-            a.into_iter()
-                .filter(|(k, _)| is_mesh_annotation(k))
-                .collect()
-        }),
-        deletion_timestamp: meta.deletion_timestamp,
-        resource_version: meta.resource_version,
-        uid: meta.uid,
-        ..ObjectMeta::default()
-    };
-    pod.spec = pod.spec.take().map(|spec| PodSpec {
-        service_account_name: spec.service_account_name,
-        node_name: spec.node_name,
-        host_network: spec.host_network,
-        ..PodSpec::default()
-    });
-    pod.status = pod.status.take().map(|status| PodStatus {
-        pod_ip: status.pod_ip,
-        pod_ips: status.pod_ips,
-        host_ip: status.host_ip,
-        host_ips: status.host_ips,
-        conditions: status.conditions.map(|c| {
-            let mut ready: Vec<PodCondition> = c
-                .into_iter()
-                .filter(|c| c.type_ == "Ready")
-                .map(|c| PodCondition {
-                    type_: c.type_,
-                    status: c.status,
-                    ..PodCondition::default()
-                })
-                .collect();
-            // The collect reuses the list's allocation: give back the room of the dropped ones.
-            ready.shrink_to_fit();
-            ready
-        }),
-        ..PodStatus::default()
-    });
-}
-
-/// Whether an annotation key is one of the mesh's (`aether.io/…`, `endpoint.aether.io/…`,
-/// `capture.aether.io/…`, `inbound.aether.io/…`): the only ones a pod conversion reads.
-fn is_mesh_annotation(key: &str) -> bool {
-    key.split_once('/')
-        .is_some_and(|(prefix, _)| prefix == "aether.io" || prefix.ends_with(".aether.io"))
 }
 
 #[cfg(test)]

@@ -33,7 +33,8 @@
 //!   seen as a deletion.
 //! - A store holds each object behind its own `Arc` ([`Stored`]): a reload shares the stored
 //!   objects and never copies them (docs/kubernetes.md, "Scale"). Stored objects are never
-//!   changed in place: a trim happens before an object is stored, and an update replaces it.
+//!   changed in place: an update replaces it. Pods are decoded as the mesh reads them
+//!   ([`MeshPod`]), the rest of a pod never allocated.
 
 use std::collections::HashSet;
 use std::fmt::Debug;
@@ -49,13 +50,12 @@ use gateway_api::experimental::referencegrants::ReferenceGrant;
 use gateway_api::experimental::tcproutes::TcpRoute;
 use gateway_api::experimental::tlsroutes::TlsRoute;
 use gateway_api::experimental::udproutes::UdpRoute;
-use k8s_openapi::api::core::v1::{Namespace, Pod, Service};
+use k8s_openapi::api::core::v1::{Namespace, Service};
 use k8s_openapi::api::discovery::v1::EndpointSlice;
 use kube::core::DeserializeGuard;
 use kube::core::error_boundary::InvalidObject;
-use kube::runtime::reflector::{self, ObjectRef, Store};
+use kube::runtime::watcher as watch_api;
 use kube::runtime::watcher::{self, Event};
-use kube::runtime::{WatchStreamExt, watcher as watch_api};
 use kube::{Api, Client, Resource};
 use serde::de::{Deserialize, DeserializeOwned, Deserializer};
 use tokio::sync::mpsc;
@@ -64,9 +64,12 @@ use tracing::{debug, info, warn};
 
 use super::convert::keyed::{self, Any, Watched};
 use super::mesh_filter::MeshFilterResource;
-use super::objects::{Objects, fingerprint_of, trim_pod, with_local_view};
+use super::objects::{Objects, fingerprint_of, with_local_view};
+use super::pod::MeshPod;
 use crate::model::live::Change;
 
+mod kept;
+use kept::{Keeper, Kept};
 mod pace;
 pub use pace::Backoff;
 use pace::{Failure, Pacer};
@@ -297,26 +300,32 @@ pub struct KubeSource {
 }
 
 struct Stores {
-    pods: Store<Stored<Pod>>,
+    pods: Kept<MeshPod>,
     /// This node's pods (`spec.nodeName=<node>`), when the settings name the node.
-    local_pods: Option<(String, Store<Stored<Pod>>)>,
-    services: Store<Stored<Service>>,
-    endpoint_slices: Store<Stored<EndpointSlice>>,
-    namespaces: Store<Stored<Namespace>>,
-    http_routes: Store<Stored<HttpRoute>>,
-    grpc_routes: Store<Stored<GrpcRoute>>,
-    tls_routes: Store<Stored<TlsRoute>>,
-    tcp_routes: Store<Stored<TcpRoute>>,
-    udp_routes: Store<Stored<UdpRoute>>,
-    reference_grants: Store<Stored<ReferenceGrant>>,
-    mesh_filters: Store<Stored<MeshFilterResource>>,
+    local_pods: Option<(String, Kept<MeshPod>)>,
+    services: Kept<Service>,
+    endpoint_slices: Kept<EndpointSlice>,
+    namespaces: Kept<Namespace>,
+    http_routes: Kept<HttpRoute>,
+    grpc_routes: Kept<GrpcRoute>,
+    tls_routes: Kept<TlsRoute>,
+    tcp_routes: Kept<TcpRoute>,
+    udp_routes: Kept<UdpRoute>,
+    reference_grants: Kept<ReferenceGrant>,
+    mesh_filters: Kept<MeshFilterResource>,
 }
 
 /// What a store holds for one object: the object behind its own `Arc`, so that a reload shares
 /// it with the store instead of copying it, or why it did not deserialize. It deserializes as
 /// kube's [`DeserializeGuard`] does (one bad object is kept as an error, never a stalled watch).
-#[derive(Clone, Debug)]
+#[derive(Debug)]
 pub struct Stored<K>(pub Result<Arc<K>, Arc<InvalidObject>>);
+
+impl<K> Clone for Stored<K> {
+    fn clone(&self) -> Self {
+        Self(self.0.clone())
+    }
+}
 
 impl<'de, K> Deserialize<'de> for Stored<K>
 where
@@ -378,35 +387,35 @@ impl KubeSource {
             (state, changed.clone(), client)
         };
         macro_rules! watch_kind {
-            ($ty:ty, $kind:literal, $trim:expr) => {{
+            ($ty:ty, $kind:literal) => {{
                 let (state, changed, client) = start($kind);
                 let api: Api<Stored<$ty>> = Api::all(client);
-                let (store, task) = spawn_watch(api, config(settings), $trim, state, changed);
+                let (store, task) = spawn_watch(api, config(settings), state, changed);
                 tasks.push(task);
                 store
             }};
         }
         let local_pods = settings.node.as_ref().map(|node| {
             let (state, changed, client) = start(LOCAL_POD_KIND);
-            let api: Api<Stored<Pod>> = Api::all(client);
+            let api: Api<Stored<MeshPod>> = Api::all(client);
             let on_node = config(settings).fields(&format!("spec.nodeName={node}"));
-            let (store, task) = spawn_watch(api, on_node, trim_pod, state, changed);
+            let (store, task) = spawn_watch(api, on_node, state, changed);
             tasks.push(task);
             (node.clone(), store)
         });
         let stores = Stores {
-            pods: watch_kind!(Pod, "Pod", trim_pod),
+            pods: watch_kind!(MeshPod, "Pod"),
             local_pods,
-            services: watch_kind!(Service, "Service", no_trim),
-            endpoint_slices: watch_kind!(EndpointSlice, "EndpointSlice", no_trim),
-            namespaces: watch_kind!(Namespace, "Namespace", no_trim),
-            http_routes: watch_kind!(HttpRoute, "HTTPRoute", no_trim),
-            grpc_routes: watch_kind!(GrpcRoute, "GRPCRoute", no_trim),
-            tls_routes: watch_kind!(TlsRoute, "TLSRoute", no_trim),
-            tcp_routes: watch_kind!(TcpRoute, "TCPRoute", no_trim),
-            udp_routes: watch_kind!(UdpRoute, "UDPRoute", no_trim),
-            reference_grants: watch_kind!(ReferenceGrant, "ReferenceGrant", no_trim),
-            mesh_filters: watch_kind!(MeshFilterResource, "MeshFilter", no_trim),
+            services: watch_kind!(Service, "Service"),
+            endpoint_slices: watch_kind!(EndpointSlice, "EndpointSlice"),
+            namespaces: watch_kind!(Namespace, "Namespace"),
+            http_routes: watch_kind!(HttpRoute, "HTTPRoute"),
+            grpc_routes: watch_kind!(GrpcRoute, "GRPCRoute"),
+            tls_routes: watch_kind!(TlsRoute, "TLSRoute"),
+            tcp_routes: watch_kind!(TcpRoute, "TCPRoute"),
+            udp_routes: watch_kind!(UdpRoute, "UDPRoute"),
+            reference_grants: watch_kind!(ReferenceGrant, "ReferenceGrant"),
+            mesh_filters: watch_kind!(MeshFilterResource, "MeshFilter"),
         };
         Self {
             stores,
@@ -545,7 +554,7 @@ impl KubeSource {
         macro_rules! each {
             ($store:expr, $kind:ident) => {
                 for o in $store.state() {
-                    named(Watched::$kind, &*o, &mut keys);
+                    named(Watched::$kind, &o, &mut keys);
                 }
             };
         }
@@ -568,38 +577,24 @@ impl KubeSource {
 
     /// The pod `namespace/name` as this node serves it: this node's own view for its pods, the
     /// cluster-wide store for every other ([`with_local_view`]).
-    fn pod_now(&self, namespace: &str, name: &str) -> Option<Arc<Stored<Pod>>> {
-        let at = ObjectRef::new(name).within(namespace);
+    fn pod_now(&self, namespace: &str, name: &str) -> Option<Stored<MeshPod>> {
         let Some((node, local)) = &self.stores.local_pods else {
-            return self.stores.pods.get(&at);
+            return self.stores.pods.get(namespace, name);
         };
-        let on = |p: &Stored<Pod>| {
-            p.0.as_ref().is_ok_and(|p| {
-                p.spec.as_ref().and_then(|s| s.node_name.as_deref()) == Some(node.as_str())
-            })
+        let on = |p: &Stored<MeshPod>| {
+            p.0.as_ref()
+                .is_ok_and(|p| p.node_name() == Some(node.as_str()))
         };
-        if let Some(p) = local.get(&at).filter(|p| on(p)) {
+        if let Some(p) = local.get(namespace, name).filter(|p| on(p)) {
             return Some(p);
         }
-        self.stores.pods.get(&at).filter(|p| !on(p))
+        self.stores.pods.get(namespace, name).filter(|p| !on(p))
     }
 
     /// One object's changes, read from its store now.
     fn object_changes(&self, kind: Watched, namespace: &str, name: &str) -> ObjectChanges {
         let key = keyed::key(kind, namespace, name);
         let s = &self.stores;
-        fn at<K>(namespace: &str, name: &str) -> ObjectRef<K>
-        where
-            K: Resource,
-            K::DynamicType: Default,
-        {
-            let at = ObjectRef::new(name);
-            if namespace.is_empty() {
-                at
-            } else {
-                at.within(namespace)
-            }
-        }
         // The store's object converted, or its problem when it did not deserialize.
         macro_rules! read {
             ($stored:expr, $kind_name:expr, $any:ident) => {{
@@ -646,40 +641,32 @@ impl KubeSource {
         }
         let (keyed, fingerprint) = match kind {
             Watched::Pod => read!(self.pod_now(namespace, name), "Pod", Pod),
-            Watched::Service => read!(s.services.get(&at(namespace, name)), "Service", Service),
+            Watched::Service => read!(s.services.get(namespace, name), "Service", Service),
             Watched::EndpointSlice => read!(
-                s.endpoint_slices.get(&at(namespace, name)),
+                s.endpoint_slices.get(namespace, name),
                 "EndpointSlice",
                 EndpointSlice
             ),
-            Watched::Namespace => read!(s.namespaces.get(&at("", name)), "Namespace", Namespace),
-            Watched::HttpRoute => read!(
-                s.http_routes.get(&at(namespace, name)),
-                "HTTPRoute",
-                HttpRoute
-            ),
-            Watched::GrpcRoute => read!(
-                s.grpc_routes.get(&at(namespace, name)),
-                "GRPCRoute",
-                GrpcRoute
-            ),
+            Watched::Namespace => read!(s.namespaces.get("", name), "Namespace", Namespace),
+            Watched::HttpRoute => read!(s.http_routes.get(namespace, name), "HTTPRoute", HttpRoute),
+            Watched::GrpcRoute => read!(s.grpc_routes.get(namespace, name), "GRPCRoute", GrpcRoute),
             Watched::TlsRoute => {
-                read!(s.tls_routes.get(&at(namespace, name)), "TLSRoute", TlsRoute)
+                read!(s.tls_routes.get(namespace, name), "TLSRoute", TlsRoute)
             }
             Watched::TcpRoute => {
-                read!(s.tcp_routes.get(&at(namespace, name)), "TCPRoute", TcpRoute)
+                read!(s.tcp_routes.get(namespace, name), "TCPRoute", TcpRoute)
             }
             Watched::UdpRoute => {
-                read!(s.udp_routes.get(&at(namespace, name)), "UDPRoute", UdpRoute)
+                read!(s.udp_routes.get(namespace, name), "UDPRoute", UdpRoute)
             }
             Watched::ReferenceGrant => read!(
-                s.reference_grants.get(&at(namespace, name)),
+                s.reference_grants.get(namespace, name),
                 "ReferenceGrant",
                 ReferenceGrant
             ),
             Watched::MeshFilter => {
                 read!(
-                    s.mesh_filters.get(&at(namespace, name)),
+                    s.mesh_filters.get(namespace, name),
                     "MeshFilter",
                     MeshFilter
                 )
@@ -736,8 +723,6 @@ impl Resource for MeshFilterResource {
     }
 }
 
-fn no_trim<K>(_: &mut K) {}
-
 fn config(settings: &WatchSettings) -> watcher::Config {
     let c = watcher::Config::default();
     if settings.streaming_lists {
@@ -791,11 +776,7 @@ where
 
 /// The objects of a store that deserialized, shared with the store; the others are listed in
 /// `invalid`.
-fn valid<K>(store: &Store<Stored<K>>, kind: &'static str, invalid: &mut Invalid) -> Vec<Arc<K>>
-where
-    K: Resource + Clone + DeserializeOwned + Debug + Send + Sync + 'static,
-    K::DynamicType: Default + Eq + std::hash::Hash + Clone,
-{
+fn valid<K>(store: &Kept<K>, kind: &'static str, invalid: &mut Invalid) -> Vec<Arc<K>> {
     let mut out = Vec::new();
     for stored in store.state() {
         match &stored.0 {
@@ -813,32 +794,28 @@ where
     out
 }
 
-/// Start one kind's reflector: list, then watch, trimming each object before it is stored.
+/// Start one kind's reflector: list, then watch.
 fn spawn_watch<K>(
     api: Api<Stored<K>>,
     config: watcher::Config,
-    trim: fn(&mut K),
     state: Arc<KindState>,
     changed: mpsc::Sender<()>,
-) -> (Store<Stored<K>>, JoinHandle<()>)
+) -> (Kept<K>, JoinHandle<()>)
 where
     K: Resource + Clone + DeserializeOwned + Debug + Send + Sync + 'static,
     K::DynamicType: Default + Eq + std::hash::Hash + Clone,
 {
-    let (reader, writer) = reflector::store();
+    let (reader, mut writer) = Keeper::new();
     let task = tokio::spawn(async move {
-        let stream = kind_watcher(api, config, state.clone())
-            .modify(move |stored: &mut Stored<K>| {
-                // Just deserialized, so not shared: `make_mut` does not copy.
-                if let Ok(k) = &mut stored.0 {
-                    trim(Arc::make_mut(k));
-                }
-            })
-            // No stream back-off: each request waits its kind's pace ([`pace`]), which a
-            // stream back-off cannot keep (it resets on the `Init` before every list).
-            .reflect(writer);
+        // No stream back-off: each request waits its kind's pace ([`pace`]), which a stream
+        // back-off cannot keep (it resets on the `Init` before every list).
+        let stream = kind_watcher(api, config, state.clone());
         let mut stream = std::pin::pin!(stream);
         while let Some(item) = stream.next().await {
+            // The store holds the change before its key is recorded below.
+            if let Ok(event) = &item {
+                writer.apply(event);
+            }
             if matches!(
                 item,
                 Ok(Event::InitDone | Event::Apply(_) | Event::Delete(_))

@@ -22,6 +22,7 @@ use std::collections::BTreeMap;
 use aether::capture::plan::{Mode, PodCapture, plan};
 use aether::model::rows::{parse_declared_ports, row_problem};
 use aether::registry::kube::convert::{MissingReadyCondition, Registration, convert_pod};
+use aether::registry::kube::pod::MeshPod;
 use k8s_openapi::api::core::v1::{Pod, PodSpec, PodStatus};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 
@@ -150,6 +151,9 @@ fn run(input: &[u8]) -> u64 {
         spec: Some(spec),
         status: Some(status),
     };
+    // As the API server sends it, decoded as the watch decodes it.
+    let json = serde_json::to_value(&pod).expect("a pod serializes");
+    let pod: MeshPod = serde_json::from_value(json).expect("a pod the API could send decodes");
     let mut sig = vec![format!(
         "{:?}",
         declared

@@ -16,9 +16,10 @@ use gateway_api::experimental::referencegrants::ReferenceGrant;
 use gateway_api::experimental::tcproutes::TcpRoute;
 use gateway_api::experimental::tlsroutes::TlsRoute;
 use gateway_api::experimental::udproutes::UdpRoute;
-use k8s_openapi::api::core::v1::{Namespace, Pod, Service};
+use k8s_openapi::api::core::v1::{Namespace, Service};
 use k8s_openapi::api::discovery::v1::EndpointSlice;
 
+use super::super::pod::MeshPod;
 use super::{
     ConvertError, MissingReadyCondition, Registration, convert_endpoint_slice, convert_grpc_route,
     convert_http_route, convert_mesh_filter, convert_namespace, convert_pod,
@@ -185,7 +186,7 @@ pub fn gone(kind: Watched, key: &Arc<str>, out: &mut Keyed) {
 #[derive(Clone, Copy, Debug)]
 pub enum Any<'a> {
     /// A pod.
-    Pod(&'a Pod),
+    Pod(&'a MeshPod),
     /// A Service.
     Service(&'a Service),
     /// An EndpointSlice.

@@ -9,6 +9,7 @@ use gateway_api::experimental::referencegrants::ReferenceGrant as GatewayReferen
 use gateway_api::experimental::tcproutes::TcpRoute as GatewayTcpRoute;
 use gateway_api::experimental::tlsroutes::TlsRoute as GatewayTlsRoute;
 use gateway_api::experimental::udproutes::UdpRoute as GatewayUdpRoute;
+use k8s_openapi::api::core::v1::Pod as K8sPod;
 use serde::de::DeserializeOwned;
 
 use super::*;
@@ -20,6 +21,7 @@ use crate::model::snapshot::{
     RbacAction, ValueMatchKind,
 };
 use crate::registry::kube::mesh_filter::MeshFilterResource;
+use crate::registry::kube::pod::MeshPod;
 
 // The CRD's schema against the converter, on charts/aether/tests/invalid-meshfilters.yaml.
 mod crd_tests;
@@ -105,7 +107,11 @@ fn gateway_durations_convert_to_milliseconds() {
 
 #[test]
 fn annotated_pod_converts_every_annotation_and_its_row_names_every_port() {
-    let c = convert_pod(&pod("web-0"), MissingReadyCondition::NotReady).unwrap();
+    let c = convert_pod(
+        &MeshPod::from(&pod("web-0")),
+        MissingReadyCondition::NotReady,
+    )
+    .unwrap();
     let p = &c.pod;
     assert_eq!((p.namespace.as_str(), p.name.as_str()), ("shop", "web-0"));
     assert_eq!(p.service_account, "web");
@@ -160,7 +166,11 @@ fn annotated_pod_converts_every_annotation_and_its_row_names_every_port() {
 
 #[test]
 fn pod_without_annotations_declares_8080_http_as_the_default_account() {
-    let c = convert_pod(&pod("plain-0"), MissingReadyCondition::Ready).unwrap();
+    let c = convert_pod(
+        &MeshPod::from(&pod("plain-0")),
+        MissingReadyCondition::Ready,
+    )
+    .unwrap();
     assert_eq!(c.pod.service_account, DEFAULT_SERVICE_ACCOUNT);
     assert_eq!(c.pod.redirect_all, None);
     assert!(c.pod.exclude_outbound_ports.is_empty());
@@ -180,13 +190,13 @@ fn pod_without_annotations_declares_8080_http_as_the_default_account() {
 fn missing_ready_condition_follows_the_backend_default() {
     let p = pod("grpc-0");
     assert!(
-        convert_pod(&p, MissingReadyCondition::Ready)
+        convert_pod(&MeshPod::from(&p), MissingReadyCondition::Ready)
             .unwrap()
             .pod
             .ready
     );
     assert!(
-        !convert_pod(&p, MissingReadyCondition::NotReady)
+        !convert_pod(&MeshPod::from(&p), MissingReadyCondition::NotReady)
             .unwrap()
             .pod
             .ready
@@ -196,7 +206,7 @@ fn missing_ready_condition_follows_the_backend_default() {
 #[test]
 fn invalid_pod_level_annotations_refuse_the_pod_as_unparseable() {
     for (name, needle) in [("grpc-0", "grpc"), ("badport-0", "abc")] {
-        let c = convert_pod(&pod(name), MissingReadyCondition::Ready).unwrap();
+        let c = convert_pod(&MeshPod::from(&pod(name)), MissingReadyCondition::Ready).unwrap();
         match &c.registration {
             Some(Registration::Refused(r)) => {
                 assert_eq!((r.namespace.as_str(), r.name.as_str()), ("shop", name));
@@ -211,15 +221,24 @@ fn invalid_pod_level_annotations_refuse_the_pod_as_unparseable() {
 
 #[test]
 fn unmanaged_pending_and_terminating_pods_are_not_listed() {
-    let unmanaged = convert_pod(&pod("legacy-0"), MissingReadyCondition::Ready).unwrap();
+    let unmanaged = convert_pod(
+        &MeshPod::from(&pod("legacy-0")),
+        MissingReadyCondition::Ready,
+    )
+    .unwrap();
     assert!(!unmanaged.pod.managed);
     assert_eq!(unmanaged.registration, None);
 
-    let pending = convert_pod(&pod("pending-0"), MissingReadyCondition::Ready).unwrap();
+    let pending = convert_pod(
+        &MeshPod::from(&pod("pending-0")),
+        MissingReadyCondition::Ready,
+    )
+    .unwrap();
     assert!(pending.pod.ips.is_empty());
     assert_eq!(pending.registration, None);
 
-    let terminating = convert_pod(&pod("web-1"), MissingReadyCondition::Ready).unwrap();
+    let terminating =
+        convert_pod(&MeshPod::from(&pod("web-1")), MissingReadyCondition::Ready).unwrap();
     assert_eq!(
         terminating.pod.ips,
         vec!["10.244.1.11".parse::<IpAddr>().unwrap()]
@@ -229,7 +248,11 @@ fn unmanaged_pending_and_terminating_pods_are_not_listed() {
 
 #[test]
 fn a_bad_capture_annotation_is_an_error_naming_the_annotation() {
-    let err = convert_pod(&pod("badcapture-0"), MissingReadyCondition::Ready).unwrap_err();
+    let err = convert_pod(
+        &MeshPod::from(&pod("badcapture-0")),
+        MissingReadyCondition::Ready,
+    )
+    .unwrap_err();
     match &err {
         ConvertError::InvalidValue {
             object,
@@ -260,17 +283,17 @@ fn bad_exclude_lists_are_errors() {
     };
     set(&mut p, ANNOTATION_EXCLUDE_PORTS, "80,0");
     assert!(matches!(
-        convert_pod(&p, MissingReadyCondition::Ready),
+        convert_pod(&MeshPod::from(&p), MissingReadyCondition::Ready),
         Err(ConvertError::InvalidValue { ref field, .. }) if field.contains(ANNOTATION_EXCLUDE_PORTS)
     ));
     set(&mut p, ANNOTATION_EXCLUDE_RANGES, "10.0.0.0/8,10.1.2.3");
     assert!(matches!(
-        convert_pod(&p, MissingReadyCondition::Ready),
+        convert_pod(&MeshPod::from(&p), MissingReadyCondition::Ready),
         Err(ConvertError::InvalidValue { ref field, .. }) if field.contains(ANNOTATION_EXCLUDE_RANGES)
     ));
     set(&mut p, ANNOTATION_EXCLUDE_PORTS, "");
     assert!(
-        convert_pod(&p, MissingReadyCondition::Ready)
+        convert_pod(&MeshPod::from(&p), MissingReadyCondition::Ready)
             .unwrap()
             .pod
             .exclude_outbound_ports
@@ -280,7 +303,11 @@ fn bad_exclude_lists_are_errors() {
 
 #[test]
 fn reserved_ports_are_not_a_conversion_error() {
-    let c = convert_pod(&pod("reserved-0"), MissingReadyCondition::Ready).unwrap();
+    let c = convert_pod(
+        &MeshPod::from(&pod("reserved-0")),
+        MissingReadyCondition::Ready,
+    )
+    .unwrap();
     let row = row_of(&c);
     assert_eq!(row.port, 9000);
     assert_eq!(
@@ -298,7 +325,7 @@ fn a_pod_without_a_name_is_an_error() {
     let mut p = pod("plain-0");
     p.metadata.name = None;
     assert!(matches!(
-        convert_pod(&p, MissingReadyCondition::Ready),
+        convert_pod(&MeshPod::from(&p), MissingReadyCondition::Ready),
         Err(ConvertError::MissingField { ref field, .. }) if field == "metadata.name"
     ));
 }
@@ -390,7 +417,7 @@ fn a_refused_value_names_its_field_with_its_index() {
     status.pod_ips.as_mut().unwrap()[1].ip = "fd00::zz".into();
     assert_eq!(
         field_of(
-            convert_pod(&p, MissingReadyCondition::NotReady)
+            convert_pod(&MeshPod::from(&p), MissingReadyCondition::NotReady)
                 .err()
                 .unwrap()
         ),
@@ -402,7 +429,7 @@ fn a_refused_value_names_its_field_with_its_index() {
     status.host_ip = Some("host".into());
     assert_eq!(
         field_of(
-            convert_pod(&p, MissingReadyCondition::NotReady)
+            convert_pod(&MeshPod::from(&p), MissingReadyCondition::NotReady)
                 .err()
                 .unwrap()
         ),
@@ -1067,10 +1094,10 @@ fn the_crd_schema_names_exactly_the_fields_the_resource_reads() {
 fn a_host_network_pod_is_not_managed_and_not_listed() {
     let mut p = pod("plain-0");
     p.spec.as_mut().unwrap().host_network = Some(true);
-    let c = convert_pod(&p, MissingReadyCondition::Ready).unwrap();
+    let c = convert_pod(&MeshPod::from(&p), MissingReadyCondition::Ready).unwrap();
     assert!(!c.pod.managed, "it shares the node's namespace and address");
     assert!(c.registration.is_none(), "{:?}", c.registration);
     p.spec.as_mut().unwrap().host_network = Some(false);
-    let c = convert_pod(&p, MissingReadyCondition::Ready).unwrap();
+    let c = convert_pod(&MeshPod::from(&p), MissingReadyCondition::Ready).unwrap();
     assert!(c.pod.managed && c.registration.is_some());
 }

@@ -1,7 +1,7 @@
 use std::collections::BTreeSet;
 use std::path::Path;
 
-use k8s_openapi::api::core::v1::{Container, PodCondition, PodIP, Volume};
+use k8s_openapi::api::core::v1::{Container, Pod, PodCondition, PodIP, Volume};
 use serde::de::DeserializeOwned;
 
 use super::*;
@@ -9,9 +9,15 @@ use crate::model::names::Domains;
 use crate::model::{NodeContext, compile, registrar};
 use crate::registry::file::{endpoint_slices_for, load_dir};
 use crate::registry::kube::generated::service_object;
+use crate::registry::kube::pod::{MeshPodSpec, MeshPodStatus};
 
 fn typed<T: DeserializeOwned>(doc: &serde_json::Value) -> Arc<T> {
     Arc::new(serde_json::from_value(doc.clone()).expect("a fixture document deserializes"))
+}
+
+/// A pod as the watch stores it: its JSON, as the API server sends it, decoded as a [`MeshPod`].
+fn stored(pod: &Pod) -> Arc<MeshPod> {
+    typed(&serde_json::to_value(pod).unwrap())
 }
 
 /// The objects an API server would hold for a manifest directory: every document as written,
@@ -20,6 +26,7 @@ fn typed<T: DeserializeOwned>(doc: &serde_json::Value) -> Arc<T> {
 /// the ClusterIPs the API server would allocate; here the file registry's allocator stands in).
 fn cluster_objects(dir: &Path, cidr: ipnet::IpNet) -> Objects {
     let mut o = Objects::default();
+    let mut pods = Vec::new();
     let mut files: Vec<_> = std::fs::read_dir(dir)
         .unwrap()
         .map(|e| e.unwrap().path())
@@ -49,7 +56,7 @@ fn cluster_objects(dir: &Path, cidr: ipnet::IpNet) -> Objects {
                             ..Default::default()
                         }]);
                     }
-                    o.pods.push(Arc::new(pod));
+                    pods.push(pod);
                 }
                 "Service" => o.services.push(typed(&doc)),
                 "EndpointSlice" => o.endpoint_slices.push(typed(&doc)),
@@ -68,8 +75,8 @@ fn cluster_objects(dir: &Path, cidr: ipnet::IpNet) -> Objects {
     }
     // The EndpointSlice controller.
     let services: Vec<&Service> = o.services.iter().map(Arc::as_ref).collect();
-    let pods: Vec<&Pod> = o.pods.iter().map(Arc::as_ref).collect();
-    let slices = endpoint_slices_for(&services, &pods);
+    let slices = endpoint_slices_for(&services, &pods.iter().collect::<Vec<_>>());
+    o.pods = pods.iter().map(stored).collect();
     o.endpoint_slices.extend(slices.into_iter().map(Arc::new));
     // The registrar, then the API server's ClusterIP allocation.
     let (mut s, problems) = snapshot(&o);
@@ -89,10 +96,6 @@ fn cluster_objects(dir: &Path, cidr: ipnet::IpNet) -> Objects {
         spec.cluster_ip = g.cluster_ips.first().map(ToString::to_string);
         spec.cluster_ips = Some(g.cluster_ips.iter().map(ToString::to_string).collect());
         o.services.push(Arc::new(object));
-    }
-    // Every node holds pods trimmed.
-    for pod in &mut o.pods {
-        trim_pod(Arc::make_mut(pod));
     }
     o
 }
@@ -188,48 +191,11 @@ fn full_pod() -> Pod {
 }
 
 #[test]
-fn a_trimmed_pod_converts_exactly_as_the_whole_pod_and_is_much_smaller() {
-    let pod = full_pod();
-    let mut trimmed = pod.clone();
-    trim_pod(&mut trimmed);
-    let mut whole = convert_pod(&pod, MissingReadyCondition::NotReady).unwrap();
-    let small = convert_pod(&trimmed, MissingReadyCondition::NotReady).unwrap();
-    // The command is the file registry's; a cluster's kubelet runs the containers. The labels
-    // are read by nothing the model compiles.
-    whole.pod.command.clear();
-    whole.pod.labels.clear();
-    assert_eq!(small, whole);
-    let size = |p: &Pod| serde_json::to_vec(p).unwrap().len();
-    assert!(
-        size(&trimmed) * 2 < size(&pod),
-        "trimmed {} bytes of {}",
-        size(&trimmed),
-        size(&pod)
-    );
-    let annotations = trimmed.metadata.annotations.as_ref().unwrap();
-    assert!(annotations.keys().all(|k| k.contains("aether.io/")));
-    assert!(trimmed.metadata.managed_fields.is_none());
-    let conditions = trimmed
-        .status
-        .as_ref()
-        .unwrap()
-        .conditions
-        .as_ref()
-        .unwrap();
-    assert_eq!(conditions.len(), 1);
-    assert_eq!(
-        conditions.capacity(),
-        1,
-        "the stored pod keeps no room for the dropped conditions"
-    );
-}
-
-#[test]
 fn a_pod_without_a_ready_condition_is_a_row_but_not_ready() {
     let mut pod = full_pod();
     pod.status.as_mut().unwrap().conditions = None;
     let (s, problems) = snapshot(&Objects {
-        pods: vec![Arc::new(pod)],
+        pods: vec![stored(&pod)],
         ..Objects::default()
     });
     assert!(problems.is_empty());
@@ -247,18 +213,19 @@ fn the_snapshot_does_not_depend_on_the_order_of_the_stores_and_a_bad_object_hide
         p.metadata.name = Some(name.into());
         p.status.as_mut().unwrap().pod_ips = Some(vec![PodIP { ip: ip.into() }]);
         p.status.as_mut().unwrap().pod_ip = Some(ip.into());
-        Arc::new(p)
+        p
     };
-    let mut bad = (*pod("web-bad", "10.244.2.9")).clone();
+    let mut bad = pod("web-bad", "10.244.2.9");
     bad.metadata
         .annotations
         .as_mut()
         .unwrap()
         .insert("aether.io/managed".into(), "perhaps".into());
+    let pod = |name: &str, ip: &str| stored(&pod(name, ip));
     let forward = Objects {
         pods: vec![
             pod("web-0", "10.244.2.7"),
-            Arc::new(bad),
+            stored(&bad),
             pod("web-1", "10.244.2.8"),
         ],
         ..Objects::default()
@@ -275,21 +242,22 @@ fn the_snapshot_does_not_depend_on_the_order_of_the_stores_and_a_bad_object_hide
     assert!(text.contains("aether.io/managed"), "{text}");
 }
 
-fn pod_on(name: &str, node: Option<&str>, ip: &str) -> Arc<Pod> {
-    Arc::new(Pod {
+fn pod_on(name: &str, node: Option<&str>, ip: &str) -> Arc<MeshPod> {
+    Arc::new(MeshPod {
         metadata: ObjectMeta {
             name: Some(name.into()),
             namespace: Some("shop".into()),
             ..ObjectMeta::default()
         },
-        spec: Some(PodSpec {
+        spec: Some(MeshPodSpec {
             node_name: node.map(Into::into),
-            ..PodSpec::default()
+            ..MeshPodSpec::default()
         }),
-        status: Some(PodStatus {
+        status: Some(MeshPodStatus {
             pod_ip: Some(ip.into()),
-            ..PodStatus::default()
+            ..MeshPodStatus::default()
         }),
+        ..MeshPod::default()
     })
 }
 
@@ -346,7 +314,7 @@ fn a_conversion_that_takes_unchanged_pods_from_the_last_equals_one_from_scratch(
 
     // The stores replace a changed object whole: a new `Arc` for each pod below.
     let mut next = first;
-    let status = |p: &mut Pod| p.status.get_or_insert_with(PodStatus::default).clone();
+    let status = |p: &mut MeshPod| p.status.get_or_insert_with(MeshPodStatus::default).clone();
     // One pod flips to not Ready.
     let mut flipped = (*next.pods[0]).clone();
     let mut st = status(&mut flipped);

@@ -1,0 +1,274 @@
+//! A Pod as the mesh reads it (pure): the fields [`super::convert::convert_pod`] reads and
+//! nothing else, decoded straight from the API server's JSON.
+//!
+//! Every node holds every pod of the cluster, so what one stored pod costs is most of the
+//! daemon's memory (issue #37: 4,150 bytes a pod held as a trimmed `k8s_openapi` `Pod`, whose
+//! spec alone takes about 1.3 KiB inline however little of it is kept). A [`MeshPod`] is decoded
+//! with serde skipping what it does not name (containers, volumes, statuses, managed fields are
+//! parsed over, never allocated), and then trimmed to what a conversion reads ([`MeshPod::trim`]):
+//!
+//! - metadata: name, namespace, uid, resourceVersion, the deletion timestamp (and the labels
+//!   only when the file registry made it from a manifest: the model reads a pod's labels there,
+//!   never on this source, whose EndpointSlices say which pods back a Service);
+//! - the mesh's own annotations (`aether.io/…`, `*.aether.io/…`), as a sorted list rather than the
+//!   metadata's map, whose first node is 540 bytes however few entries it has;
+//! - `spec.serviceAccountName`, `spec.nodeName`, `spec.hostNetwork`;
+//! - `status.podIP(s)`, `status.hostIP(s)`, and the `Ready` condition (type and status).
+//!
+//! Invariants:
+//! - A field it keeps decodes as `k8s_openapi` decodes it (the same names and types; a missing
+//!   required string, such as a `podIPs` entry without `ip`, is empty, as there); `apiVersion`
+//!   and `kind`, when present, must be `v1` and `Pod`.
+//!   A field it does not read is not checked: a pod whose containers do not decode is still
+//!   served (the mesh reads nothing of them).
+//! - Every list is held at its length (no spare room).
+
+use std::borrow::Cow;
+
+use k8s_openapi::api::core::v1::Pod as K8sPod;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
+use kube::core::NamespaceResourceScope;
+use serde::Deserialize;
+use serde::de::{self, Deserializer};
+
+/// A Pod as the mesh reads it (module docs).
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct MeshPod {
+    /// Name, namespace, uid, resourceVersion, deletion timestamp (and labels from the file
+    /// registry). Never annotations: they are in [`Self::annotations`].
+    pub metadata: ObjectMeta,
+    /// The mesh's annotations, sorted by key (each key once).
+    pub annotations: Box<[(String, String)]>,
+    /// What it keeps of the spec.
+    pub spec: Option<MeshPodSpec>,
+    /// What it keeps of the status.
+    pub status: Option<MeshPodStatus>,
+    /// The first container's command and arguments: the file registry's lab pods name the
+    /// program they run; never read from the API server.
+    pub command: Vec<String>,
+}
+
+/// What a [`MeshPod`] keeps of `spec`.
+#[derive(Clone, Debug, Default, PartialEq, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct MeshPodSpec {
+    /// `spec.serviceAccountName`.
+    pub service_account_name: Option<String>,
+    /// `spec.nodeName`.
+    pub node_name: Option<String>,
+    /// `spec.hostNetwork`.
+    pub host_network: Option<bool>,
+}
+
+/// What a [`MeshPod`] keeps of `status`.
+#[derive(Clone, Debug, Default, PartialEq, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct MeshPodStatus {
+    /// `status.podIP`.
+    #[serde(rename = "podIP")]
+    pub pod_ip: Option<String>,
+    /// `status.podIPs`.
+    #[serde(rename = "podIPs")]
+    pub pod_ips: Option<Vec<Address>>,
+    /// `status.hostIP`.
+    #[serde(rename = "hostIP")]
+    pub host_ip: Option<String>,
+    /// `status.hostIPs`.
+    #[serde(rename = "hostIPs")]
+    pub host_ips: Option<Vec<Address>>,
+    /// `status.conditions`: after [`MeshPod::trim`], the `Ready` one alone.
+    pub conditions: Option<Vec<Condition>>,
+}
+
+/// One entry of `status.podIPs` or `status.hostIPs`.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Deserialize)]
+pub struct Address {
+    /// The address as written (empty when missing, as `k8s_openapi` reads it; it then does not
+    /// parse as an address).
+    #[serde(default)]
+    pub ip: String,
+}
+
+/// One pod condition: its type and status.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Deserialize)]
+pub struct Condition {
+    /// `type` (empty when missing, as `k8s_openapi` reads it).
+    #[serde(rename = "type", default)]
+    pub type_: String,
+    /// `status` (`True`, `False`, `Unknown`; empty when missing: not Ready).
+    #[serde(default)]
+    pub status: String,
+}
+
+impl MeshPod {
+    /// The mesh annotation `key`, when the pod has it.
+    pub fn annotation(&self, key: &str) -> Option<&str> {
+        self.annotations
+            .binary_search_by(|(k, _)| k.as_str().cmp(key))
+            .ok()
+            .map(|i| self.annotations[i].1.as_str())
+    }
+
+    /// The node the pod is scheduled on.
+    pub fn node_name(&self) -> Option<&str> {
+        self.spec.as_ref().and_then(|s| s.node_name.as_deref())
+    }
+
+    /// Keep only what a conversion reads (module docs), and hold every list at its length.
+    /// Labels are dropped unless `keep_labels`.
+    fn trim(mut metadata: ObjectMeta, keep_labels: bool) -> (ObjectMeta, Box<[(String, String)]>) {
+        let mut annotations: Vec<(String, String)> = metadata
+            .annotations
+            .take()
+            .into_iter()
+            .flatten()
+            .filter(|(k, _)| is_mesh_annotation(k))
+            .collect();
+        // From a map: sorted, each key once.
+        annotations.shrink_to_fit();
+        let metadata = ObjectMeta {
+            name: metadata.name,
+            namespace: metadata.namespace,
+            uid: metadata.uid,
+            resource_version: metadata.resource_version,
+            deletion_timestamp: metadata.deletion_timestamp,
+            labels: metadata.labels.filter(|_| keep_labels),
+            ..ObjectMeta::default()
+        };
+        (metadata, annotations.into_boxed_slice())
+    }
+}
+
+impl MeshPodStatus {
+    fn trim(mut self) -> Self {
+        fn fit<T>(v: Option<Vec<T>>) -> Option<Vec<T>> {
+            v.map(|mut v| {
+                v.shrink_to_fit();
+                v
+            })
+        }
+        self.pod_ips = fit(self.pod_ips);
+        self.host_ips = fit(self.host_ips);
+        self.conditions = fit(self
+            .conditions
+            .map(|c| c.into_iter().filter(|c| c.type_ == "Ready").collect()));
+        self
+    }
+}
+
+/// Whether an annotation key is one of the mesh's (`aether.io/…`, `endpoint.aether.io/…`,
+/// `capture.aether.io/…`, `inbound.aether.io/…`): the only ones a pod conversion reads.
+fn is_mesh_annotation(key: &str) -> bool {
+    key.split_once('/')
+        .is_some_and(|(prefix, _)| prefix == "aether.io" || prefix.ends_with(".aether.io"))
+}
+
+impl<'de> Deserialize<'de> for MeshPod {
+    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        #[derive(Deserialize)]
+        #[serde(rename_all = "camelCase")]
+        struct Wire {
+            api_version: Option<String>,
+            kind: Option<String>,
+            #[serde(default)]
+            metadata: ObjectMeta,
+            spec: Option<MeshPodSpec>,
+            status: Option<MeshPodStatus>,
+        }
+        let wire = Wire::deserialize(deserializer)?;
+        if let Some(v) = wire.api_version.filter(|v| v != "v1") {
+            return Err(de::Error::invalid_value(de::Unexpected::Str(&v), &"v1"));
+        }
+        if let Some(k) = wire.kind.filter(|k| k != "Pod") {
+            return Err(de::Error::invalid_value(de::Unexpected::Str(&k), &"Pod"));
+        }
+        let (metadata, annotations) = Self::trim(wire.metadata, false);
+        Ok(Self {
+            metadata,
+            annotations,
+            spec: wire.spec,
+            status: wire.status.map(MeshPodStatus::trim),
+            command: Vec::new(),
+        })
+    }
+}
+
+impl From<&K8sPod> for MeshPod {
+    /// What the file registry converts: its manifest's pod, labels and command kept.
+    fn from(pod: &K8sPod) -> Self {
+        let (metadata, annotations) = Self::trim(pod.metadata.clone(), true);
+        let spec = pod.spec.as_ref();
+        let command = spec
+            .and_then(|s| s.containers.first())
+            .map(|c| {
+                c.command
+                    .iter()
+                    .flatten()
+                    .chain(c.args.iter().flatten())
+                    .cloned()
+                    .collect()
+            })
+            .unwrap_or_default();
+        let status = pod.status.as_ref().map(|s| {
+            MeshPodStatus {
+                pod_ip: s.pod_ip.clone(),
+                pod_ips: s
+                    .pod_ips
+                    .as_ref()
+                    .map(|v| v.iter().map(|a| Address { ip: a.ip.clone() }).collect()),
+                host_ip: s.host_ip.clone(),
+                host_ips: s
+                    .host_ips
+                    .as_ref()
+                    .map(|v| v.iter().map(|a| Address { ip: a.ip.clone() }).collect()),
+                conditions: s.conditions.as_ref().map(|c| {
+                    c.iter()
+                        .map(|c| Condition {
+                            type_: c.type_.clone(),
+                            status: c.status.clone(),
+                        })
+                        .collect()
+                }),
+            }
+            .trim()
+        });
+        Self {
+            metadata,
+            annotations,
+            spec: spec.map(|s| MeshPodSpec {
+                service_account_name: s.service_account_name.clone(),
+                node_name: s.node_name.clone(),
+                host_network: s.host_network,
+            }),
+            status,
+            command,
+        }
+    }
+}
+
+impl kube::Resource for MeshPod {
+    type DynamicType = ();
+    type Scope = NamespaceResourceScope;
+
+    fn kind(_: &()) -> Cow<'_, str> {
+        "Pod".into()
+    }
+    fn group(_: &()) -> Cow<'_, str> {
+        "".into()
+    }
+    fn version(_: &()) -> Cow<'_, str> {
+        "v1".into()
+    }
+    fn plural(_: &()) -> Cow<'_, str> {
+        "pods".into()
+    }
+    fn meta(&self) -> &ObjectMeta {
+        &self.metadata
+    }
+    fn meta_mut(&mut self) -> &mut ObjectMeta {
+        &mut self.metadata
+    }
+}
+
+#[cfg(test)]
+mod tests;
