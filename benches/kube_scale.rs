@@ -10,8 +10,8 @@
 //!
 //! 1. **CPU per watch event** (one pod changed anywhere in the cluster reaches every node): the
 //!    JSON of one `MODIFIED` event deserialized and stored, as kube-rs does it by default (`Pod`,
-//!    stored whole) and as the source does it (`Stored<MeshPod>`: kube's `DeserializeGuard`, the
-//!    pod decoded as the mesh reads it and behind its own `Arc`, stored); the
+//!    stored whole) and as the source does it (`Stored<ApiPod>`: kube's `DeserializeGuard`, the
+//!    pod decoded as the mesh reads it, stored as a `MeshPod` behind its own `Arc`); the
 //!    baseline is parsing the same bytes into nothing (`serde::de::IgnoredAny`).
 //! 2. **Memory held by the pod store** (jemalloc `stats.allocated` after an epoch advance, before
 //!    and after the initial list): the source's store (`MeshPod`) against a kube-rs reflector on
@@ -63,7 +63,8 @@ use aether::model::registrar::generated_services_except;
 use aether::model::{NodeContext, compile};
 use aether::node::kube_feed::KubeFeed;
 use aether::registry::kube::objects::{fingerprint, snapshot, snapshot_reusing};
-use aether::registry::kube::pod::MeshPod;
+use aether::registry::kube::pod::{ApiPod, MeshPod};
+use aether::registry::kube::watch::kept::Keeper;
 use aether::registry::kube::watch::{KubeSource, Stored, WatchSettings};
 use aether::time::now;
 
@@ -162,7 +163,7 @@ fn per_event(c: &Cluster, runs: usize) {
             let _: WatchEvent<Pod> = serde_json::from_slice(e).expect("a pod event");
         }));
         rows[2].push(per_pod(&mut |e| {
-            let _: WatchEvent<Stored<MeshPod>> = serde_json::from_slice(e).expect("a pod event");
+            let _: WatchEvent<Stored<ApiPod>> = serde_json::from_slice(e).expect("a pod event");
         }));
         let mut plain: Writer<Pod> = Writer::default();
         rows[3].push(per_pod(&mut |e| {
@@ -171,14 +172,15 @@ fn per_event(c: &Cluster, runs: usize) {
             }
         }));
         drop(plain);
-        let mut guarded: Writer<Stored<MeshPod>> = Writer::default();
+        let (kept, mut keeper) = Keeper::keeping(ApiPod::shared_into_pod);
         rows[4].push(per_pod(&mut |e| {
             if let WatchEvent::Modified(guard) =
-                serde_json::from_slice::<WatchEvent<Stored<MeshPod>>>(e).expect("a pod event")
+                serde_json::from_slice::<WatchEvent<Stored<ApiPod>>>(e).expect("a pod event")
             {
-                guarded.apply_watcher_event(&Event::Apply(guard));
+                keeper.apply(Event::Apply(guard));
             }
         }));
+        assert_eq!(kept.len(), sample, "every event stored");
     }
     let base = median(rows[0].clone());
     println!(
@@ -193,9 +195,9 @@ fn per_event(c: &Cluster, runs: usize) {
     let names = [
         "baseline: parse the JSON into nothing (`IgnoredAny`)",
         "into `WatchEvent<Pod>` (kube-rs default)",
-        "into `WatchEvent<Stored<MeshPod>>` (the source: kube's `DeserializeGuard`, buffered, then typed)",
+        "into `WatchEvent<Stored<ApiPod>>` (the source: kube's `DeserializeGuard`, buffered, then typed)",
         "kube-rs default: `Pod`, stored whole",
-        "the source: `Stored<MeshPod>`, stored",
+        "the source: `Stored<ApiPod>`, stored as a `MeshPod` (`Keeper`)",
     ];
     for (name, r) in names.iter().zip(rows) {
         let m = median(r);
@@ -294,7 +296,7 @@ fn pod_store(rt: &Runtime, c: &Cluster) -> Result<()> {
     );
     println!("|---|---|---|---|---|---|");
     whole.row("kube-rs default (`Pod`, untrimmed)", c.pods, None);
-    trimmed.row("the source (`Stored<MeshPod>`)", c.pods, Some(whole.held));
+    trimmed.row("the source (`MeshPod`, `Kept`)", c.pods, Some(whole.held));
     println!(
         "(list bodies: {:.1} MiB on the wire; \"client µs\" is the list's wall time less the scripted server's)",
         mib(whole.wire)
@@ -598,7 +600,13 @@ fn fed(rt: &Runtime, c: &Cluster) -> Result<()> {
     let mut feed = KubeFeed::default();
     let mut live = Live::new(ctx.clone());
     let t = now();
-    let first = feed.load(&source, &mut live, &ctx, None);
+    // On a fresh thread, as `spawn_blocking` would run it, for its peak.
+    let (first, first_peak) = std::thread::scope(|scope| {
+        scope
+            .spawn(|| (feed.load(&source, &mut live, &ctx, None), thread_peak()))
+            .join()
+            .expect("the load thread")
+    });
     let first_secs = t.elapsed().as_secs_f64();
     let kept_bytes = allocated().saturating_sub(before);
     anyhow::ensure!(first.whole, "the first load reads everything");
@@ -695,6 +703,10 @@ fn fed(rt: &Runtime, c: &Cluster) -> Result<()> {
         first_secs * 1e3
     );
     println!(
+        "| (the first load's peak above what it keeps: {:.1} MiB) | |",
+        mib(first_peak.saturating_sub(kept_bytes))
+    );
+    println!(
         "| **one pod made Ready or not: its event in the store to the published model** (its key taken, that pod converted, its component compiled) | {:.3} |",
         ms(in_store.clone())
     );
@@ -729,7 +741,29 @@ fn fed(rt: &Runtime, c: &Cluster) -> Result<()> {
         previous,
     };
     churn(rt, c, &server, &pods, &pod_kind, kept)?;
-    drop((live, feed, source, server, client));
+    // What each part holds: the heap each drop gives back, the model last (the kept model
+    // shares it).
+    let model = live.model().clone();
+    let freed = |f: &mut dyn FnMut()| {
+        let before = allocated();
+        f();
+        mib(before.saturating_sub(allocated()))
+    };
+    let mut feed = Some(feed);
+    let feed_mib = freed(&mut || drop(feed.take()));
+    let mut live = Some(live);
+    let live_mib = freed(&mut || drop(live.take()));
+    let mut model = Some(model);
+    let model_mib = freed(&mut || drop(model.take()));
+    let mut source = Some(source);
+    let stores_mib = freed(&mut || drop(source.take()));
+    println!(
+        "\nWhat is held at the end, by the heap each part gives back when dropped: the feed \
+         {feed_mib:.1} MiB, the kept model's own bookkeeping {live_mib:.1} MiB (its objects by \
+         key, the converted pods and rows, components, what each gave), the model \
+         {model_mib:.1} MiB, the stores {stores_mib:.1} MiB."
+    );
+    drop((server, client));
     Ok(())
 }
 

@@ -335,7 +335,7 @@ fn pod_names(source: &KubeSource) -> Vec<String> {
         .0
         .pods
         .iter()
-        .map(|p| p.name_any())
+        .map(|p| p.metadata.name.clone().unwrap_or_default())
         .collect();
     names.sort();
     names

@@ -201,7 +201,11 @@ pub enum MissingReadyCondition {
 }
 
 fn namespaced_key(kind: &'static str, meta: &K8sObjectMeta) -> Result<ObjectKey, ConvertError> {
-    let key = ObjectKey::of(kind, meta);
+    namespaced(ObjectKey::of(kind, meta))
+}
+
+/// `key`, unless its name or namespace is missing.
+fn namespaced(key: ObjectKey) -> Result<ObjectKey, ConvertError> {
     if key.name.is_empty() {
         return Err(ConvertError::MissingField {
             object: key.boxed(),
@@ -404,7 +408,11 @@ pub fn convert_pod(
     pod: &MeshPod,
     missing_ready: MissingReadyCondition,
 ) -> Result<PodConversion, ConvertError> {
-    let key = namespaced_key("Pod", &pod.metadata)?;
+    let key = namespaced(ObjectKey {
+        kind: "Pod",
+        namespace: pod.metadata.namespace.clone(),
+        name: pod.metadata.name.clone().unwrap_or_default(),
+    })?;
     let annotation = |k: &str| pod.annotation(k);
     let spec = pod.spec.as_ref();
     let status = pod.status.as_ref();
@@ -492,7 +500,7 @@ pub fn convert_pod(
     let node = spec
         .and_then(|s| s.node_name.clone())
         .filter(|s| !s.is_empty());
-    let terminating = pod.metadata.deletion_timestamp.is_some();
+    let terminating = pod.metadata.deleting;
 
     let out = Pod {
         namespace: ns(&key),

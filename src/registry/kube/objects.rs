@@ -109,6 +109,11 @@ fn sort_key(meta: &ObjectMeta) -> (&str, &str) {
     )
 }
 
+fn pod_key(pod: &MeshPod) -> (&str, &str) {
+    let (namespace, name, _) = pod.version();
+    (namespace, name)
+}
+
 fn sorted<K>(objects: &[Arc<K>], meta: impl Fn(&K) -> &ObjectMeta) -> Vec<&K> {
     let mut out: Vec<&K> = objects.iter().map(Arc::as_ref).collect();
     out.sort_by(|a, b| sort_key(meta(a)).cmp(&sort_key(meta(b))));
@@ -309,8 +314,7 @@ pub fn snapshot_reusing(
 /// name read two strings of two pods, spread over the heap, about log n times a pod. (A store
 /// keys its objects by namespace and name, so no two pods here share both.)
 fn pod_order<'o>(pods: &'o [Arc<MeshPod>], previous: Option<&PodPlaces>) -> Vec<&'o Arc<MeshPod>> {
-    let by_name =
-        |a: &&Arc<MeshPod>, b: &&Arc<MeshPod>| sort_key(&a.metadata).cmp(&sort_key(&b.metadata));
+    let by_name = |a: &&Arc<MeshPod>, b: &&Arc<MeshPod>| pod_key(a).cmp(&pod_key(b));
     let Some(places) = previous else {
         let mut all: Vec<&Arc<MeshPod>> = pods.iter().collect();
         all.sort_by(by_name);
@@ -329,8 +333,8 @@ fn pod_order<'o>(pods: &'o [Arc<MeshPod>], previous: Option<&PodPlaces>) -> Vec<
     let mut out = Vec::with_capacity(pods.len());
     let mut from = 0;
     for pod in new {
-        let key = sort_key(&pod.metadata);
-        let at = from + known[from..].partition_point(|(_, k)| sort_key(&k.metadata) <= key);
+        let key = pod_key(pod);
+        let at = from + known[from..].partition_point(|(_, k)| pod_key(k) <= key);
         out.extend(known[from..at].iter().map(|&(_, k)| k));
         out.push(pod);
         from = at;
@@ -396,6 +400,35 @@ pub const WATCHED_KINDS: [&str; 11] = [
     "MeshFilter",
 ];
 
+/// What an object's fingerprint reads of it: its namespace (empty for a cluster-scoped object),
+/// name and resourceVersion.
+pub trait Versioned {
+    /// `(namespace, name, resourceVersion)`.
+    fn version(&self) -> (&str, &str, &str);
+}
+
+impl<K: kube::Resource> Versioned for K {
+    fn version(&self) -> (&str, &str, &str) {
+        let meta = self.meta();
+        (
+            meta.namespace.as_deref().unwrap_or(""),
+            meta.name.as_deref().unwrap_or(""),
+            meta.resource_version.as_deref().unwrap_or(""),
+        )
+    }
+}
+
+impl Versioned for MeshPod {
+    fn version(&self) -> (&str, &str, &str) {
+        let meta = &self.metadata;
+        (
+            meta.namespace.as_deref().unwrap_or(""),
+            meta.name.as_deref().unwrap_or(""),
+            meta.resource_version.as_deref().unwrap_or(""),
+        )
+    }
+}
+
 /// One object's part of a fingerprint: its kind (one of [`WATCHED_KINDS`]), namespace (empty
 /// for a cluster-scoped object), name and resourceVersion.
 pub type FingerprintKey<'a> = (&'a str, &'a str, &'a str, &'a str);
@@ -404,13 +437,9 @@ pub type FingerprintKey<'a> = (&'a str, &'a str, &'a str, &'a str);
 /// The same store contents give the same value in every process (what `/model` reports as
 /// loaded, so a test can wait until a change it made to the API server is served).
 pub fn fingerprint(objects: &Objects) -> u64 {
-    fn key<'a>(kind: &'a str, meta: &'a ObjectMeta) -> FingerprintKey<'a> {
-        (
-            kind,
-            meta.namespace.as_deref().unwrap_or(""),
-            meta.name.as_deref().unwrap_or(""),
-            meta.resource_version.as_deref().unwrap_or(""),
-        )
+    fn key<'a>(kind: &'a str, o: &'a impl Versioned) -> FingerprintKey<'a> {
+        let (namespace, name, version) = o.version();
+        (kind, namespace, name, version)
     }
     let o = objects;
     let [
@@ -426,17 +455,17 @@ pub fn fingerprint(objects: &Objects) -> u64 {
         grant,
         filter,
     ] = WATCHED_KINDS;
-    let keys = (o.pods.iter().map(|x| key(pod, &x.metadata)))
-        .chain(o.services.iter().map(|x| key(service, &x.metadata)))
-        .chain(o.endpoint_slices.iter().map(|x| key(slice, &x.metadata)))
-        .chain(o.namespaces.iter().map(|x| key(namespace, &x.metadata)))
-        .chain(o.http_routes.iter().map(|x| key(http, &x.metadata)))
-        .chain(o.grpc_routes.iter().map(|x| key(grpc, &x.metadata)))
-        .chain(o.tls_routes.iter().map(|x| key(tls, &x.metadata)))
-        .chain(o.tcp_routes.iter().map(|x| key(tcp, &x.metadata)))
-        .chain(o.udp_routes.iter().map(|x| key(udp, &x.metadata)))
-        .chain(o.reference_grants.iter().map(|x| key(grant, &x.metadata)))
-        .chain(o.mesh_filters.iter().map(|x| key(filter, &x.metadata)));
+    let keys = (o.pods.iter().map(|x| key(pod, x.as_ref())))
+        .chain(o.services.iter().map(|x| key(service, x.as_ref())))
+        .chain(o.endpoint_slices.iter().map(|x| key(slice, x.as_ref())))
+        .chain(o.namespaces.iter().map(|x| key(namespace, x.as_ref())))
+        .chain(o.http_routes.iter().map(|x| key(http, x.as_ref())))
+        .chain(o.grpc_routes.iter().map(|x| key(grpc, x.as_ref())))
+        .chain(o.tls_routes.iter().map(|x| key(tls, x.as_ref())))
+        .chain(o.tcp_routes.iter().map(|x| key(tcp, x.as_ref())))
+        .chain(o.udp_routes.iter().map(|x| key(udp, x.as_ref())))
+        .chain(o.reference_grants.iter().map(|x| key(grant, x.as_ref())))
+        .chain(o.mesh_filters.iter().map(|x| key(filter, x.as_ref())));
     fingerprint_keys(keys)
 }
 

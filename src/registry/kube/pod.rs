@@ -7,9 +7,10 @@
 //! with serde skipping what it does not name (containers, volumes, statuses, managed fields are
 //! parsed over, never allocated), and then trimmed to what a conversion reads ([`MeshPod::trim`]):
 //!
-//! - metadata: name, namespace, uid, resourceVersion, the deletion timestamp (and the labels
-//!   only when the file registry made it from a manifest: the model reads a pod's labels there,
-//!   never on this source, whose EndpointSlices say which pods back a Service);
+//! - metadata ([`PodMeta`], not an `ObjectMeta`): name, namespace, resourceVersion, whether it
+//!   is terminating (and the labels only when the file registry made it from a manifest: the
+//!   model reads a pod's labels there, never on this source, whose EndpointSlices say which pods
+//!   back a Service);
 //! - the mesh's own annotations (`aether.io/…`, `*.aether.io/…`), as a sorted list rather than the
 //!   metadata's map, whose first node is 540 bytes however few entries it has;
 //! - `spec.serviceAccountName`, `spec.nodeName`, `spec.hostNetwork`;
@@ -22,8 +23,12 @@
 //!   A field it does not read is not checked: a pod whose containers do not decode is still
 //!   served (the mesh reads nothing of them).
 //! - Every list is held at its length (no spare room).
+//! - A watch decodes an [`ApiPod`] (a `Resource`: the watch reads its resourceVersion), whose
+//!   store keeps the [`MeshPod`] inside alone.
 
 use std::borrow::Cow;
+use std::collections::BTreeMap;
+use std::sync::Arc;
 
 use k8s_openapi::api::core::v1::Pod as K8sPod;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
@@ -34,9 +39,8 @@ use serde::de::{self, Deserializer};
 /// A Pod as the mesh reads it (module docs).
 #[derive(Clone, Debug, Default, PartialEq)]
 pub struct MeshPod {
-    /// Name, namespace, uid, resourceVersion, deletion timestamp (and labels from the file
-    /// registry). Never annotations: they are in [`Self::annotations`].
-    pub metadata: ObjectMeta,
+    /// What it keeps of `metadata`.
+    pub metadata: PodMeta,
     /// The mesh's annotations, sorted by key (each key once).
     pub annotations: Box<[(String, String)]>,
     /// What it keeps of the spec.
@@ -46,6 +50,44 @@ pub struct MeshPod {
     /// The first container's command and arguments: the file registry's lab pods name the
     /// program they run; never read from the API server.
     pub command: Vec<String>,
+}
+
+/// What a [`MeshPod`] keeps of `metadata`: not an `ObjectMeta`, whose fifteen fields take
+/// 360 bytes however few are set. The annotations are in [`MeshPod::annotations`].
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct PodMeta {
+    /// `metadata.name`.
+    pub name: Option<String>,
+    /// `metadata.namespace`.
+    pub namespace: Option<String>,
+    /// `metadata.resourceVersion`.
+    pub resource_version: Option<String>,
+    /// `metadata.deletionTimestamp` is set: the pod is terminating.
+    pub deleting: bool,
+    /// `metadata.labels`: only from the file registry (module docs).
+    pub labels: Option<BTreeMap<String, String>>,
+}
+
+/// A pod as the API server sends it, decoded for a watch: a [`MeshPod`] under the metadata the
+/// watch reads (name, namespace, resourceVersion). The store keeps the [`MeshPod`] alone
+/// ([`ApiPod::into_pod`]).
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct ApiPod {
+    metadata: ObjectMeta,
+    pod: MeshPod,
+}
+
+impl ApiPod {
+    /// The pod the store keeps.
+    pub fn into_pod(self) -> MeshPod {
+        self.pod
+    }
+
+    /// [`Self::into_pod`] of a shared pod: the pod moved out when this is the only holder (as
+    /// when the watch hands it to the store), copied otherwise.
+    pub fn shared_into_pod(this: Arc<Self>) -> Arc<MeshPod> {
+        Arc::new(Arc::try_unwrap(this).map_or_else(|this| this.pod.clone(), Self::into_pod))
+    }
 }
 
 /// What a [`MeshPod`] keeps of `spec`.
@@ -114,28 +156,24 @@ impl MeshPod {
         self.spec.as_ref().and_then(|s| s.node_name.as_deref())
     }
 
-    /// Keep only what a conversion reads (module docs), and hold every list at its length.
-    /// Labels are dropped unless `keep_labels`.
-    fn trim(mut metadata: ObjectMeta, keep_labels: bool) -> (ObjectMeta, Box<[(String, String)]>) {
-        let mut annotations: Vec<(String, String)> = metadata
+    /// Keep of `metadata` only what a conversion reads (module docs), the list held at its
+    /// length. Labels are dropped unless `keep_labels`.
+    fn trim(metadata: ObjectMeta, keep_labels: bool) -> (PodMeta, Box<[(String, String)]>) {
+        // From a map: sorted, each key once.
+        let annotations: Vec<(String, String)> = metadata
             .annotations
-            .take()
             .into_iter()
             .flatten()
             .filter(|(k, _)| is_mesh_annotation(k))
             .collect();
-        // From a map: sorted, each key once.
-        annotations.shrink_to_fit();
-        let metadata = ObjectMeta {
+        let meta = PodMeta {
             name: metadata.name,
             namespace: metadata.namespace,
-            uid: metadata.uid,
             resource_version: metadata.resource_version,
-            deletion_timestamp: metadata.deletion_timestamp,
+            deleting: metadata.deletion_timestamp.is_some(),
             labels: metadata.labels.filter(|_| keep_labels),
-            ..ObjectMeta::default()
         };
-        (metadata, annotations.into_boxed_slice())
+        (meta, annotations.into_boxed_slice())
     }
 }
 
@@ -163,7 +201,7 @@ fn is_mesh_annotation(key: &str) -> bool {
         .is_some_and(|(prefix, _)| prefix == "aether.io" || prefix.ends_with(".aether.io"))
 }
 
-impl<'de> Deserialize<'de> for MeshPod {
+impl<'de> Deserialize<'de> for ApiPod {
     fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
         #[derive(Deserialize)]
         #[serde(rename_all = "camelCase")]
@@ -182,14 +220,30 @@ impl<'de> Deserialize<'de> for MeshPod {
         if let Some(k) = wire.kind.filter(|k| k != "Pod") {
             return Err(de::Error::invalid_value(de::Unexpected::Str(&k), &"Pod"));
         }
-        let (metadata, annotations) = Self::trim(wire.metadata, false);
+        let watched = ObjectMeta {
+            name: wire.metadata.name.clone(),
+            namespace: wire.metadata.namespace.clone(),
+            resource_version: wire.metadata.resource_version.clone(),
+            ..ObjectMeta::default()
+        };
+        let (metadata, annotations) = MeshPod::trim(wire.metadata, false);
         Ok(Self {
-            metadata,
-            annotations,
-            spec: wire.spec,
-            status: wire.status.map(MeshPodStatus::trim),
-            command: Vec::new(),
+            metadata: watched,
+            pod: MeshPod {
+                metadata,
+                annotations,
+                spec: wire.spec,
+                status: wire.status.map(MeshPodStatus::trim),
+                command: Vec::new(),
+            },
         })
+    }
+}
+
+impl<'de> Deserialize<'de> for MeshPod {
+    /// As a watch decodes it ([`ApiPod`]).
+    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        ApiPod::deserialize(deserializer).map(ApiPod::into_pod)
     }
 }
 
@@ -246,7 +300,7 @@ impl From<&K8sPod> for MeshPod {
     }
 }
 
-impl kube::Resource for MeshPod {
+impl kube::Resource for ApiPod {
     type DynamicType = ();
     type Scope = NamespaceResourceScope;
 

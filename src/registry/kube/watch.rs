@@ -64,11 +64,11 @@ use tracing::{debug, info, warn};
 
 use super::convert::keyed::{self, Any, Watched};
 use super::mesh_filter::MeshFilterResource;
-use super::objects::{Objects, fingerprint_of, with_local_view};
-use super::pod::MeshPod;
+use super::objects::{Objects, Versioned, fingerprint_of, with_local_view};
+use super::pod::{ApiPod, MeshPod};
 use crate::model::live::Change;
 
-mod kept;
+pub mod kept;
 use kept::{Keeper, Kept};
 mod pace;
 pub use pace::Backoff;
@@ -397,14 +397,27 @@ impl KubeSource {
         }
         let local_pods = settings.node.as_ref().map(|node| {
             let (state, changed, client) = start(LOCAL_POD_KIND);
-            let api: Api<Stored<MeshPod>> = Api::all(client);
+            let api: Api<Stored<ApiPod>> = Api::all(client);
             let on_node = config(settings).fields(&format!("spec.nodeName={node}"));
-            let (store, task) = spawn_watch(api, on_node, state, changed);
+            let (store, task) =
+                spawn_watch_keeping(api, on_node, ApiPod::shared_into_pod, state, changed);
             tasks.push(task);
             (node.clone(), store)
         });
         let stores = Stores {
-            pods: watch_kind!(MeshPod, "Pod"),
+            pods: {
+                let (state, changed, client) = start("Pod");
+                let api: Api<Stored<ApiPod>> = Api::all(client);
+                let (store, task) = spawn_watch_keeping(
+                    api,
+                    config(settings),
+                    ApiPod::shared_into_pod,
+                    state,
+                    changed,
+                );
+                tasks.push(task);
+                store
+            },
             local_pods,
             services: watch_kind!(Service, "Service"),
             endpoint_slices: watch_kind!(EndpointSlice, "EndpointSlice"),
@@ -543,19 +556,14 @@ impl KubeSource {
     pub fn all_changes(&self) -> Vec<ObjectChanges> {
         let s = &self.stores;
         let mut keys: Vec<(Watched, String, String)> = Vec::new();
-        fn named<K: Resource>(kind: Watched, o: &K, keys: &mut Vec<(Watched, String, String)>) {
-            let meta = o.meta();
-            keys.push((
-                kind,
-                meta.namespace.clone().unwrap_or_default(),
-                meta.name.clone().unwrap_or_default(),
-            ));
-        }
         macro_rules! each {
             ($store:expr, $kind:ident) => {
-                for o in $store.state() {
-                    named(Watched::$kind, &o, &mut keys);
-                }
+                keys.extend(
+                    $store
+                        .keys()
+                        .into_iter()
+                        .map(|(namespace, name)| (Watched::$kind, namespace, name)),
+                );
             };
         }
         each!(s.pods, Pod);
@@ -602,13 +610,8 @@ impl KubeSource {
                     None => (keyed::changes(kind, &key, None), None),
                     Some(stored) => match &stored.0 {
                         Ok(o) => {
-                            let meta = o.meta();
-                            let print = fingerprint_of((
-                                $kind_name,
-                                meta.namespace.as_deref().unwrap_or(""),
-                                meta.name.as_deref().unwrap_or(""),
-                                meta.resource_version.as_deref().unwrap_or(""),
-                            ));
+                            let (namespace, name, version) = Versioned::version(&**o);
+                            let print = fingerprint_of(($kind_name, namespace, name, version));
                             (keyed::changes(kind, &key, Some(Any::$any(o))), Some(print))
                         }
                         Err(e) => {
@@ -805,56 +808,77 @@ where
     K: Resource + Clone + DeserializeOwned + Debug + Send + Sync + 'static,
     K::DynamicType: Default + Eq + std::hash::Hash + Clone,
 {
-    let (reader, mut writer) = Keeper::new();
+    spawn_watch_keeping(api, config, std::convert::identity, state, changed)
+}
+
+/// [`spawn_watch`], the store keeping `keep` of each object.
+fn spawn_watch_keeping<W, K>(
+    api: Api<Stored<W>>,
+    config: watcher::Config,
+    keep: fn(Arc<W>) -> Arc<K>,
+    state: Arc<KindState>,
+    changed: mpsc::Sender<()>,
+) -> (Kept<K>, JoinHandle<()>)
+where
+    W: Resource + Clone + DeserializeOwned + Debug + Send + Sync + 'static,
+    W::DynamicType: Default + Eq + std::hash::Hash + Clone,
+    K: Send + Sync + 'static,
+{
+    let (reader, mut writer) = Keeper::keeping(keep);
     let task = tokio::spawn(async move {
         // No stream back-off: each request waits its kind's pace ([`pace`]), which a stream
         // back-off cannot keep (it resets on the `Init` before every list).
         let stream = kind_watcher(api, config, state.clone());
         let mut stream = std::pin::pin!(stream);
         while let Some(item) = stream.next().await {
-            // The store holds the change before its key is recorded below.
-            if let Ok(event) = &item {
-                writer.apply(event);
-            }
-            if matches!(
-                item,
-                Ok(Event::InitDone | Event::Apply(_) | Event::Delete(_))
-            ) {
+            let event = match item {
+                Ok(event) => event,
+                Err(e) => {
+                    on_error(&state, &e, &changed);
+                    continue;
+                }
+            };
+            if matches!(event, Event::InitDone | Event::Apply(_) | Event::Delete(_)) {
                 state
                     .last_event_ms
                     .store(crate::time::wall_ms(), Ordering::Relaxed);
             }
-            match &item {
-                Ok(Event::InitDone) => {
-                    {
-                        let mut pending = state.pending.lock();
-                        pending.resync = true;
-                        pending.keys.clear();
-                    }
-                    if state.synced.swap(true, Ordering::AcqRel) {
-                        state.relists.fetch_add(1, Ordering::Relaxed);
-                    } else {
-                        info!(kind = state.kind, "listed");
-                    }
-                    state.absent.store(false, Ordering::Release);
-                    state.answered();
-                    let _ = changed.try_send(());
+            let named = match &event {
+                Event::Apply(o) | Event::Delete(o) => Some(kept::key_of(o)),
+                _ => None,
+            };
+            let done = matches!(event, Event::InitDone);
+            let answer = !matches!(event, Event::Init);
+            // The store holds the change before its key is recorded below.
+            writer.apply(event);
+            if done {
+                {
+                    let mut pending = state.pending.lock();
+                    pending.resync = true;
+                    pending.keys.clear();
                 }
-                Ok(Event::Apply(o) | Event::Delete(o)) => {
-                    let meta = o.meta();
-                    let key = (
-                        meta.namespace.clone().unwrap_or_default(),
-                        meta.name.clone().unwrap_or_default(),
-                    );
-                    state.pending.lock().keys.insert(key);
-                    state.events.fetch_add(1, Ordering::Release);
-                    state.answered();
-                    let _ = changed.try_send(());
+                if state.synced.swap(true, Ordering::AcqRel) {
+                    state.relists.fetch_add(1, Ordering::Relaxed);
+                } else {
+                    info!(kind = state.kind, "listed");
                 }
-                Ok(Event::InitApply(_)) => state.answered(),
-                // Sent before a list is asked for: no answer yet.
-                Ok(Event::Init) => {}
-                Err(e) => on_error(&state, e, &changed),
+                state.absent.store(false, Ordering::Release);
+            }
+            let tick = done || named.is_some();
+            if let Some((namespace, name)) = named {
+                state
+                    .pending
+                    .lock()
+                    .keys
+                    .insert((namespace.into(), name.into()));
+                state.events.fetch_add(1, Ordering::Release);
+            }
+            // `Init` is sent before a list is asked for: no answer yet.
+            if answer {
+                state.answered();
+            }
+            if tick {
+                let _ = changed.try_send(());
             }
         }
     });

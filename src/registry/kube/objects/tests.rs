@@ -9,7 +9,7 @@ use crate::model::names::Domains;
 use crate::model::{NodeContext, compile, registrar};
 use crate::registry::file::{endpoint_slices_for, load_dir};
 use crate::registry::kube::generated::service_object;
-use crate::registry::kube::pod::{MeshPodSpec, MeshPodStatus};
+use crate::registry::kube::pod::{MeshPodSpec, MeshPodStatus, PodMeta};
 
 fn typed<T: DeserializeOwned>(doc: &serde_json::Value) -> Arc<T> {
     Arc::new(serde_json::from_value(doc.clone()).expect("a fixture document deserializes"))
@@ -244,10 +244,10 @@ fn the_snapshot_does_not_depend_on_the_order_of_the_stores_and_a_bad_object_hide
 
 fn pod_on(name: &str, node: Option<&str>, ip: &str) -> Arc<MeshPod> {
     Arc::new(MeshPod {
-        metadata: ObjectMeta {
+        metadata: PodMeta {
             name: Some(name.into()),
             namespace: Some("shop".into()),
-            ..ObjectMeta::default()
+            ..PodMeta::default()
         },
         spec: Some(MeshPodSpec {
             node_name: node.map(Into::into),

@@ -4,7 +4,9 @@
 //! key (`ObjectRef`) copies each object's name, namespace, uid and resourceVersion, and it holds
 //! each object behind one more `Arc` than the object's own; at 100,000 pods that was about
 //! 250 bytes a pod, a fifth of what a stored pod costs (issue #37). Here the key is the
-//! namespace and name alone, and the entry is the object's [`Stored`] itself.
+//! namespace and name alone, and the entry is the object's [`Stored`] itself, in the form the
+//! source keeps (a pod as a [`crate::registry::kube::pod::MeshPod`], without the metadata the
+//! watch decoded it under).
 //!
 //! Semantics are the reflector's (`kube_runtime::reflector::store::Writer::apply_watcher_event`):
 //! an `Apply` replaces the object, a `Delete` removes it; a list (`Init`, `InitApply`…,
@@ -21,10 +23,10 @@ use parking_lot::RwLock;
 use super::Stored;
 
 /// `(namespace, name)`; the namespace empty when the kind is cluster-scoped.
-type Key = (Box<str>, Box<str>);
+pub type Key = (Box<str>, Box<str>);
 
 /// One kind's objects, shared between its watch (the only writer) and the readers.
-pub(crate) struct Kept<K> {
+pub struct Kept<K> {
     objects: Arc<RwLock<HashMap<Key, Stored<K>>>>,
 }
 
@@ -44,69 +46,110 @@ impl<K> Default for Kept<K> {
     }
 }
 
+impl<K> std::fmt::Debug for Kept<K> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Kept")
+            .field("objects", &self.objects.read().len())
+            .finish()
+    }
+}
+
 impl<K> Kept<K> {
     /// Every object held now.
-    pub(crate) fn state(&self) -> Vec<Stored<K>> {
+    pub fn state(&self) -> Vec<Stored<K>> {
         self.objects.read().values().cloned().collect()
     }
 
     /// The object `namespace/name` (`namespace` empty for a cluster-scoped kind).
-    pub(crate) fn get(&self, namespace: &str, name: &str) -> Option<Stored<K>> {
+    pub fn get(&self, namespace: &str, name: &str) -> Option<Stored<K>> {
         // A tuple of boxes has no borrowed form to look up by: the key is built for the lookup.
         let key: Key = (namespace.into(), name.into());
         self.objects.read().get(&key).cloned()
     }
 
+    /// The key of every object held now.
+    pub fn keys(&self) -> Vec<(String, String)> {
+        self.objects
+            .read()
+            .keys()
+            .map(|(namespace, name)| (namespace.to_string(), name.to_string()))
+            .collect()
+    }
+
     /// How many objects it holds.
-    #[cfg(test)]
-    pub(crate) fn len(&self) -> usize {
+    pub fn len(&self) -> usize {
         self.objects.read().len()
     }
 
     /// Whether it holds none.
-    #[cfg(test)]
-    pub(crate) fn is_empty(&self) -> bool {
+    pub fn is_empty(&self) -> bool {
         self.len() == 0
     }
 }
 
-/// The watch's side of a [`Kept`] store.
-pub(crate) struct Keeper<K> {
+/// The watch's side of a [`Kept`] store: it takes the objects as the watch decoded them (`W`)
+/// and keeps each in the source's form (`K`).
+pub struct Keeper<W, K> {
     kept: Kept<K>,
     /// The list under way, gathered until it completes.
     listing: Option<HashMap<Key, Stored<K>>>,
+    /// The form kept of a decoded object.
+    keep: fn(Arc<W>) -> Arc<K>,
 }
 
-impl<K> Keeper<K>
+impl<W, K> std::fmt::Debug for Keeper<W, K> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Keeper").field("kept", &self.kept).finish()
+    }
+}
+
+impl<K> Keeper<K, K>
 where
     Stored<K>: Resource,
 {
-    /// A store and its writer.
-    pub(crate) fn new() -> (Kept<K>, Self) {
+    /// A store of the objects as decoded, and its writer.
+    pub fn new() -> (Kept<K>, Self) {
+        Self::keeping(std::convert::identity)
+    }
+}
+
+impl<W, K> Keeper<W, K>
+where
+    Stored<W>: Resource,
+{
+    /// A store keeping `keep` of each object, and its writer.
+    pub fn keeping(keep: fn(Arc<W>) -> Arc<K>) -> (Kept<K>, Self) {
         let kept = Kept::default();
         (
             kept.clone(),
             Self {
                 kept,
                 listing: None,
+                keep,
             },
         )
     }
 
+    fn kept(&self, o: Stored<W>) -> Stored<K> {
+        Stored(o.0.map(self.keep))
+    }
+
     /// Apply one watch event.
-    pub(crate) fn apply(&mut self, event: &Event<Stored<K>>) {
+    pub fn apply(&mut self, event: Event<Stored<W>>) {
         match event {
             Event::Apply(o) => {
-                self.kept.objects.write().insert(key_of(o), o.clone());
+                let key = key_of(&o);
+                let o = self.kept(o);
+                self.kept.objects.write().insert(key, o);
             }
             Event::Delete(o) => {
-                self.kept.objects.write().remove(&key_of(o));
+                self.kept.objects.write().remove(&key_of(&o));
             }
             Event::Init => self.listing = Some(HashMap::new()),
             Event::InitApply(o) => {
-                self.listing
-                    .get_or_insert_with(HashMap::new)
-                    .insert(key_of(o), o.clone());
+                let key = key_of(&o);
+                let o = self.kept(o);
+                self.listing.get_or_insert_with(HashMap::new).insert(key, o);
             }
             Event::InitDone => {
                 let mut listed = self.listing.take().unwrap_or_default();
@@ -119,7 +162,8 @@ where
     }
 }
 
-fn key_of<K>(o: &Stored<K>) -> Key
+/// The key of an object as the watch decoded it.
+pub fn key_of<K>(o: &Stored<K>) -> Key
 where
     Stored<K>: Resource,
 {
@@ -159,19 +203,19 @@ mod tests {
     #[test]
     fn events_replace_and_delete_and_a_list_replaces_the_store_only_when_it_completes() {
         let (kept, mut keeper) = Keeper::new();
-        keeper.apply(&Event::Init);
-        keeper.apply(&Event::InitApply(object("a", "x", "1")));
-        keeper.apply(&Event::InitApply(object("b", "x", "1")));
+        keeper.apply(Event::Init);
+        keeper.apply(Event::InitApply(object("a", "x", "1")));
+        keeper.apply(Event::InitApply(object("b", "x", "1")));
         assert!(
             kept.is_empty(),
             "nothing is served before the list completes"
         );
-        keeper.apply(&Event::InitDone);
+        keeper.apply(Event::InitDone);
         assert_eq!(kept.len(), 2);
-        keeper.apply(&Event::Apply(object("a", "x", "2")));
+        keeper.apply(Event::Apply(object("a", "x", "2")));
         assert_eq!(version(kept.get("a", "x")).as_deref(), Some("2"));
         assert_eq!(version(kept.get("b", "x")).as_deref(), Some("1"));
-        keeper.apply(&Event::Delete(object("b", "x", "3")));
+        keeper.apply(Event::Delete(object("b", "x", "3")));
         assert!(kept.get("b", "x").is_none());
         assert!(
             kept.get("", "x").is_none(),
@@ -179,12 +223,12 @@ mod tests {
         );
 
         // A relist: the store stays as it was while the list is under way, then is the list.
-        keeper.apply(&Event::Apply(object("c", "y", "4")));
-        keeper.apply(&Event::Init);
-        keeper.apply(&Event::InitApply(object("d", "z", "5")));
+        keeper.apply(Event::Apply(object("c", "y", "4")));
+        keeper.apply(Event::Init);
+        keeper.apply(Event::InitApply(object("d", "z", "5")));
         assert_eq!(kept.len(), 2);
         assert!(kept.get("c", "y").is_some());
-        keeper.apply(&Event::InitDone);
+        keeper.apply(Event::InitDone);
         assert_eq!(kept.len(), 1, "what the list dropped is gone");
         assert!(kept.get("a", "x").is_none());
         assert_eq!(version(kept.get("d", "z")).as_deref(), Some("5"));

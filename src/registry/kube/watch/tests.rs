@@ -220,7 +220,11 @@ fn sorted_names<K: Resource>(objects: &[Arc<K>]) -> Vec<String> {
 }
 
 fn pod_names(source: &KubeSource) -> Vec<String> {
-    sorted_names(&source.objects().0.pods)
+    let mut names: Vec<_> = (source.objects().0.pods.iter())
+        .map(|p| p.metadata.name.clone().unwrap())
+        .collect();
+    names.sort();
+    names
 }
 
 #[tokio::test]
@@ -256,11 +260,7 @@ async fn the_source_is_synced_only_once_every_kind_has_listed_and_holds_trimmed_
     assert!(invalid.objects.is_empty());
     assert_eq!(objects.pods.len(), 1);
     let p = &objects.pods[0];
-    assert!(
-        p.metadata.managed_fields.is_none(),
-        "decoded as the mesh reads it"
-    );
-    assert!(p.command.is_empty());
+    assert!(p.command.is_empty(), "decoded as the mesh reads it");
     assert_eq!(p.annotations.len(), 1, "{:?}", p.annotations);
     let (snapshot, problems) = super::super::objects::snapshot(&objects);
     assert!(problems.is_empty());
@@ -649,10 +649,6 @@ async fn a_reload_shares_the_stored_objects_instead_of_copying_them() {
     }
     // The store and the two reloads hold each pod: nothing else does.
     assert!(first.iter().all(|p| Arc::strong_count(p) == 3));
-    assert!(
-        first[0].metadata.managed_fields.is_none(),
-        "the shared pod is the one decoded as the mesh reads it"
-    );
 }
 
 #[tokio::test]
