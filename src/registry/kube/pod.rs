@@ -23,16 +23,15 @@
 //!   A field it does not read is not checked: a pod whose containers do not decode is still
 //!   served (the mesh reads nothing of them).
 //! - Every list is held at its length (no spare room).
-//! - A watch decodes an [`ApiPod`] (a `Resource`: the watch reads its resourceVersion), whose
-//!   store keeps the [`MeshPod`] inside alone.
+//! - A watch decodes an [`ApiPod`] (a `Resource`, in `watch.rs`: the watch reads its
+//!   resourceVersion), whose store keeps the [`MeshPod`] inside alone.
+//! - Pure: no IO, and no crate but serde and k8s-openapi (`tests/purity.rs`).
 
-use std::borrow::Cow;
 use std::collections::BTreeMap;
 use std::sync::Arc;
 
 use k8s_openapi::api::core::v1::Pod as K8sPod;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
-use kube::core::NamespaceResourceScope;
 use serde::Deserialize;
 use serde::de::{self, Deserializer};
 
@@ -81,6 +80,16 @@ impl ApiPod {
     /// The pod the store keeps.
     pub fn into_pod(self) -> MeshPod {
         self.pod
+    }
+
+    /// The metadata the watch reads (name, namespace, resourceVersion).
+    pub fn metadata(&self) -> &ObjectMeta {
+        &self.metadata
+    }
+
+    /// [`Self::metadata`], to change.
+    pub fn metadata_mut(&mut self) -> &mut ObjectMeta {
+        &mut self.metadata
     }
 
     /// [`Self::into_pod`] of a shared pod: the pod moved out when this is the only holder (as
@@ -297,30 +306,6 @@ impl From<&K8sPod> for MeshPod {
             status,
             command,
         }
-    }
-}
-
-impl kube::Resource for ApiPod {
-    type DynamicType = ();
-    type Scope = NamespaceResourceScope;
-
-    fn kind(_: &()) -> Cow<'_, str> {
-        "Pod".into()
-    }
-    fn group(_: &()) -> Cow<'_, str> {
-        "".into()
-    }
-    fn version(_: &()) -> Cow<'_, str> {
-        "v1".into()
-    }
-    fn plural(_: &()) -> Cow<'_, str> {
-        "pods".into()
-    }
-    fn meta(&self) -> &ObjectMeta {
-        &self.metadata
-    }
-    fn meta_mut(&mut self) -> &mut ObjectMeta {
-        &mut self.metadata
     }
 }
 

@@ -885,6 +885,31 @@ where
     (reader, task)
 }
 
+/// A pod as a watch decodes it (`pod.rs`, which is pure: the trait is kube's).
+impl Resource for ApiPod {
+    type DynamicType = ();
+    type Scope = kube::core::NamespaceResourceScope;
+
+    fn kind(_: &()) -> std::borrow::Cow<'_, str> {
+        "Pod".into()
+    }
+    fn group(_: &()) -> std::borrow::Cow<'_, str> {
+        "".into()
+    }
+    fn version(_: &()) -> std::borrow::Cow<'_, str> {
+        "v1".into()
+    }
+    fn plural(_: &()) -> std::borrow::Cow<'_, str> {
+        "pods".into()
+    }
+    fn meta(&self) -> &k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta {
+        self.metadata()
+    }
+    fn meta_mut(&mut self) -> &mut k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta {
+        self.metadata_mut()
+    }
+}
+
 /// One kind's client: each request goes through the daemon's client, and a success answer to
 /// it (a list page, or a watch that opened) ends a refusal of the kind in course
 /// ([`KindState::answered`]). The watcher yields nothing when a watch opens, so without this a
