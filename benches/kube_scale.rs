@@ -601,9 +601,14 @@ fn fed(rt: &Runtime, c: &Cluster) -> Result<()> {
     let mut live = Live::new(ctx.clone());
     let t = now();
     // On a fresh thread, as `spawn_blocking` would run it, for its peak.
+    // Named, so that a profile can be cut to it (`perf report --comm first-load`).
     let (first, first_peak) = std::thread::scope(|scope| {
-        scope
-            .spawn(|| (feed.load(&source, &mut live, &ctx, None), thread_peak()))
+        std::thread::Builder::new()
+            .name("first-load".into())
+            .spawn_scoped(scope, || {
+                (feed.load(&source, &mut live, &ctx, None), thread_peak())
+            })
+            .expect("a thread")
             .join()
             .expect("the load thread")
     });

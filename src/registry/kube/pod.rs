@@ -5,7 +5,7 @@
 //! daemon's memory (issue #37: 4,150 bytes a pod held as a trimmed `k8s_openapi` `Pod`, whose
 //! spec alone takes about 1.3 KiB inline however little of it is kept). A [`MeshPod`] is decoded
 //! with serde skipping what it does not name (containers, volumes, statuses, managed fields are
-//! parsed over, never allocated), and then trimmed to what a conversion reads ([`MeshPod::trim`]):
+//! parsed over, never allocated), and then trimmed to what a conversion reads:
 //!
 //! - metadata ([`PodMeta`], not an `ObjectMeta`): name, namespace, resourceVersion, whether it
 //!   is terminating (and the labels only when the file registry made it from a manifest: the
@@ -127,7 +127,7 @@ pub struct MeshPodStatus {
     /// `status.hostIPs`.
     #[serde(rename = "hostIPs")]
     pub host_ips: Option<Vec<Address>>,
-    /// `status.conditions`: after [`MeshPod::trim`], the `Ready` one alone.
+    /// `status.conditions`: the `Ready` one alone, once decoded.
     pub conditions: Option<Vec<Condition>>,
 }
 
