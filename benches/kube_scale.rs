@@ -10,7 +10,7 @@
 //!
 //! 1. **CPU per watch event** (one pod changed anywhere in the cluster reaches every node): the
 //!    JSON of one `MODIFIED` event deserialized and stored, as kube-rs does it by default (`Pod`,
-//!    stored whole) and as the source does it (`Stored<ApiPod>`: kube's `DeserializeGuard`, the
+//!    stored whole) and as the source does it (`Stored<ApiPod>`: a guard as kube's `DeserializeGuard`, the
 //!    pod decoded as the mesh reads it, stored as a `MeshPod` behind its own `Arc`); the
 //!    baseline is parsing the same bytes into nothing (`serde::de::IgnoredAny`).
 //! 2. **Memory held by the pod store** (jemalloc `stats.allocated` after an epoch advance, before
@@ -195,7 +195,7 @@ fn per_event(c: &Cluster, runs: usize) {
     let names = [
         "baseline: parse the JSON into nothing (`IgnoredAny`)",
         "into `WatchEvent<Pod>` (kube-rs default)",
-        "into `WatchEvent<Stored<ApiPod>>` (the source: kube's `DeserializeGuard`, buffered, then typed)",
+        "into `WatchEvent<Stored<ApiPod>>` (the source: a guard as kube's `DeserializeGuard`, buffered, then typed)",
         "kube-rs default: `Pod`, stored whole",
         "the source: `Stored<ApiPod>`, stored as a `MeshPod` (`Keeper`)",
     ];

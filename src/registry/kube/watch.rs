@@ -52,7 +52,7 @@ use gateway_api::experimental::tlsroutes::TlsRoute;
 use gateway_api::experimental::udproutes::UdpRoute;
 use k8s_openapi::api::core::v1::{Namespace, Service};
 use k8s_openapi::api::discovery::v1::EndpointSlice;
-use kube::core::DeserializeGuard;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use kube::core::error_boundary::InvalidObject;
 use kube::runtime::watcher as watch_api;
 use kube::runtime::watcher::{self, Event};
@@ -317,7 +317,10 @@ struct Stores {
 
 /// What a store holds for one object: the object behind its own `Arc`, so that a reload shares
 /// it with the store instead of copying it, or why it did not deserialize. It deserializes as
-/// kube's [`DeserializeGuard`] does (one bad object is kept as an error, never a stalled watch).
+/// kube's `DeserializeGuard` does (one bad object is kept as an error with its metadata, never a
+/// stalled watch), but keeps aside only the object's metadata for that error, where the guard
+/// copies the whole object before typing it (a pod's event decodes in about three quarters of
+/// the guard's time: docs/performance.md).
 #[derive(Debug)]
 pub struct Stored<K>(pub Result<Arc<K>, Arc<InvalidObject>>);
 
@@ -332,8 +335,29 @@ where
     K: Deserialize<'de> + Resource,
 {
     fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
-        let guard = DeserializeGuard::<K>::deserialize(deserializer)?;
-        Ok(Self(guard.0.map(Arc::new).map_err(Arc::new)))
+        use serde::de::Error as _;
+        use serde_value::Value;
+        let buffer = Value::deserialize(deserializer)?;
+        let (map, metadata) = match &buffer {
+            Value::Map(m) => (true, m.get(&Value::String("metadata".into())).cloned()),
+            _ => (false, None),
+        };
+        match K::deserialize(buffer) {
+            Ok(k) => Ok(Self(Ok(Arc::new(k)))),
+            // As the guard: an object that is not even a map, or whose metadata does not read,
+            // is an error of the whole answer.
+            Err(error) if !map => Err(D::Error::custom(error)),
+            Err(error) => {
+                let metadata = match metadata {
+                    Some(m) => ObjectMeta::deserialize(m).map_err(D::Error::custom)?,
+                    None => ObjectMeta::default(),
+                };
+                Ok(Self(Err(Arc::new(InvalidObject {
+                    error: error.to_string(),
+                    metadata,
+                }))))
+            }
+        }
     }
 }
 
@@ -353,14 +377,14 @@ impl<K: Resource + Clone> Resource for Stored<K> {
     fn plural(dt: &Self::DynamicType) -> std::borrow::Cow<'_, str> {
         K::plural(dt)
     }
-    fn meta(&self) -> &k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta {
+    fn meta(&self) -> &ObjectMeta {
         match &self.0 {
             Ok(k) => k.meta(),
             Err(e) => &e.metadata,
         }
     }
     /// Copies the object first if a reload still shares it (never the case before it is stored).
-    fn meta_mut(&mut self) -> &mut k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta {
+    fn meta_mut(&mut self) -> &mut ObjectMeta {
         match &mut self.0 {
             Ok(k) => Arc::make_mut(k).meta_mut(),
             Err(e) => &mut Arc::make_mut(e).metadata,
@@ -718,10 +742,10 @@ impl Resource for MeshFilterResource {
     fn plural(_: &()) -> std::borrow::Cow<'_, str> {
         "meshfilters".into()
     }
-    fn meta(&self) -> &k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta {
+    fn meta(&self) -> &ObjectMeta {
         &self.metadata
     }
-    fn meta_mut(&mut self) -> &mut k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta {
+    fn meta_mut(&mut self) -> &mut ObjectMeta {
         &mut self.metadata
     }
 }
@@ -902,10 +926,10 @@ impl Resource for ApiPod {
     fn plural(_: &()) -> std::borrow::Cow<'_, str> {
         "pods".into()
     }
-    fn meta(&self) -> &k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta {
+    fn meta(&self) -> &ObjectMeta {
         self.metadata()
     }
-    fn meta_mut(&mut self) -> &mut k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta {
+    fn meta_mut(&mut self) -> &mut ObjectMeta {
         self.metadata_mut()
     }
 }

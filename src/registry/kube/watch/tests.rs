@@ -956,3 +956,47 @@ async fn a_kind_served_only_at_an_unknown_version_keeps_the_node_unready_and_say
         "{report}"
     );
 }
+
+#[test]
+fn a_stored_object_decodes_as_kubes_guard_decodes_it() {
+    use k8s_openapi::api::core::v1::ConfigMap;
+    use kube::core::DeserializeGuard;
+    let good = pod("web-0", "10.244.1.5");
+    let mut bad_field = good.clone();
+    bad_field["status"]["podIPs"] = json!("not a list");
+    let mut bad_meta = good.clone();
+    bad_meta["metadata"]["name"] = json!(7);
+    let mut no_meta = bad_field.clone();
+    no_meta.as_object_mut().unwrap().remove("metadata");
+    let cases = [
+        ("a good pod", good),
+        ("a field that does not decode", bad_field),
+        ("metadata that does not decode", bad_meta),
+        ("no metadata", no_meta),
+        ("not an object", json!(["a", "list"])),
+    ];
+    for (case, json) in cases {
+        let ours = serde_json::from_value::<Stored<ApiPod>>(json.clone());
+        let kubes = serde_json::from_value::<DeserializeGuard<ApiPod>>(json);
+        match (ours, kubes) {
+            (Ok(ours), Ok(kubes)) => match (&ours.0, &kubes.0) {
+                (Ok(a), Ok(b)) => assert_eq!(**a, *b, "{case}"),
+                (Err(a), Err(b)) => {
+                    assert_eq!(a.error, b.error, "{case}");
+                    assert_eq!(a.metadata, b.metadata, "{case}");
+                }
+                (a, b) => panic!("{case}: ours {a:?}, kube's {b:?}"),
+            },
+            (Err(_), Err(_)) => {}
+            (a, b) => panic!("{case}: ours {a:?}, kube's {b:?}"),
+        }
+    }
+    // Another kind, through the same path.
+    let map = json!({"metadata": {"name": "c", "namespace": "n"}, "data": {"k": 7}});
+    let ours = serde_json::from_value::<Stored<ConfigMap>>(map.clone()).unwrap();
+    let kubes = serde_json::from_value::<DeserializeGuard<ConfigMap>>(map).unwrap();
+    assert_eq!(
+        ours.0.as_ref().unwrap_err().error,
+        kubes.0.as_ref().unwrap_err().error
+    );
+}
