@@ -13,7 +13,7 @@
 //! after every step of random change sequences.
 
 use std::collections::{BTreeSet, HashMap, HashSet};
-use std::hash::{BuildHasher, RandomState};
+use std::hash::{BuildHasher, BuildHasherDefault, Hasher, RandomState};
 use std::net::{IpAddr, SocketAddr};
 use std::sync::Arc;
 
@@ -416,8 +416,51 @@ pub fn keyed(s: &Snapshot) -> Vec<Change> {
 type PartId = u64;
 const NONE: PartId = 0;
 
-/// An object and the component it is in.
+/// An object's number: its place in [`Live::slots`], given when its key comes and free again
+/// when it goes. What the kept model's own bookkeeping holds an object by, so that a key's
+/// string is hashed once per change rather than at every step of placing it.
+type Slot = usize;
+
+/// Hashes the numbers this file makes itself: link hashes (SipHash outputs under a key drawn
+/// at random, [`Live::hasher`]), slots and component ids (counters). Registry input chooses none
+/// of them, so one multiply spreads them where std's keyed hasher would hash each again, about
+/// a fifth of a first fill's time (written here: the pure layer's allow-list has no hasher
+/// crate, and this is one line).
+#[derive(Default)]
+struct Numbers(u64);
+
+impl Hasher for Numbers {
+    fn write(&mut self, bytes: &[u8]) {
+        for &b in bytes {
+            self.write_u64(u64::from(b));
+        }
+    }
+
+    fn write_u32(&mut self, n: u32) {
+        self.write_u64(u64::from(n));
+    }
+
+    fn write_u64(&mut self, n: u64) {
+        // Fibonacci hashing: the high bits (hashbrown's tag) and the low bits (its bucket)
+        // both move with every bit of `n`'s low half, and counters stay distinct mod 2^k.
+        self.0 = (self.0.rotate_left(5) ^ n).wrapping_mul(0x9E37_79B9_7F4A_7C15);
+    }
+
+    fn write_usize(&mut self, n: usize) {
+        self.write_u64(n as u64);
+    }
+
+    fn finish(&self) -> u64 {
+        self.0
+    }
+}
+
+/// Maps and sets keyed by numbers of this file.
+type ByNumber = BuildHasherDefault<Numbers>;
+
+/// An object, its key, and the component it is in.
 struct Held {
+    key: ObjectKey,
     object: Object,
     part: PartId,
 }
@@ -496,7 +539,7 @@ impl Gave {
 
 /// One component: its objects, the links it holds, and what its model gave.
 struct Part {
-    members: Vec<ObjectKey>,
+    members: Vec<Slot>,
     links: Vec<u64>,
     gave: Gave,
     /// It holds a retained port, which expires by the clock: compiled again when it moves.
@@ -552,19 +595,23 @@ impl Applied {
 /// The registry's objects by key, their components, and the model of them all.
 pub struct Live {
     ctx: NodeContext,
-    /// Every object the compiler reads, by key.
-    objects: HashMap<ObjectKey, Held>,
+    /// The slot of every object the compiler reads, by key.
+    index: HashMap<ObjectKey, Slot>,
+    /// The objects the compiler reads, by slot; `None` is a free slot (listed in `free`).
+    slots: Vec<Option<Held>>,
+    free: Vec<Slot>,
     /// Namespaces and ReferenceGrants: kept for the snapshot, in no component.
     unplaced: HashMap<ObjectKey, Object>,
-    parts: HashMap<PartId, Part>,
+    parts: HashMap<PartId, Part, ByNumber>,
     /// The component each link is in, by the link's hash (a collision joins two components:
     /// larger, still right).
-    links: HashMap<u64, PartId>,
+    links: HashMap<u64, PartId, ByNumber>,
+    /// The key of the links' hashes.
     hasher: RandomState,
     /// How many whole-namespace filters each namespace has.
     whole: HashMap<Box<str>, u32>,
     /// The Services and rows of each namespace: what a whole-namespace filter joins.
-    in_namespace: HashMap<Box<str>, HashSet<ObjectKey>>,
+    in_namespace: HashMap<Box<str>, HashSet<Slot, ByNumber>>,
     /// How many components gave each diagnostic: the model lists it once.
     diagnostics: HashMap<Diagnostic, u32>,
     /// How many objects of each kind it holds (by `Kind as usize`).
@@ -586,7 +633,7 @@ const KINDS: usize = Kind::Retained as usize + 1;
 impl std::fmt::Debug for Live {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Live")
-            .field("objects", &self.objects.len())
+            .field("objects", &self.index.len())
             .field("parts", &self.parts.len())
             .finish_non_exhaustive()
     }
@@ -598,10 +645,12 @@ impl Live {
         Self {
             model: compile(&Snapshot::default(), &ctx),
             ctx,
-            objects: HashMap::new(),
+            index: HashMap::new(),
+            slots: Vec::new(),
+            free: Vec::new(),
             unplaced: HashMap::new(),
-            parts: HashMap::new(),
-            links: HashMap::new(),
+            parts: HashMap::default(),
+            links: HashMap::default(),
             hasher: RandomState::new(),
             whole: HashMap::new(),
             in_namespace: HashMap::new(),
@@ -633,7 +682,7 @@ impl Live {
 
     /// How many objects it holds (namespaces and ReferenceGrants included).
     pub fn len(&self) -> usize {
-        self.objects.len() + self.unplaced.len()
+        self.index.len() + self.unplaced.len()
     }
 
     /// Whether it holds nothing.
@@ -643,22 +692,35 @@ impl Live {
 
     /// The object under `key`.
     pub fn get(&self, key: &ObjectKey) -> Option<&Object> {
-        self.objects
-            .get(key)
-            .map(|h| &h.object)
-            .or_else(|| self.unplaced.get(key))
+        match self.index.get(key) {
+            Some(&slot) => self.held(slot).map(|h| &h.object),
+            None => self.unplaced.get(key),
+        }
+    }
+
+    /// The object in `slot`, if one is.
+    fn held(&self, slot: Slot) -> Option<&Held> {
+        self.slots.get(slot).and_then(Option::as_ref)
+    }
+
+    fn held_mut(&mut self, slot: Slot) -> Option<&mut Held> {
+        self.slots.get_mut(slot).and_then(Option::as_mut)
+    }
+
+    /// Every object held, with its key: the compiler's then the unplaced.
+    fn every(&self) -> impl Iterator<Item = (&ObjectKey, &Object)> {
+        let placed = self.slots.iter().flatten().map(|h| (&h.key, &h.object));
+        placed.chain(self.unplaced.iter())
     }
 
     /// Every object as one snapshot, by kind then key (for `aether debug` and the reference
     /// compile; O(objects)).
     pub fn snapshot(&self) -> Snapshot {
-        let mut keys: Vec<&ObjectKey> = self.objects.keys().chain(self.unplaced.keys()).collect();
-        keys.sort();
+        let mut all: Vec<(&ObjectKey, &Object)> = self.every().collect();
+        all.sort_unstable_by(|a, b| a.0.cmp(b.0));
         let mut s = Snapshot::default();
-        for k in keys {
-            if let Some(o) = self.get(k) {
-                o.push_into(&mut s);
-            }
+        for (_, o) in all {
+            o.push_into(&mut s);
         }
         s
     }
@@ -668,8 +730,7 @@ impl Live {
     /// objects alone (rows and pods are shared).
     pub fn snapshot_of(&self, kinds: &[Kind]) -> Snapshot {
         let mut s = Snapshot::default();
-        let objects = self.objects.iter().map(|(k, h)| (k, &h.object));
-        for (key, object) in objects.chain(self.unplaced.iter()) {
+        for (key, object) in self.every() {
             if kinds.contains(&key.kind) {
                 object.push_into(&mut s);
             }
@@ -753,7 +814,7 @@ impl Live {
         if held >= self.len() {
             return;
         }
-        for key in self.objects.keys().chain(self.unplaced.keys()) {
+        for key in self.index.keys().chain(self.unplaced.keys()) {
             if !seen.contains(key) {
                 out.push(Change {
                     key: key.clone(),
@@ -784,11 +845,11 @@ impl Live {
             ..c.clone()
         };
         if clockless(&ctx) != clockless(&self.ctx) {
-            let objects: Vec<Change> = self
-                .objects
-                .drain()
-                .map(|(key, h)| Change {
-                    key,
+            let objects: Vec<Change> = std::mem::take(&mut self.slots)
+                .into_iter()
+                .flatten()
+                .map(|h| Change {
+                    key: h.key,
                     object: Some(h.object),
                 })
                 .chain(self.unplaced.drain().map(|(key, o)| Change {
@@ -823,16 +884,23 @@ impl Live {
     /// they touch.
     pub fn apply(&mut self, changes: impl IntoIterator<Item = Change>) -> Applied {
         self.version += 1;
+        let changes = changes.into_iter();
+        // A first fill knows its size: the maps are cut once for it rather than grown.
+        if self.index.is_empty() {
+            let n = changes.size_hint().0;
+            self.index.reserve(n);
+            self.slots.reserve(n);
+        }
         let mut applied = Applied::default();
-        let mut queue: Vec<ObjectKey> = Vec::new();
+        let mut queue: Vec<Slot> = Vec::new();
         // Namespaces whose whole-namespace filters came or went: their Services and rows link
         // differently.
         let mut relink: BTreeSet<Box<str>> = BTreeSet::new();
         for Change { key, object } in changes {
             applied.changes += 1;
-            let count = &mut self.counts[key.kind as usize];
             if matches!(key.kind, Kind::Namespace | Kind::ReferenceGrant) {
                 applied.kinds |= key.kind.bit();
+                let count = &mut self.counts[key.kind as usize];
                 let had = match object {
                     Some(o) => {
                         *count += 1;
@@ -845,41 +913,30 @@ impl Live {
                 }
                 continue;
             }
+            let slot = self.index.get(&key).copied();
             // The same object again (an event that changed nothing the compiler reads): its
             // component stands.
-            if let (Some(new), Some(held)) = (&object, self.objects.get(&key))
+            if let (Some(new), Some(held)) = (&object, slot.and_then(|s| self.held(s)))
                 && *new == held.object
             {
                 continue;
             }
             applied.kinds |= key.kind.bit();
-            if object.is_some() {
-                *count += 1;
-            }
-            if let Some(old) = self.objects.remove(&key) {
-                self.counts[key.kind as usize] -= 1;
-                if let Some(ns) = old.object.whole_namespace()
-                    && let Some(n) = self.whole.get_mut(ns)
-                {
-                    *n -= 1;
-                    if *n == 0 {
-                        self.whole.remove(ns);
-                        relink.insert(ns.into());
-                    }
+            // Out with the old object: the slot is kept for a replacement, freed on a deletion.
+            if let Some(slot) = slot {
+                if object.is_none() {
+                    self.index.remove(&key);
+                    self.free.push(slot);
                 }
-                if let Some(ns) = old.object.service_namespace()
-                    && let Some(keys) = self.in_namespace.get_mut(ns)
-                {
-                    keys.remove(&key);
-                    if keys.is_empty() {
-                        self.in_namespace.remove(ns);
+                if let Some(old) = self.slots.get_mut(slot).and_then(Option::take) {
+                    self.forget(slot, &old.object, &mut relink);
+                    if old.part != NONE {
+                        self.dissolve(old.part, &mut queue, &mut applied);
                     }
-                }
-                if old.part != NONE {
-                    self.dissolve(old.part, &mut queue, &mut applied);
                 }
             }
             if let Some(object) = object {
+                self.counts[key.kind as usize] += 1;
                 if let Some(ns) = object.whole_namespace() {
                     let n = self.whole.entry(ns.into()).or_insert(0);
                     *n += 1;
@@ -887,15 +944,28 @@ impl Live {
                         relink.insert(ns.into());
                     }
                 }
+                let slot_was = slot;
+                let slot = match slot {
+                    Some(slot) => slot,
+                    None => self.free.pop().unwrap_or_else(|| {
+                        self.slots.push(None);
+                        self.slots.len() - 1
+                    }),
+                };
                 if let Some(ns) = object.service_namespace() {
-                    self.in_namespace
-                        .entry(ns.into())
-                        .or_default()
-                        .insert(key.clone());
+                    self.in_namespace.entry(ns.into()).or_default().insert(slot);
                 }
-                self.objects
-                    .insert(key.clone(), Held { object, part: NONE });
-                queue.push(key);
+                if let Some(h) = self.slots.get_mut(slot) {
+                    if slot_was.is_none() {
+                        self.index.insert(key.clone(), slot);
+                    }
+                    *h = Some(Held {
+                        key,
+                        object,
+                        part: NONE,
+                    });
+                    queue.push(slot);
+                }
             }
         }
         for ns in relink {
@@ -904,7 +974,7 @@ impl Live {
                 .get(&ns)
                 .into_iter()
                 .flatten()
-                .filter_map(|k| self.objects.get(k).map(|h| h.part))
+                .filter_map(|&s| self.held(s).map(|h| h.part))
                 .collect();
             for p in parts {
                 self.dissolve(p, &mut queue, &mut applied);
@@ -914,9 +984,32 @@ impl Live {
         applied
     }
 
+    /// What `old`, the object that was in `slot`, counted for: its kind's count, its
+    /// whole-namespace filter, its place among its namespace's Services and rows.
+    fn forget(&mut self, slot: Slot, old: &Object, relink: &mut BTreeSet<Box<str>>) {
+        self.counts[old.kind() as usize] -= 1;
+        if let Some(ns) = old.whole_namespace()
+            && let Some(n) = self.whole.get_mut(ns)
+        {
+            *n -= 1;
+            if *n == 0 {
+                self.whole.remove(ns);
+                relink.insert(ns.into());
+            }
+        }
+        if let Some(ns) = old.service_namespace()
+            && let Some(slots) = self.in_namespace.get_mut(ns)
+        {
+            slots.remove(&slot);
+            if slots.is_empty() {
+                self.in_namespace.remove(ns);
+            }
+        }
+    }
+
     /// Takes component `id` out: its links, its entries in the model; its objects go to
     /// `queue`, to be placed again.
-    fn dissolve(&mut self, id: PartId, queue: &mut Vec<ObjectKey>, applied: &mut Applied) {
+    fn dissolve(&mut self, id: PartId, queue: &mut Vec<Slot>, applied: &mut Applied) {
         let Some(part) = self.parts.remove(&id) else {
             return;
         };
@@ -926,7 +1019,7 @@ impl Live {
         }
         self.take_out(part.gave);
         for m in part.members {
-            if let Some(held) = self.objects.get_mut(&m)
+            if let Some(held) = self.held_mut(m)
                 && held.part == id
             {
                 held.part = NONE;
@@ -944,32 +1037,37 @@ impl Live {
 
     /// Places the objects of `queue` (and of every component one of them links to) in new
     /// components, compiles each, and puts their entries in the model.
-    fn place(&mut self, mut queue: Vec<ObjectKey>, applied: &mut Applied) {
+    fn place(&mut self, mut queue: Vec<Slot>, applied: &mut Applied) {
         // Every object to place, with its links: until no link reaches a component left.
-        let mut placing: HashMap<ObjectKey, Vec<u64>> = HashMap::new();
-        while let Some(key) = queue.pop() {
-            if placing.contains_key(&key) {
-                continue;
-            }
-            let Some(held) = self.objects.get(&key) else {
+        let mut seen: HashSet<Slot, ByNumber> = HashSet::default();
+        seen.reserve(queue.len());
+        let mut objects: Vec<(Slot, Vec<u64>)> = Vec::with_capacity(queue.len());
+        let mut links = 0;
+        while let Some(slot) = queue.pop() {
+            let Some(held) = self.held(slot) else {
                 continue;
             };
+            if !seen.insert(slot) {
+                continue;
+            }
             let hashes = self.link_hashes(&held.object);
             for h in &hashes {
                 if let Some(&p) = self.links.get(h) {
                     self.dissolve(p, &mut queue, applied);
                 }
             }
-            placing.insert(key, hashes);
+            links += hashes.len();
+            objects.push((slot, hashes));
         }
-        if placing.is_empty() {
+        drop(seen);
+        if objects.is_empty() {
             applied.series_changed |= self.series_flipped();
             return;
         }
         // Union-find over their links.
-        let objects: Vec<(ObjectKey, Vec<u64>)> = placing.into_iter().collect();
-        let mut ids: HashMap<u64, usize> = HashMap::new();
-        let mut parent: Vec<usize> = Vec::new();
+        let mut ids: HashMap<u64, usize, ByNumber> = HashMap::default();
+        ids.reserve(links);
+        let mut parent: Vec<usize> = Vec::with_capacity(links);
         fn root(parent: &mut [usize], mut x: usize) -> usize {
             while parent[x] != x {
                 parent[x] = parent[parent[x]];
@@ -1003,7 +1101,8 @@ impl Live {
                 parent.len() - 1
             }));
         }
-        let mut groups: HashMap<usize, Vec<usize>> = HashMap::new();
+        drop(ids);
+        let mut groups: HashMap<usize, Vec<usize>, ByNumber> = HashMap::default();
         for (i, &f) in first_of.iter().enumerate() {
             groups.entry(root(&mut parent, f)).or_default().push(i);
         }
@@ -1011,6 +1110,10 @@ impl Live {
         // whole from every component's entries at once: its tables cut once for their size, the
         // sorted lists sorted once, instead of an insert per entry.
         let bulk = self.parts.is_empty();
+        if bulk {
+            self.parts.reserve(groups.len());
+            self.links.reserve(links);
+        }
         let mut all = Entries::default();
         let mut all_names: HashMap<Box<str>, NamesOf> = HashMap::new();
         for members in groups.into_values() {
@@ -1018,17 +1121,17 @@ impl Live {
             let id = self.next;
             let mut s = Snapshot::default();
             let mut links = Vec::new();
-            let mut keys = Vec::with_capacity(members.len());
+            let mut slots = Vec::with_capacity(members.len());
             let mut clocked = false;
             for i in members {
-                let (key, hashes) = &objects[i];
-                if let Some(held) = self.objects.get_mut(key) {
+                let (slot, hashes) = &objects[i];
+                if let Some(held) = self.held_mut(*slot) {
                     held.part = id;
                     held.object.push_into(&mut s);
-                    clocked |= key.kind == Kind::Retained;
+                    clocked |= held.key.kind == Kind::Retained;
                 }
                 links.extend_from_slice(hashes);
-                keys.push(key.clone());
+                slots.push(*slot);
             }
             links.sort_unstable();
             links.dedup();
@@ -1036,11 +1139,10 @@ impl Live {
                 self.links.insert(h, id);
             }
             applied.compiled += 1;
-            applied.objects += keys.len();
+            applied.objects += slots.len();
             let entries = compile_entries(&s, &self.ctx);
             let gave = if bulk {
                 let gave = Gave::of(&entries);
-                self.count_series(&gave.series, true);
                 for d in &entries.diagnostics {
                     *self.diagnostics.entry(d.clone()).or_insert(0) += 1;
                 }
@@ -1056,7 +1158,7 @@ impl Live {
             self.parts.insert(
                 id,
                 Part {
-                    members: keys,
+                    members: slots,
                     links,
                     gave,
                     clocked,
@@ -1065,8 +1167,30 @@ impl Live {
         }
         if bulk {
             self.put_all(all, all_names);
+            self.count_all_series(applied);
         }
         applied.series_changed |= self.series_flipped();
+    }
+
+    /// Counts every component's series keys at once, after a bulk fill: the map cut once for
+    /// them all. When nothing was held before (a first fill), whether any came is the whole
+    /// answer and no key is noted as it comes.
+    fn count_all_series(&mut self, applied: &mut Applied) {
+        let n = self.parts.values().map(|p| p.gave.series.len()).sum();
+        if self.series.is_empty() && self.flips.is_empty() {
+            self.series.reserve(n);
+            for k in self.parts.values().flat_map(|p| &p.gave.series) {
+                *self.series.entry(k.clone()).or_insert(0) += 1;
+            }
+            applied.series_changed |= n > 0;
+            return;
+        }
+        let keys: Vec<SeriesKey> = self
+            .parts
+            .values()
+            .flat_map(|p| p.gave.series.iter().cloned())
+            .collect();
+        self.count_series(&keys, true);
     }
 
     /// Makes the model of `all` (with `names`), every component's entries: see `place`.
