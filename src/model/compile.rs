@@ -14,6 +14,7 @@
 
 use std::collections::btree_map::Entry;
 use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::hash::Hash;
 use std::net::IpAddr;
 use std::sync::Arc;
 
@@ -33,7 +34,7 @@ use crate::model::snapshot::{
     FilterConfig, HttpFilter, HttpRoute, HttpRouteKind, L4Route, ObjectRef, ParentRef,
     ProtocolValue, Row, Service, Snapshot, TargetPort,
 };
-use crate::model::table::Sorted;
+use crate::model::table::{Sorted, Table};
 use crate::model::target::{
     CaptureMode, Endpoint, HttpBackend, ServiceKey, ServiceLine, TcpBackend, TcpChoice, TcpTarget,
     Why,
@@ -160,25 +161,86 @@ pub fn compile(snapshot: &Snapshot, ctx: &NodeContext) -> Model {
 impl Model {
     /// The model of `e`, its tables cut for their size and filled at once.
     pub(crate) fn from_entries(ctx: &NodeContext, e: Entries) -> Self {
+        Self::from_many(ctx, vec![e])
+    }
+
+    /// The model of the entries of disjoint components (no key of one is another's), each
+    /// table cut once for all of them and filled from each in turn: what the kept model makes
+    /// when it compiled every component at once (`live::Live`), without gathering the entries
+    /// into maps first.
+    pub(crate) fn from_many(ctx: &NodeContext, mut many: Vec<Entries>) -> Self {
+        fn table<K: Hash + Eq + Clone, V: Clone, M: IntoIterator<Item = (K, V)>>(
+            many: &mut [Entries],
+            size: impl Fn(&Entries) -> usize,
+            take: impl Fn(&mut Entries) -> M,
+        ) -> Table<K, V> {
+            let mut t = Table::with_capacity(many.iter().map(&size).sum());
+            for e in many {
+                t.extend(take(e));
+            }
+            t
+        }
+        // The names of each namespace, from every component that has some.
+        let mut by_ns: HashMap<Box<str>, Vec<NamesOf>> = HashMap::new();
+        for e in &mut many {
+            for (ns, names) in std::mem::take(&mut e.names) {
+                by_ns.entry(ns).or_default().push(names);
+            }
+        }
+        let names = by_ns
+            .into_iter()
+            .map(|(ns, parts)| {
+                let mut t = Table::with_capacity(parts.iter().map(HashMap::len).sum());
+                for p in parts {
+                    t.extend(p);
+                }
+                (ns, t)
+            })
+            .collect();
+        let cluster_ips = table(
+            &mut many,
+            |e| e.cluster_ips.len(),
+            |e| std::mem::take(&mut e.cluster_ips),
+        );
+        let l4 = table(&mut many, |e| e.l4.len(), |e| std::mem::take(&mut e.l4));
+        let pod_ips = table(
+            &mut many,
+            |e| e.pod_ips.len(),
+            |e| std::mem::take(&mut e.pod_ips),
+        );
+        let service_filters = table(
+            &mut many,
+            |e| e.service_filters.len(),
+            |e| std::mem::take(&mut e.service_filters),
+        );
+        let classes = table(
+            &mut many,
+            |e| e.classes.len(),
+            |e| {
+                std::mem::take(&mut e.classes)
+                    .into_iter()
+                    .map(|(k, v)| (k, Arc::new(v)))
+            },
+        );
+        let mut pods = Vec::with_capacity(many.iter().map(|e| e.pods.len()).sum());
+        let mut statuses = Vec::with_capacity(many.iter().map(|e| e.statuses.len()).sum());
+        let mut diagnostics = Vec::with_capacity(many.iter().map(|e| e.diagnostics.len()).sum());
+        for e in many {
+            pods.extend(e.pods);
+            statuses.extend(e.statuses);
+            diagnostics.extend(e.diagnostics);
+        }
         Self {
             context: ctx.clone(),
-            names: e
-                .names
-                .into_iter()
-                .map(|(ns, t)| (ns, t.into_iter().collect()))
-                .collect(),
-            cluster_ips: e.cluster_ips.into_iter().collect(),
-            l4: e.l4.into_iter().collect(),
-            pod_ips: e.pod_ips.into_iter().collect(),
-            pods: Sorted::from_vec(e.pods),
-            service_filters: e.service_filters.into_iter().collect(),
-            classes: e
-                .classes
-                .into_iter()
-                .map(|(k, v)| (k, Arc::new(v)))
-                .collect(),
-            statuses: Sorted::from_vec(e.statuses),
-            diagnostics: Sorted::from_vec(e.diagnostics),
+            names,
+            cluster_ips,
+            l4,
+            pod_ips,
+            pods: Sorted::from_vec(pods),
+            service_filters,
+            classes,
+            statuses: Sorted::from_vec(statuses),
+            diagnostics: Sorted::from_vec(diagnostics),
         }
     }
 }
@@ -202,27 +264,6 @@ pub(crate) struct Entries {
 
 /// The names of one namespace, by name.
 pub(crate) type NamesOf = HashMap<Box<str>, Arc<NameEntry>>;
-
-impl Entries {
-    /// `other`'s entries added to these (the entries of disjoint components: no key of one is
-    /// the other's).
-    pub(crate) fn absorb(&mut self, other: Self) {
-        for (ns, names) in other.names {
-            match self.names.iter_mut().find(|(n, _)| *n == ns) {
-                Some((_, into)) => into.extend(names),
-                None => self.names.push((ns, names)),
-            }
-        }
-        self.cluster_ips.extend(other.cluster_ips);
-        self.l4.extend(other.l4);
-        self.pod_ips.extend(other.pod_ips);
-        self.pods.extend(other.pods);
-        self.service_filters.extend(other.service_filters);
-        self.classes.extend(other.classes);
-        self.statuses.extend(other.statuses);
-        self.diagnostics.extend(other.diagnostics);
-    }
-}
 
 /// The entries [`compile`] puts in its model.
 pub(crate) fn compile_entries(snapshot: &Snapshot, ctx: &NodeContext) -> Entries {

@@ -18,7 +18,7 @@ use std::net::{IpAddr, SocketAddr};
 use std::sync::Arc;
 
 use crate::model::attach::RouteStatus;
-use crate::model::compile::{Entries, NamesOf, compile_entries};
+use crate::model::compile::{Entries, compile_entries};
 use crate::model::snapshot::{
     EndpointSlice, FilterConfig, HttpRoute, L4Route, MeshFilter, Pod, ReferenceGrant, RefusedPod,
     RetainedPort, Row, Service, Snapshot,
@@ -1114,8 +1114,7 @@ impl Live {
             self.parts.reserve(groups.len());
             self.links.reserve(links);
         }
-        let mut all = Entries::default();
-        let mut all_names: HashMap<Box<str>, NamesOf> = HashMap::new();
+        let mut all: Vec<Entries> = Vec::new();
         for members in groups.into_values() {
             self.next += 1;
             let id = self.next;
@@ -1146,11 +1145,7 @@ impl Live {
                 for d in &entries.diagnostics {
                     *self.diagnostics.entry(d.clone()).or_insert(0) += 1;
                 }
-                let mut entries = entries;
-                for (ns, names) in std::mem::take(&mut entries.names) {
-                    all_names.entry(ns).or_default().extend(names);
-                }
-                all.absorb(entries);
+                all.push(entries);
                 gave
             } else {
                 self.put_in(entries)
@@ -1166,7 +1161,7 @@ impl Live {
             );
         }
         if bulk {
-            self.put_all(all, all_names);
+            self.model = Model::from_many(&self.ctx, all);
             self.count_all_series(applied);
         }
         applied.series_changed |= self.series_flipped();
@@ -1191,12 +1186,6 @@ impl Live {
             .flat_map(|p| p.gave.series.iter().cloned())
             .collect();
         self.count_series(&keys, true);
-    }
-
-    /// Makes the model of `all` (with `names`), every component's entries: see `place`.
-    fn put_all(&mut self, mut all: Entries, names: HashMap<Box<str>, NamesOf>) {
-        all.names = names.into_iter().collect();
-        self.model = Model::from_entries(&self.ctx, all);
     }
 
     /// Puts the entries of one component's compile in the model; what it put.
