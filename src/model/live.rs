@@ -423,9 +423,8 @@ type Slot = usize;
 
 /// Hashes the numbers this file makes itself: link hashes (SipHash outputs under a key drawn
 /// at random, [`Live::hasher`]), slots and component ids (counters). Registry input chooses none
-/// of them, so one multiply spreads them where std's keyed hasher would hash each again, about
-/// a fifth of a first fill's time (written here: the pure layer's allow-list has no hasher
-/// crate, and this is one line).
+/// of them, so one multiply spreads them where std's keyed hasher would hash each again
+/// (written here: the pure layer's allow-list has no hasher crate, and this is one line).
 #[derive(Default)]
 struct Numbers(u64);
 
@@ -458,9 +457,8 @@ impl Hasher for Numbers {
 /// Maps and sets keyed by numbers of this file.
 type ByNumber = BuildHasherDefault<Numbers>;
 
-/// An object, its key, and the component it is in.
+/// An object and the component it is in (its key is in [`Live::index`]).
 struct Held {
-    key: ObjectKey,
     object: Object,
     part: PartId,
 }
@@ -483,7 +481,7 @@ struct Gave {
 }
 
 /// One key of the data plane's metric series: a service port, or a source.
-#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+#[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
 enum SeriesKey {
     Port(ServiceKey, u16),
     Source(Arc<str>, Arc<str>),
@@ -506,12 +504,22 @@ fn series_of(e: &Entries) -> Vec<SeriesKey> {
         out.extend(ports.keys().map(|&p| SeriesKey::Port(key.clone(), p)));
         out.push(SeriesKey::Source(key.namespace.clone(), key.name.clone()));
     }
-    for p in &e.pods {
-        out.push(SeriesKey::Source(
-            p.namespace.as_str().into(),
-            p.service_account.as_str().into(),
-        ));
-    }
+    // A source once per component, however many of its pods run as it.
+    let mut sources: Vec<(&str, &str)> = e
+        .pods
+        .iter()
+        .map(|p| (p.namespace.as_str(), p.service_account.as_str()))
+        .collect();
+    sources.sort_unstable();
+    sources.dedup();
+    out.extend(
+        sources
+            .into_iter()
+            .map(|(ns, sa)| SeriesKey::Source(ns.into(), sa.into())),
+    );
+    out.sort_unstable();
+    out.dedup();
+    out.shrink_to_fit();
     out
 }
 
@@ -709,7 +717,7 @@ impl Live {
 
     /// Every object held, with its key: the compiler's then the unplaced.
     fn every(&self) -> impl Iterator<Item = (&ObjectKey, &Object)> {
-        let placed = self.slots.iter().flatten().map(|h| (&h.key, &h.object));
+        let placed = (self.index.iter()).filter_map(|(k, &s)| Some((k, &self.held(s)?.object)));
         placed.chain(self.unplaced.iter())
     }
 
@@ -845,12 +853,15 @@ impl Live {
             ..c.clone()
         };
         if clockless(&ctx) != clockless(&self.ctx) {
-            let objects: Vec<Change> = std::mem::take(&mut self.slots)
+            let mut slots = std::mem::take(&mut self.slots);
+            let objects: Vec<Change> = std::mem::take(&mut self.index)
                 .into_iter()
-                .flatten()
-                .map(|h| Change {
-                    key: h.key,
-                    object: Some(h.object),
+                .filter_map(|(key, s)| {
+                    let h = slots.get_mut(s)?.take()?;
+                    Some(Change {
+                        key,
+                        object: Some(h.object),
+                    })
                 })
                 .chain(self.unplaced.drain().map(|(key, o)| Change {
                     key,
@@ -957,13 +968,9 @@ impl Live {
                 }
                 if let Some(h) = self.slots.get_mut(slot) {
                     if slot_was.is_none() {
-                        self.index.insert(key.clone(), slot);
+                        self.index.insert(key, slot);
                     }
-                    *h = Some(Held {
-                        key,
-                        object,
-                        part: NONE,
-                    });
+                    *h = Some(Held { object, part: NONE });
                     queue.push(slot);
                 }
             }
@@ -1101,6 +1108,7 @@ impl Live {
                 parent.len() - 1
             }));
         }
+        let distinct = ids.len();
         drop(ids);
         let mut groups: HashMap<usize, Vec<usize>, ByNumber> = HashMap::default();
         for (i, &f) in first_of.iter().enumerate() {
@@ -1112,7 +1120,7 @@ impl Live {
         let bulk = self.parts.is_empty();
         if bulk {
             self.parts.reserve(groups.len());
-            self.links.reserve(links);
+            self.links.reserve(distinct);
         }
         let mut all: Vec<Entries> = Vec::new();
         for members in groups.into_values() {
@@ -1127,7 +1135,7 @@ impl Live {
                 if let Some(held) = self.held_mut(*slot) {
                     held.part = id;
                     held.object.push_into(&mut s);
-                    clocked |= held.key.kind == Kind::Retained;
+                    clocked |= held.object.kind() == Kind::Retained;
                 }
                 links.extend_from_slice(hashes);
                 slots.push(*slot);
@@ -1167,17 +1175,15 @@ impl Live {
         applied.series_changed |= self.series_flipped();
     }
 
-    /// Counts every component's series keys at once, after a bulk fill: the map cut once for
-    /// them all. When nothing was held before (a first fill), whether any came is the whole
-    /// answer and no key is noted as it comes.
+    /// Counts every component's series keys at once, after a bulk fill. When nothing was held
+    /// before (a first fill), whether any came is the whole answer and no key is noted as it
+    /// comes.
     fn count_all_series(&mut self, applied: &mut Applied) {
-        let n = self.parts.values().map(|p| p.gave.series.len()).sum();
         if self.series.is_empty() && self.flips.is_empty() {
-            self.series.reserve(n);
             for k in self.parts.values().flat_map(|p| &p.gave.series) {
                 *self.series.entry(k.clone()).or_insert(0) += 1;
             }
-            applied.series_changed |= n > 0;
+            applied.series_changed |= !self.series.is_empty();
             return;
         }
         let keys: Vec<SeriesKey> = self
