@@ -428,6 +428,21 @@ impl Event {
     }
 }
 
+/// The kept model of `objects`, its model published, and the caller of the requests served on
+/// it.
+fn kept_and_published(objects: Vec<Change>) -> (Live, ArcSwap<aether::model::Model>, Caller) {
+    let mut live = Live::new(NodeContext::default());
+    live.resync(objects);
+    let published = ArcSwap::from_pointee(live.model().clone());
+    let caller = Caller {
+        namespace: Some("ns-0".into()),
+        pod: None,
+        service_account: None,
+        capture: CaptureMode::RedirectAll,
+    };
+    (live, published, caller)
+}
+
 /// One row's readiness flipped through the model kept by changes ([`Live`]), the model
 /// published and a request served on it: what a source that sends changes costs the node.
 struct Kept {
@@ -451,20 +466,13 @@ impl Kept {
                 _ => None,
             })
             .expect("the scaled registry has svc-1-0");
-        let mut live = Live::new(NodeContext::default());
-        live.resync(objects);
-        let published = ArcSwap::from_pointee(live.model().clone());
+        let (live, published, caller) = kept_and_published(objects);
         Self {
             live,
             key,
             row,
             published,
-            caller: Caller {
-                namespace: Some("ns-0".into()),
-                pod: None,
-                service_account: None,
-                capture: CaptureMode::RedirectAll,
-            },
+            caller,
         }
     }
 
@@ -509,21 +517,14 @@ impl KeptChange {
             .expect("the scaled registry holds the object picked");
         let changed = change(&object);
         assert_ne!(changed, object, "the change changes it");
-        let mut live = Live::new(NodeContext::default());
-        live.resync(objects);
-        let published = ArcSwap::from_pointee(live.model().clone());
+        let (live, published, caller) = kept_and_published(objects);
         Self {
             live,
             key,
             both: [object, changed],
             changed: false,
             published,
-            caller: Caller {
-                namespace: Some("ns-0".into()),
-                pod: None,
-                service_account: None,
-                capture: CaptureMode::RedirectAll,
-            },
+            caller,
         }
     }
 
