@@ -29,6 +29,7 @@ pub mod state;
 #[cfg(any(test, feature = "testing"))]
 pub mod test_util;
 pub mod time;
+pub mod wire;
 pub mod workload;
 pub mod yaml;
 

@@ -6,11 +6,10 @@
 
 use std::sync::Arc;
 
+use serde::{Deserialize, Serialize};
 use tracing_subscriber::layer::SubscriberExt;
 use tracing_subscriber::util::SubscriberInitExt;
 use tracing_subscriber::{EnvFilter, Layer, Registry, reload};
-
-use crate::node::config::LogFormat;
 
 /// A filter text that is refused.
 #[derive(Debug, thiserror::Error)]
@@ -90,6 +89,17 @@ fn parse(text: &str) -> Result<EnvFilter, InvalidFilter> {
         text: text.to_owned(),
         source,
     })
+}
+
+/// How logs are written.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Deserialize, Serialize, clap::ValueEnum)]
+#[serde(rename_all = "lowercase")]
+pub enum LogFormat {
+    /// Human-readable lines.
+    #[default]
+    Text,
+    /// One JSON object per line.
+    Json,
 }
 
 /// Install the process's subscriber: `format` on stderr (ANSI colours on a terminal), filtered

@@ -446,7 +446,7 @@ async fn hop_attempt(
         tokio::spawn(conn);
         let req = http::Request::builder()
             .uri(format!("http://{authority}/"))
-            .body(crate::proxy::respond::empty())
+            .body(http_body_util::Empty::<bytes::Bytes>::new())
             .map_err(|e| std::io::Error::other(e.to_string()))?;
         let resp = sender.send_request(req).await?;
         let status = resp.status().as_u16();
@@ -523,7 +523,7 @@ async fn after_handshake_within(
 /// Handshake from mp-client's pod with mp-multi-1's hop as mp-client; then one HTTP/2 request.
 /// `Ok` is the status, `Err` says where it stopped.
 async fn hop_request(env: &Env, ids: &Arc<Identities>, sni: &str) -> Result<u16, String> {
-    let config = client_config(ids, "mp", "mp-client", &[crate::proxy::ALPN_HTTP])
+    let config = client_config(ids, "mp", "mp-client", &[crate::wire::ALPN_HTTP])
         .map_err(|e| e.to_string())?;
     let authority = format!("{}:8080", env.mesh("mp-multi"));
     match hop_attempt(env, FROM_CLIENT, config, sni, &authority).await? {
@@ -581,7 +581,7 @@ async fn bad_sni(env: &Env) -> Check {
 async fn bad_peer(env: &Env) -> Check {
     let good = format!("8080.mp-multi.mp.{}", env.mesh_domain);
     let mesh = identities(env, "cluster.local", None)?;
-    let hop = [crate::proxy::ALPN_HTTP];
+    let hop = [crate::wire::ALPN_HTTP];
     // Control, on connections of its own: the mesh's own identity is kept open and answered,
     // so what follows is the peer's doing.
     let own = client_config(&mesh, "mp", "mp-client", &hop).map_err(|e| e.to_string())?;
@@ -622,7 +622,7 @@ async fn bad_peer(env: &Env) -> Check {
         .map_err(|e| e.to_string())?
         .with_root_certificates(roots)
         .with_client_cert_resolver(Arc::new(FixedCert(cert.key.clone())));
-    config.alpn_protocols = vec![crate::proxy::ALPN_HTTP.to_vec()];
+    config.alpn_protocols = vec![crate::wire::ALPN_HTTP.to_vec()];
     let ca = match after_handshake(env, FROM_CLIENT, Arc::new(config), &good).await? {
         AfterHandshake::Refused(e) => e,
         other => {
@@ -677,7 +677,7 @@ async fn binding(env: &Env) -> Check {
         (OUTSIDE, "mp-httponly-0"),
     ] {
         let path = HopPath { from, to };
-        for alpn in [crate::proxy::ALPN_HTTP, crate::proxy::ALPN_L4] {
+        for alpn in [crate::wire::ALPN_HTTP, crate::wire::ALPN_L4] {
             // The unmanaged pod's address is no row's: the destination waits one discovery
             // hold (2 s) for a model that holds it before it closes.
             let patience = Duration::from_secs(10);
@@ -694,7 +694,7 @@ async fn binding(env: &Env) -> Check {
         match hop_attempt(
             env,
             path,
-            as_multi(crate::proxy::ALPN_HTTP)?,
+            as_multi(crate::wire::ALPN_HTTP)?,
             &sni,
             &authority,
         )
@@ -728,7 +728,7 @@ async fn binding(env: &Env) -> Check {
         match hop_attempt(
             env,
             path,
-            as_multi(crate::proxy::ALPN_HTTP)?,
+            as_multi(crate::wire::ALPN_HTTP)?,
             &sni,
             &authority,
         )

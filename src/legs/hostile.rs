@@ -100,7 +100,7 @@ async fn ends(env: &Env, pod: &str, dst: SocketAddr, bytes: &[u8], within: Durat
         Ok(Err(e)) => Ok(format!("reset ({})", e.kind())),
         Ok(Ok(_)) if got.is_empty() => Ok("closed".into()),
         // The hop speaks only TLS: bytes that are not get a TLS alert record, then the end.
-        Ok(Ok(_)) if dst.port() == crate::proxy::HOP_PORT && got[0] == 0x15 => {
+        Ok(Ok(_)) if dst.port() == crate::wire::HOP_PORT && got[0] == 0x15 => {
             Ok("TLS alert, closed".into())
         }
         Ok(Ok(_)) => Err(format!(

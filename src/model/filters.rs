@@ -14,7 +14,7 @@
 
 use std::fmt;
 
-use crate::model::route_match::{percent_decode, prefix_element, prefix_matches};
+use crate::model::path::{percent_decode, prefix_element, prefix_matches};
 use crate::model::snapshot::{
     HeaderModifier, HttpFilter, HttpRule, Mirror, ObjectRef, PathMatch, PathModifier,
     QueryMutation, Redirect, UrlRewrite,

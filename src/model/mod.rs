@@ -16,6 +16,7 @@ pub mod diag;
 pub mod filters;
 pub mod live;
 pub mod names;
+pub mod path;
 pub mod port;
 #[cfg(test)]
 pub(crate) mod proptests;

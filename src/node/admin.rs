@@ -12,11 +12,11 @@ use http::{Request, Response, StatusCode};
 use hyper::body::Incoming;
 use hyper_util::rt::TokioIo;
 use tokio::io::{AsyncRead, AsyncWrite};
-use tokio::sync::{Mutex, watch};
 
-use super::pods::Pods;
+pub use super::admin_state::Admin;
+use super::admin_state::diagnostic_json;
 use crate::accept::Acceptor;
-use crate::proxy::{Body, Inputs, respond};
+use crate::proxy::{Body, respond};
 
 /// The endpoints, by path, with what they answer (drives the router and its test).
 pub const ENDPOINTS: &[(&str, &str)] = &[
@@ -42,34 +42,6 @@ pub const METRICS_ENDPOINTS: &[&str] = &["/live", "/ready", "/metrics"];
 
 /// How long a metrics client may take to send its request head.
 const METRICS_HEAD_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(10);
-
-/// What the admin endpoints read.
-#[derive(Debug)]
-pub struct Admin {
-    /// The data plane (model and counters).
-    pub inputs: Arc<Inputs>,
-    /// The served pods.
-    pub pods: Arc<Mutex<Pods>>,
-    /// Readiness.
-    pub ready: watch::Receiver<bool>,
-    /// This node.
-    pub node: String,
-    /// The fingerprint of the registry state the published model was compiled from.
-    pub fingerprint: Arc<std::sync::atomic::AtomicU64>,
-    /// The control side's counters (registry, CNI, mesh DNS).
-    pub node_stats: Arc<super::stats::NodeStats>,
-    /// Whether the Kubernetes writers (the registrar, if this node leads, and the route-status
-    /// writer) have writes to make for the published model; always false on the file registry.
-    pub kube_writes: Arc<super::KubeWrites>,
-    /// The etcd source, on it (`/model` says how far it is).
-    pub etcd: Option<Arc<super::EtcdNode>>,
-    /// What the debug endpoints read besides the above.
-    pub debug: super::debug::DebugInputs,
-    /// What `/metrics` reads at each scrape (watches, process, runtime).
-    pub control: Arc<super::telemetry::ControlCollector>,
-    /// The local pods not served, as last logged: `/ready` names them while it waits.
-    pub not_served: Arc<parking_lot::Mutex<super::NotServedLog>>,
-}
 
 fn json(value: &serde_json::Value) -> Response<Body> {
     let mut r = Response::new(respond::full(value.to_string()));
@@ -327,22 +299,15 @@ pub async fn serve_tcp(admin: Arc<Admin>, listener: tokio::net::TcpListener) {
     }
 }
 
-/// A diagnostic as `/model` and `aether debug diagnostics` show it: the kind's stable name,
-/// the subject, the detail.
-pub(crate) fn diagnostic_json(d: &crate::model::Diagnostic) -> serde_json::Value {
-    serde_json::json!({
-        "kind": d.kind.as_str(),
-        "subject": d.subject,
-        "detail": d.detail,
-    })
-}
-
 #[cfg(test)]
 pub(super) mod tests {
     use super::*;
     use crate::model::{NodeContext, Snapshot, compile};
+    use crate::node::pods::Pods;
+    use crate::proxy::Inputs;
     use crate::proxy::{HopTls, Peer, ProxySettings, Stats, hop::Pool};
     use crate::state::ModelHandle;
+    use tokio::sync::{Mutex, watch};
 
     #[derive(Debug)]
     struct NoTls;

@@ -6,16 +6,7 @@ use std::path::PathBuf;
 
 use serde::{Deserialize, Serialize};
 
-/// How logs are written.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Deserialize, Serialize, clap::ValueEnum)]
-#[serde(rename_all = "lowercase")]
-pub enum LogFormat {
-    /// Human-readable lines.
-    #[default]
-    Text,
-    /// One JSON object per line.
-    Json,
-}
+pub use crate::log_filter::LogFormat;
 
 /// The inbound mode of a pod without `inbound.aether.io/mode` (model.md §12.5 item 3).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Deserialize, Serialize, clap::ValueEnum)]

@@ -18,11 +18,10 @@ use http::{Method, Request, Response, StatusCode};
 use http_body_util::BodyExt;
 use serde_json::{Value, json};
 
-use super::admin::Admin;
+use super::admin_state::Admin;
+pub use super::admin_state::DebugInputs;
 use crate::debug::view;
 use crate::debug::{ExplainRequest, rfc3339};
-use crate::identity::Identities;
-use crate::log_filter::LogFilter;
 use crate::proxy::{Body, respond};
 use crate::state::Published;
 
@@ -76,31 +75,6 @@ pub const DEBUG_ENDPOINTS: &[(&str, &str, &str)] = &[
         "all of the above in one document, with the model's compile inputs (`debug::view::CompileInputs`); no key",
     ),
 ];
-
-/// What the debug endpoints need besides the data plane.
-#[derive(Debug)]
-pub struct DebugInputs {
-    /// The workload certificates (`None`: none are issued here).
-    pub identities: Option<Arc<Identities>>,
-    /// The log filter.
-    pub logs: LogFilter,
-    /// The largest request body read, in bytes (`debug_max_body_bytes`).
-    pub max_body_bytes: usize,
-    /// The bound on a capture listing (`debug_capture_timeout_ms`).
-    pub capture_timeout: Duration,
-}
-
-impl DebugInputs {
-    /// No certificates, a detached log filter, the default bounds (tests).
-    pub fn detached() -> Self {
-        Self {
-            identities: None,
-            logs: LogFilter::detached("info"),
-            max_body_bytes: 65536,
-            capture_timeout: Duration::from_secs(5),
-        }
-    }
-}
 
 /// Whether `path` is one of the debug endpoints.
 pub fn is_debug_path(path: &str) -> bool {
@@ -262,7 +236,7 @@ where
                         .model
                         .diagnostics
                         .iter()
-                        .map(super::admin::diagnostic_json)
+                        .map(super::admin_state::diagnostic_json)
                         .collect(),
                 ),
             ),
@@ -506,7 +480,7 @@ async fn config_dump(admin: &Admin, mut published: Arc<Published>) -> Response<B
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::identity::{Ca, IdentitySettings};
+    use crate::identity::{Ca, Identities, IdentitySettings};
     use crate::model::{Model, NodeContext, Snapshot, compile};
     use crate::node::admin::tests::{admin_with, get};
     use crate::state::ModelHandle;

@@ -2,6 +2,7 @@
 //! long-lived tasks and connects the parts: registry → model → proxies, capture, DNS, admin.
 
 pub mod admin;
+pub mod admin_state;
 mod cni_gate;
 pub mod cni_records;
 pub mod config;
@@ -1403,7 +1404,7 @@ fn spawn_writers(
             settings,
             reg_rx,
             writes.registrar.clone(),
-            stats.clone(),
+            stats.registrar.clone(),
         )
         .instrument(tracing::info_span!("registrar")),
     );
@@ -1414,7 +1415,7 @@ fn spawn_writers(
             st_rx,
             writes.status_pending.clone(),
             move || lease.follows.load(std::sync::atomic::Ordering::Acquire),
-            stats.clone(),
+            stats.route_status.clone(),
         )
         .instrument(tracing::info_span!("route_status")),
     );

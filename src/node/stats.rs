@@ -59,6 +59,10 @@ impl Default for PublishHistograms {
 /// The control side's counters; one per daemon, shared by its tasks.
 #[derive(Debug, Default)]
 pub struct NodeStats {
+    /// The registrar's counters ([`crate::registrar::RegistrarStats`]).
+    pub registrar: std::sync::Arc<crate::registrar::RegistrarStats>,
+    /// The route status writer's counters ([`crate::route_status::RouteStatusStats`]).
+    pub route_status: std::sync::Arc<crate::route_status::RouteStatusStats>,
     /// Manifest files that did not read whole, counted at every load that found one so, by
     /// reason: `unreadable`, `not-utf8`, `syntax`, `too-large`, `too-deep`, `emptied`
     /// (`aether_registry_file_errors_total{reason}`).
@@ -91,33 +95,6 @@ pub struct NodeStats {
     /// Objects the Kubernetes source holds that did not deserialize, or did not convert, and
     /// are left out of the model (`aether_registry_objects_skipped`).
     pub registry_objects_skipped: Gauge,
-    /// 1 while this daemon holds the registrar Lease, else 0 (`aether_registrar_leader`).
-    pub registrar_leader: Gauge,
-    /// Elections that failed other than by contention (a 409), by the API server's status code
-    /// (`none`: no answer); a missing release namespace is `404`
-    /// (`aether_registrar_lease_errors_total{code}`).
-    pub registrar_lease_errors: Family<[(&'static str, String); 1], Counter>,
-    /// Generated Services applied or deleted by this daemon as the registrar
-    /// (`aether_registrar_writes_total`).
-    pub registrar_writes: Counter,
-    /// Registrar writes the API server refused or failed; each is retried
-    /// (`aether_registrar_write_errors_total`).
-    pub registrar_write_errors: Counter,
-    /// Route status writes made (`aether_route_status_writes_total`).
-    pub route_status_writes: Counter,
-    /// Route status writes that failed (after [`crate::route_status::CONFLICT_RETRIES`]
-    /// conflicts, or any other error); each is retried
-    /// (`aether_route_status_write_errors_total`).
-    pub route_status_write_errors: Counter,
-    /// Route status writes held back because another writer keeps overwriting aether's entry
-    /// (spec/routes.md §6.5) (`aether_route_status_backoffs_total`).
-    pub route_status_backoffs: Counter,
-    /// Route status PUTs the API server answered `409` (another writer changed the route since
-    /// it was read); each is read again and retried (`aether_route_status_conflicts_total`).
-    pub route_status_conflicts: Counter,
-    /// Changed route statuses this daemon, following the registrar's Lease, left to the holder
-    /// first (issue #36 item 3) (`aether_route_status_deferred_total`).
-    pub route_status_deferred: Counter,
     /// Publishes, by outcome: `published` (a new generation), `unchanged` (the model served
     /// like the published one: kept under its generation), `failed` (the load failed; the
     /// published model stays) (`aether_model_publishes_total{outcome}`).
@@ -328,51 +305,8 @@ impl NodeStats {
             "etcd source: keys this node holds in the store",
             self.etcd_keys_registered.clone(),
         );
-        registry.register(
-            "aether_registrar_lease_errors",
-            "Registrar Lease elections that failed other than by contention, by the API server's status code (none: no answer)",
-            self.registrar_lease_errors.clone(),
-        );
-        registry.register(
-            "aether_registrar_leader",
-            "1 while this daemon holds the registrar Lease and writes the generated Services",
-            self.registrar_leader.clone(),
-        );
-        registry.register(
-            "aether_registrar_writes",
-            "Generated Services applied or deleted by this daemon as the registrar",
-            self.registrar_writes.clone(),
-        );
-        registry.register(
-            "aether_registrar_write_errors",
-            "Registrar writes the API server refused or failed (retried)",
-            self.registrar_write_errors.clone(),
-        );
-        registry.register(
-            "aether_route_status_writes",
-            "Route status writes this daemon made",
-            self.route_status_writes.clone(),
-        );
-        registry.register(
-            "aether_route_status_write_errors",
-            "Route status writes that failed (retried)",
-            self.route_status_write_errors.clone(),
-        );
-        registry.register(
-            "aether_route_status_backoffs",
-            "Route status rewrites held back: another writer keeps overwriting aether's entry",
-            self.route_status_backoffs.clone(),
-        );
-        registry.register(
-            "aether_route_status_conflicts",
-            "Route status PUTs answered 409 (read again and retried)",
-            self.route_status_conflicts.clone(),
-        );
-        registry.register(
-            "aether_route_status_deferred",
-            "Changed route statuses left to the registrar's lease holder first",
-            self.route_status_deferred.clone(),
-        );
+        self.registrar.register(registry);
+        self.route_status.register(registry);
         registry.register(
             "aether_model_publishes",
             "Model publishes, by outcome (published, unchanged, failed)",

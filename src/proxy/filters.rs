@@ -18,21 +18,7 @@ use crate::model::snapshot::{ExtAuthz, FilterConfig, HeaderModifier, HeaderMutat
 use crate::resolve::answer::{MESH_HEADER_PREFIX, Reason};
 use crate::resolve::decision::ServiceKey;
 
-/// Authorization check header: the Service whose filter asks (`ns/name`). Not an `x-aether-`
-/// header: those are removed from every request the mesh delivers (I12), the check included.
-/// A client's own copy is never passed into a check.
-pub const AUTHZ_SERVICE: &str = "x-authz-service";
-/// Authorization check header: the caller's SPIFFE ID.
-pub const AUTHZ_CALLER: &str = "x-authz-caller";
-
-/// A client's copy of the header that proves a workload certificate to an application. The mesh
-/// never sets it, so a client's copy is a forgery: removed at entry.
-pub const FORWARDED_CLIENT_CERT: &str = "x-forwarded-client-cert";
-
-/// Headers only the mesh may write besides the `x-aether-` ones: the two headers of an
-/// authorization check and the client-certificate header. A client's copies are removed when
-/// the daemon reads its request ([`strip_client_request`]), like the `x-aether-` headers (I12).
-pub const MESH_ONLY: [&str; 3] = [AUTHZ_SERVICE, AUTHZ_CALLER, FORWARDED_CLIENT_CERT];
+pub use crate::wire::{AUTHZ_CALLER, AUTHZ_SERVICE, FORWARDED_CLIENT_CERT, MESH_ONLY};
 
 /// The hop-by-hop fields that are not named in `Connection` (RFC 9110 §7.6.1, with the fields
 /// older practice adds: `Keep-Alive`, `Proxy-Connection`, `Transfer-Encoding`, `Trailer`,

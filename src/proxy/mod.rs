@@ -46,29 +46,9 @@ pub type Body = http_body_util::combinators::BoxBody<Bytes, BoxError>;
 /// A boxed error of a body or a connection.
 pub type BoxError = Box<dyn std::error::Error + Send + Sync>;
 
-/// ALPN of an HTTP mesh hop (HTTP/2).
-pub const ALPN_HTTP: &[u8] = b"h2";
-/// ALPN of a raw-TCP mesh hop (a byte stream).
-pub const ALPN_TCP: &[u8] = b"aether-tcp/1";
-/// ALPN of an HTTP/1.1 mesh hop that carries one request asking to switch protocols
-/// (`Upgrade`, addressing.md I11): HTTP/2 cannot carry it, so it gets a connection of its own,
-/// checked at the destination as the HTTP class.
-pub const ALPN_H1: &[u8] = b"aether-h1/1";
-/// ALPN of an L4 mesh hop (model.md §12.5 item 1): the bytes of a connection the source would
-/// have passed through, to a port the destination pod declares (raw TCP or HTTP); the
-/// destination serves an HTTP port's bytes as HTTP, with its filters.
-pub const ALPN_L4: &[u8] = b"aether-l4/1";
-/// Every ALPN the inbound hop serves, in preference order (the destination's TLS offers these).
-pub const ALPNS: &[&[u8]] = &[ALPN_HTTP, ALPN_TCP, ALPN_H1, ALPN_L4];
-
-/// The mesh hop port on every pod IP.
-pub const HOP_PORT: u16 = 18008;
-/// The capture port.
-pub const CAPTURE_PORT: u16 = 18001;
-/// The proxy port.
-pub const PROXY_PORT: u16 = 18081;
-/// The legacy raw-TCP and UDP port.
-pub const LEGACY_PORT: u16 = 18082;
+pub use crate::wire::{
+    ALPN_H1, ALPN_HTTP, ALPN_L4, ALPN_TCP, ALPNS, CAPTURE_PORT, HOP_PORT, LEGACY_PORT, PROXY_PORT,
+};
 
 /// A peer the mesh hop proved.
 #[derive(Clone, Debug, PartialEq, Eq)]

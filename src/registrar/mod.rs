@@ -35,10 +35,12 @@ use tokio::sync::watch;
 use tracing::{debug, info, warn};
 
 use crate::model::snapshot::Service;
-use crate::node::stats::NodeStats;
 pub use crate::registry::kube::generated::FIELD_MANAGER;
 use lease::{Attempt, Elector, LeaseRecord, LeaseTiming};
 use plan::ServiceWrite;
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
 
 /// The Lease's name.
 pub const LEASE_NAME: &str = "aether-registrar";
@@ -116,7 +118,7 @@ impl LeaseProblem {
 impl RegistrarState {
     /// An election failed: remembered, logged when the problem is new or changed (its repeats
     /// are counted, not logged), counted by code.
-    fn lease_failed(&self, e: &RegistrarError, lease: String, stats: &NodeStats) {
+    fn lease_failed(&self, e: &RegistrarError, lease: String, stats: &RegistrarStats) {
         let RegistrarError::Api { source, .. } = e;
         let code = match source {
             kube::Error::Api(s) => Some(s.code),
@@ -128,10 +130,7 @@ impl RegistrarState {
             error: crate::DisplayChain(e).to_string(),
         };
         let label = code.map_or_else(|| "none".to_owned(), |c| c.to_string());
-        stats
-            .registrar_lease_errors
-            .get_or_create(&[("code", label)])
-            .inc();
+        stats.lease_errors.get_or_create(&[("code", label)]).inc();
         let mut held = self.lease_problem.lock();
         if held.as_ref().map(|p| (p.code, &p.error)) != Some((problem.code, &problem.error)) {
             warn!(lease = %problem.lease, error = %problem.error, "the registrar's Lease cannot be taken: no generated Services or statuses are written from this node until it can (aether_registrar_lease_errors_total counts the retries)");
@@ -177,7 +176,7 @@ pub async fn run(
     settings: RegistrarSettings,
     mut input: watch::Receiver<Arc<RegistrarInput>>,
     state: Arc<RegistrarState>,
-    stats: Arc<NodeStats>,
+    stats: Arc<RegistrarStats>,
 ) {
     // tokio's clock: the one a test pauses and advances (no waiting for a lease to lapse).
     let origin = tokio::time::Instant::now();
@@ -200,7 +199,7 @@ pub async fn run(
                 state.leader.store(false, Ordering::Release);
                 state.follows.store(false, Ordering::Release);
                 state.pending.store(false, Ordering::Release);
-                stats.registrar_leader.set(0);
+                stats.leader.set(0);
                 release(&leases, &settings, &mut elector).await;
                 return;
             },
@@ -229,7 +228,7 @@ pub async fn run(
         state
             .follows
             .store(elector.follows(elapsed()), Ordering::Release);
-        stats.registrar_leader.set(i64::from(leader));
+        stats.leader.set(i64::from(leader));
         let current = input.borrow_and_update().clone();
         if !leader || done.as_ref().is_some_and(|d| Arc::ptr_eq(d, &current)) {
             state.pending.store(false, Ordering::Release);
@@ -262,11 +261,11 @@ pub async fn run(
             let subject = w.subject();
             match write(&client, w).await {
                 Ok(op) => {
-                    stats.registrar_writes.inc();
+                    stats.writes.inc();
                     info!(service = %subject, op, "generated service written");
                 }
                 Err(e) => {
-                    stats.registrar_write_errors.inc();
+                    stats.write_errors.inc();
                     warn!(service = %subject, error = %crate::DisplayChain(&e), "generated service write failed; retried");
                     whole = false;
                 }
@@ -280,7 +279,7 @@ pub async fn run(
             let subject = format!("{}/{}", w.namespace, w.name);
             match write_filter_status(&client, w).await {
                 Ok(()) => {
-                    stats.registrar_writes.inc();
+                    stats.writes.inc();
                     filters_written.insert(
                         (w.namespace.clone(), w.name.clone()),
                         (w.generation, w.accepted, w.message.clone()),
@@ -288,7 +287,7 @@ pub async fn run(
                     info!(filter = %subject, accepted = w.accepted, "meshfilter status written");
                 }
                 Err(e) => {
-                    stats.registrar_write_errors.inc();
+                    stats.write_errors.inc();
                     warn!(filter = %subject, error = %crate::DisplayChain(&e), "meshfilter status write failed; retried");
                     whole = false;
                 }
@@ -496,6 +495,49 @@ async fn write(client: &Client, w: ServiceWrite) -> Result<&'static str, Registr
                 }),
             }
         }
+    }
+}
+
+/// The registrar's counters, exported on the node's `/metrics`.
+#[derive(Debug, Default)]
+pub struct RegistrarStats {
+    /// 1 while this daemon holds the registrar Lease, else 0 (`aether_registrar_leader`).
+    pub leader: Gauge,
+    /// Elections that failed other than by contention (a 409), by the API server's status code
+    /// (`none`: no answer); a missing release namespace is `404`
+    /// (`aether_registrar_lease_errors_total{code}`).
+    pub lease_errors: Family<[(&'static str, String); 1], Counter>,
+    /// Generated Services applied or deleted by this daemon as the registrar
+    /// (`aether_registrar_writes_total`).
+    pub writes: Counter,
+    /// Registrar writes the API server refused or failed; each is retried
+    /// (`aether_registrar_write_errors_total`).
+    pub write_errors: Counter,
+}
+
+impl RegistrarStats {
+    /// Registers the counters under their metric names.
+    pub fn register(&self, registry: &mut prometheus_client::registry::Registry) {
+        registry.register(
+            "aether_registrar_lease_errors",
+            "Registrar Lease elections that failed other than by contention, by the API server's status code (none: no answer)",
+            self.lease_errors.clone(),
+        );
+        registry.register(
+            "aether_registrar_leader",
+            "1 while this daemon holds the registrar Lease and writes the generated Services",
+            self.leader.clone(),
+        );
+        registry.register(
+            "aether_registrar_writes",
+            "Generated Services applied or deleted by this daemon as the registrar",
+            self.writes.clone(),
+        );
+        registry.register(
+            "aether_registrar_write_errors",
+            "Registrar writes the API server refused or failed (retried)",
+            self.write_errors.clone(),
+        );
     }
 }
 

@@ -387,7 +387,7 @@ fn start_as(
         settings(identity),
         rx,
         state.clone(),
-        Arc::new(NodeStats::default()),
+        Arc::new(RegistrarStats::default()),
     ));
     (tx, state, task)
 }

@@ -36,8 +36,8 @@ use tracing::{debug, info, warn};
 
 use crate::model::attach::RouteStatus;
 use crate::model::snapshot::{ObjectRef, ParentRef};
-use crate::node::stats::NodeStats;
 use merge::{Backoff, Cond, Entry, Turn};
+use prometheus_client::metrics::counter::Counter;
 
 /// aether's controller name in `RouteParentStatus.controllerName`.
 pub const CONTROLLER_NAME: &str = "gateway.aether.io/mesh-controller";
@@ -276,7 +276,7 @@ pub async fn run(
     mut input: watch::Receiver<Arc<StatusInput>>,
     pending: Arc<AtomicBool>,
     follows: impl Fn() -> bool,
-    stats: Arc<NodeStats>,
+    stats: Arc<RouteStatusStats>,
 ) {
     // tokio's clock: the one a test pauses and advances (no waiting for a lease to lapse).
     let origin = tokio::time::Instant::now();
@@ -344,30 +344,22 @@ pub async fn run(
                 Turn::Defer(_) => {
                     left = true;
                     if deferred.insert(key.clone()) {
-                        stats.route_status_deferred.inc();
+                        stats.deferred.inc();
                         debug!(kind = %key.0, namespace = %key.1, name = %key.2, "route status change left to the registrar's lease holder");
                     }
                 }
                 Turn::Wait(_) => {
                     if waiting.insert(key.clone()) {
-                        stats.route_status_backoffs.inc();
+                        stats.backoffs.inc();
                         debug!(kind = %key.0, namespace = %key.1, name = %key.2, "route status overwritten by another writer; rewrite backed off");
                     }
                 }
                 Turn::Write => {
                     waiting.remove(&key);
                     deferred.remove(&key);
-                    match write(
-                        &client,
-                        &key,
-                        statuses,
-                        &now_stamp,
-                        &stats.route_status_conflicts,
-                    )
-                    .await
-                    {
+                    match write(&client, &key, statuses, &now_stamp, &stats.conflicts).await {
                         Ok(Some(written)) => {
-                            stats.route_status_writes.inc();
+                            stats.writes.inc();
                             backoff.wrote(elapsed(), written);
                             written_for.insert(key.clone(), current.clone());
                             left = true;
@@ -377,7 +369,7 @@ pub async fn run(
                             written_for.insert(key.clone(), current.clone());
                         }
                         Err(e) => {
-                            stats.route_status_write_errors.inc();
+                            stats.write_errors.inc();
                             left = true;
                             warn!(error = %crate::DisplayChain(&e), "route status write failed; retried");
                         }
@@ -445,6 +437,57 @@ async fn write(
         namespace: namespace.clone(),
         name: name.clone(),
     })
+}
+
+/// The route status writer's counters, exported on the node's `/metrics`.
+#[derive(Debug, Default)]
+pub struct RouteStatusStats {
+    /// Route status writes made (`aether_route_status_writes_total`).
+    pub writes: Counter,
+    /// Route status writes that failed (after [`crate::route_status::CONFLICT_RETRIES`]
+    /// conflicts, or any other error); each is retried
+    /// (`aether_route_status_write_errors_total`).
+    pub write_errors: Counter,
+    /// Route status writes held back because another writer keeps overwriting aether's entry
+    /// (spec/routes.md §6.5) (`aether_route_status_backoffs_total`).
+    pub backoffs: Counter,
+    /// Route status PUTs the API server answered `409` (another writer changed the route since
+    /// it was read); each is read again and retried (`aether_route_status_conflicts_total`).
+    pub conflicts: Counter,
+    /// Changed route statuses this daemon, following the registrar's Lease, left to the holder
+    /// first (issue #36 item 3) (`aether_route_status_deferred_total`).
+    pub deferred: Counter,
+}
+
+impl RouteStatusStats {
+    /// Registers the counters under their metric names.
+    pub fn register(&self, registry: &mut prometheus_client::registry::Registry) {
+        registry.register(
+            "aether_route_status_writes",
+            "Route status writes this daemon made",
+            self.writes.clone(),
+        );
+        registry.register(
+            "aether_route_status_write_errors",
+            "Route status writes that failed (retried)",
+            self.write_errors.clone(),
+        );
+        registry.register(
+            "aether_route_status_backoffs",
+            "Route status rewrites held back: another writer keeps overwriting aether's entry",
+            self.backoffs.clone(),
+        );
+        registry.register(
+            "aether_route_status_conflicts",
+            "Route status PUTs answered 409 (read again and retried)",
+            self.conflicts.clone(),
+        );
+        registry.register(
+            "aether_route_status_deferred",
+            "Changed route statuses left to the registrar's lease holder first",
+            self.deferred.clone(),
+        );
+    }
 }
 
 #[cfg(test)]

@@ -253,7 +253,7 @@ async fn the_task_writes_each_route_once_per_input_and_says_when_it_is_done() {
         held,
     }));
     let pending = Arc::new(AtomicBool::new(false));
-    let stats = Arc::new(NodeStats::default());
+    let stats = Arc::new(RouteStatusStats::default());
     let task = tokio::spawn(run(
         client(&server),
         rx,
@@ -291,7 +291,7 @@ async fn the_task_writes_each_route_once_per_input_and_says_when_it_is_done() {
 async fn two_writers(
     holder_writes: bool,
     settle: Duration,
-) -> (usize, Arc<NodeStats>, Arc<NodeStats>) {
+) -> (usize, Arc<RouteStatusStats>, Arc<RouteStatusStats>) {
     let server = Arc::new(tokio::sync::Mutex::new(Server::new(&[])));
     let status = model_status("True");
     let input = |ours: Vec<Entry>| {
@@ -302,8 +302,8 @@ async fn two_writers(
     };
     let (holder_tx, holder_rx) = watch::channel(input(Vec::new()));
     let (follower_tx, follower_rx) = watch::channel(input(Vec::new()));
-    let holder_stats = Arc::new(NodeStats::default());
-    let follower_stats = Arc::new(NodeStats::default());
+    let holder_stats = Arc::new(RouteStatusStats::default());
+    let follower_stats = Arc::new(RouteStatusStats::default());
     let holder = holder_writes.then(|| {
         tokio::spawn(run(
             client(&server),
@@ -348,13 +348,10 @@ async fn two_writers(
 async fn a_change_both_nodes_agree_on_is_written_once_by_the_lease_holder() {
     let (puts, holder, follower) = two_writers(true, Duration::from_secs(20)).await;
     assert_eq!(puts, 1, "one PUT for the change");
-    assert_eq!(holder.route_status_writes.get(), 1);
-    assert_eq!(follower.route_status_writes.get(), 0);
-    assert_eq!(follower.route_status_deferred.get(), 1);
-    assert_eq!(
-        holder.route_status_conflicts.get() + follower.route_status_conflicts.get(),
-        0
-    );
+    assert_eq!(holder.writes.get(), 1);
+    assert_eq!(follower.writes.get(), 0);
+    assert_eq!(follower.deferred.get(), 1);
+    assert_eq!(holder.conflicts.get() + follower.conflicts.get(), 0);
 }
 
 /// issue #36 item 3: a follower whose change the holder does not write (it is down, or sees
@@ -366,6 +363,6 @@ async fn a_follower_writes_a_change_the_holder_did_not_after_the_grace() {
     let (puts, _, follower_later) =
         two_writers(false, merge::FOLLOWER_GRACE + Duration::from_secs(2)).await;
     assert_eq!(puts, 1, "written after the grace");
-    assert_eq!(follower.route_status_deferred.get(), 1);
-    assert_eq!(follower_later.route_status_writes.get(), 1);
+    assert_eq!(follower.deferred.get(), 1);
+    assert_eq!(follower_later.writes.get(), 1);
 }

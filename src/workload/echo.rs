@@ -91,7 +91,7 @@ use tokio::task::JoinSet;
 mod grpc;
 
 /// The request header that makes a request to the authz listener a check.
-pub const AUTHZ_CHECK_HEADER: &str = crate::proxy::filters::AUTHZ_SERVICE;
+pub const AUTHZ_CHECK_HEADER: &str = crate::wire::AUTHZ_SERVICE;
 /// The request header that makes the authz listener deny a check: `1` (with `403`) or the
 /// status to deny with (`400`–`599`).
 pub const AUTHZ_DENY_HEADER: &str = "x-authz-deny";

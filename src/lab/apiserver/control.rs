@@ -24,11 +24,11 @@ use hyper_util::rt::{TokioIo, TokioTimer};
 use prometheus_client::metrics::counter::Counter;
 use serde_json::{Value, json};
 
+use super::Body;
 use super::http::{Query, json_response};
 use super::resources::{ResourceType, by_plural};
 use super::{ApiServer, ReadVerb};
 use crate::accept::Acceptor;
-use crate::proxy::Body;
 
 /// The control API's requests (method, path or path prefix).
 pub const CONTROL_ENDPOINTS: &[(&str, &str)] = &[

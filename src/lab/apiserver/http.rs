@@ -20,8 +20,8 @@ use super::resources::{ApiPath, parse_path};
 use super::select::Filter;
 use super::store::{ApiError, Key, Part};
 use super::{ApiServer, ReadVerb};
+use super::{Body, BoxError};
 use crate::accept::Acceptor;
-use crate::proxy::{Body, BoxError, respond};
 
 /// Watch events queued for a slow client before the watch waits for it.
 const WATCH_QUEUE: usize = 256;
@@ -69,7 +69,7 @@ pub async fn serve(server: Arc<ApiServer>, listener: tokio::net::TcpListener) {
 
 /// A JSON answer.
 pub(super) fn json_response(code: StatusCode, value: &Value) -> Response<Body> {
-    let mut r = Response::new(respond::full(value.to_string()));
+    let mut r = Response::new(super::full(value.to_string()));
     *r.status_mut() = code;
     r.headers_mut().insert(
         header::CONTENT_TYPE,

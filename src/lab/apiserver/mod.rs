@@ -31,6 +31,7 @@
 //! `serde_json::Value`s; nothing here interprets them beyond metadata, a Service's ClusterIP and
 //! the selector fields.
 
+pub mod api;
 pub mod control;
 pub mod dir;
 pub mod http;
@@ -51,6 +52,20 @@ use tokio::sync::watch;
 use self::resources::ResourceType;
 use self::store::{ApiError, ClusterIps, Store};
 use crate::registry::kube::objects::{WATCHED_KINDS, fingerprint_keys};
+
+/// The body of every answer the stand-in server gives.
+pub type Body = http_body_util::combinators::BoxBody<bytes::Bytes, BoxError>;
+
+/// A boxed error of an answer's body.
+pub type BoxError = Box<dyn std::error::Error + Send + Sync>;
+
+/// A whole body of `bytes`.
+fn full(bytes: impl Into<bytes::Bytes>) -> Body {
+    use http_body_util::BodyExt;
+    http_body_util::Full::new(bytes.into())
+        .map_err(|never| match never {})
+        .boxed()
+}
 
 /// Events the history keeps for watches to resume from (the real server keeps a window of a
 /// few minutes; a watch from before it gets `410 Gone`).

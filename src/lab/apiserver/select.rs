@@ -4,8 +4,8 @@
 
 use serde_json::Value;
 
+use super::api::{ApiError, Key};
 use super::resources::ResourceType;
-use super::store::{ApiError, Key};
 
 /// One requirement on a label or a field.
 #[derive(Clone, Debug, PartialEq, Eq)]

@@ -28,19 +28,9 @@ use std::sync::Arc;
 use ipnet::IpNet;
 use serde_json::{Map, Value, json};
 
+pub use super::api::{ApiError, Key};
 use super::resources::ResourceType;
 use super::select::Filter;
-
-/// Where an object is stored.
-#[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord)]
-pub struct Key {
-    /// Its type.
-    pub resource: ResourceType,
-    /// Its namespace (empty for a cluster-scoped type).
-    pub namespace: String,
-    /// Its name.
-    pub name: String,
-}
 
 /// Who made an object: the manifest directory, or a client of the API.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -115,28 +105,7 @@ impl Event {
     }
 }
 
-/// A request the store refuses, as the API server's `Status` says it.
-#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
-#[error("{code} {reason}: {message}")]
-pub struct ApiError {
-    /// The HTTP status.
-    pub code: u16,
-    /// The `Status` reason (`NotFound`, `Conflict`, ...).
-    pub reason: &'static str,
-    /// The message.
-    pub message: String,
-}
-
 impl ApiError {
-    /// `code reason` with `message`.
-    pub fn new(code: u16, reason: &'static str, message: impl Into<String>) -> Self {
-        Self {
-            code,
-            reason,
-            message: message.into(),
-        }
-    }
-
     fn not_found(key: &Key) -> Self {
         Self::new(
             404,

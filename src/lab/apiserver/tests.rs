@@ -973,7 +973,7 @@ async fn a_missing_release_namespace_is_a_lease_problem_until_it_exists() {
         filters: Vec::new(),
     }));
     let state = Arc::new(RegistrarState::default());
-    let stats = Arc::new(crate::node::stats::NodeStats::default());
+    let stats = Arc::new(crate::registrar::RegistrarStats::default());
     let task = tokio::spawn(crate::registrar::run(
         client.clone(),
         node_a_registrar(),
@@ -1000,7 +1000,7 @@ async fn a_missing_release_namespace_is_a_lease_problem_until_it_exists() {
     );
     assert!(
         stats
-            .registrar_lease_errors
+            .lease_errors
             .get_or_create(&[("code", "404".to_owned())])
             .get()
             >= 1
