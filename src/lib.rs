@@ -16,22 +16,20 @@ pub mod identity;
 pub mod lab;
 pub mod legs;
 pub mod log_filter;
-pub mod marks;
-pub mod model;
 pub mod netns;
 pub mod node;
 pub mod proxy;
 pub mod registrar;
 pub mod registry;
-pub mod resolve;
 pub mod route_status;
 pub mod state;
 #[cfg(any(test, feature = "testing"))]
 pub mod test_util;
 pub mod time;
-pub mod wire;
 pub mod workload;
 pub mod yaml;
+
+pub use aether_core::{marks, model, resolve, wire};
 
 /// Displays an error with its chain of sources: `a: b: c`.
 #[derive(Debug)]

@@ -2,10 +2,12 @@
 //! `scripts/check-purity.sh` and so by `scripts/test`: every pure file is parsed with syn and
 //! checked by `purity/check.rs`; a violation prints as `file:line: what` and fails the test.
 //!
-//! syn rather than a workspace crate `aether-model`: STYLE.md §6.2 keeps the crate single until a
-//! hard fence is needed, and the pure set includes scattered files (capture/plan.rs,
-//! proxy/sniff.rs, the convert modules) that a crate boundary would not cover without moving them.
-//! A parse sees what the compiler sees, which is what the old grep could not.
+//! The first fence is the compiler's (issue #38): the pure set is its own crate,
+//! `crates/aether-core`, whose `Cargo.toml` lists only the allowed crates, whose `std` is a facade
+//! without files, sockets, processes or clocks, whose `lib.rs` shadows `include!` and `env!`, and
+//! whose `clippy.toml` refuses the rest (`scratch_builds.rs` builds a scratch copy with each
+//! trick and expects a failure). This check is the second net: it reads every file of that
+//! crate, and the lab's plan (`src/lab/plan.rs`, pure but the lab's), as syn parses them.
 //!
 //! The second half of the file feeds the checker scratch sources, one trick each, and asserts that
 //! each fails (and that a clean one passes).
@@ -18,30 +20,20 @@ use std::path::{Path, PathBuf};
 
 use check::{ALLOWED_CRATES, Policy, Violation, check_source, child_modules, module_of};
 
-/// Files of the pure layer that are not under `src/model` or `src/resolve` (plus every
-/// `convert.rs`). The child modules of a pure file are pure too and are added to the set.
-const PURE_FILES: &[&str] = &[
-    "src/capture/plan.rs",
-    "src/proxy/sniff.rs",
-    "src/identity/id.rs",
-    "src/dns/table.rs",
-    "src/dns/resolv.rs",
-    "src/lab/plan.rs",
-    "src/lab/plan/render.rs",
-    "src/marks.rs",
-    // Plain serde data (the MeshFilter resource) that convert/filter.rs reads: checked as pure
-    // rather than excused as plain data.
-    "src/registry/kube/mesh_filter.rs",
-    // A pod as the mesh reads it, that convert.rs reads: the same.
-    "src/registry/kube/pod.rs",
-    // The registrar's election and the route-status merge: pure state machines, the clock given.
-    "src/registrar/lease.rs",
-    "src/route_status/merge.rs",
-];
+/// The pure crate: every file under it is in the set.
+const CORE: &str = "crates/aether-core/src";
+
+/// Pure files outside the pure crate: the lab's plan (the lab's, so not in aether-core, and pure
+/// all the same). The child modules of a pure file are pure too and are added to the set.
+const PURE_FILES: &[&str] = &["src/lab/plan.rs", "src/lab/plan/render.rs"];
 
 /// Modules outside the pure file set that a pure file may still name, because they are plain
-/// data. Empty today; an entry needs a reason beside it.
-const PLAIN_DATA: &[&str] = &[];
+/// data. An entry needs a reason beside it.
+const PLAIN_DATA: &[&str] = &[
+    // aether-core's prelude and std facade (inline in its lib.rs): every file, the model's
+    // included, imports them in place of std's prelude.
+    "prelude", "facade",
+];
 
 /// Test-only files, left out of the set (a test may read PROPTEST_CASES).
 fn is_test_file(path: &Path) -> bool {
@@ -70,6 +62,7 @@ fn walk(dir: &Path, out: &mut Vec<PathBuf>) {
 fn pure_files(root: &Path) -> Vec<String> {
     let mut all = Vec::new();
     walk(&root.join("src"), &mut all);
+    walk(&root.join(CORE), &mut all);
     let rels: Vec<(String, bool)> = all
         .iter()
         .map(|path| {
@@ -82,17 +75,21 @@ fn pure_files(root: &Path) -> Vec<String> {
         .collect();
     let mut files = BTreeSet::new();
     for (rel, test) in &rels {
-        let layer0_dir = rel.starts_with("src/model/") || rel.starts_with("src/resolve/");
-        let convert = rel.ends_with("/convert.rs");
-        if !test && (layer0_dir || convert || PURE_FILES.contains(&rel.as_str())) {
+        let core = rel.starts_with(&format!("{CORE}/"));
+        if !test && (core || PURE_FILES.contains(&rel.as_str())) {
             files.insert(rel.clone());
         }
     }
     // A pure file's child modules are pure too (`convert.rs` -> `convert/filter.rs`).
-    let parents: Vec<String> = files.iter().map(|f| module_of(f)).collect();
+    let parents: Vec<String> = files
+        .iter()
+        .filter(|f| f.starts_with("src/"))
+        .map(|f| module_of(f))
+        .collect();
     for (rel, test) in &rels {
         let module = module_of(rel);
         if !test
+            && rel.starts_with("src/")
             && parents
                 .iter()
                 .any(|p| module.starts_with(&format!("{p}::")))
@@ -104,12 +101,15 @@ fn pure_files(root: &Path) -> Vec<String> {
 }
 
 fn policy_for(files: &[String]) -> Policy {
+    let mut pure_modules: BTreeSet<String> = files.iter().map(|f| module_of(f)).collect();
+    pure_modules.remove("");
     Policy {
-        pure_modules: files.iter().map(|f| module_of(f)).collect(),
+        pure_modules,
         plain_data: PLAIN_DATA.iter().map(|s| (*s).to_owned()).collect(),
         // src/model never names crate::resolve (or any other module): the model's own types
         // live in model/target.rs.
         model_names_only_model: true,
+        std_facade: Some("facade".to_owned()),
     }
 }
 
@@ -133,7 +133,11 @@ fn check_tree(root: &Path) -> (usize, Vec<Violation>) {
         let module = module_of(file);
         out.extend(check_source(file, &module, &src, &policy));
         for (child, line) in child_modules(&src) {
-            let child_module = format!("{module}::{child}");
+            let child_module = if module.is_empty() {
+                child.clone()
+            } else {
+                format!("{module}::{child}")
+            };
             if !policy.pure_modules.contains(&child_module) {
                 out.push(Violation {
                     file: file.clone(),
@@ -168,14 +172,15 @@ fn the_file_set_covers_what_the_old_script_did() {
     let root = Path::new(env!("CARGO_MANIFEST_DIR"));
     let files = pure_files(root);
     for must in [
-        "src/model/mod.rs",
-        "src/model/compile/routes.rs",
-        "src/resolve/mod.rs",
-        "src/registry/kube/convert.rs",
-        "src/capture/plan.rs",
-        "src/marks.rs",
+        "crates/aether-core/src/lib.rs",
+        "crates/aether-core/src/model/mod.rs",
+        "crates/aether-core/src/model/compile/routes.rs",
+        "crates/aether-core/src/resolve/mod.rs",
+        "crates/aether-core/src/registry/kube/convert.rs",
+        "crates/aether-core/src/capture/plan.rs",
+        "crates/aether-core/src/marks.rs",
         "src/lab/plan/render.rs",
-        "src/registry/kube/convert/routes.rs",
+        "crates/aether-core/src/registry/kube/convert/routes.rs",
     ] {
         assert!(
             files.iter().any(|f| f == must),
@@ -203,6 +208,7 @@ fn scratch_policy(model_rule: bool) -> Policy {
         pure_modules: pure.iter().map(|s| (*s).to_owned()).collect(),
         plain_data: BTreeSet::new(),
         model_names_only_model: model_rule,
+        std_facade: None,
     }
 }
 
@@ -437,6 +443,66 @@ fn crate_paths_into_io_modules_fail() {
 fn extern_crate_fails() {
     fails("extern crate tokio;");
     fails("extern crate std as s;");
+    passes("extern crate alloc;");
+}
+
+// === The three tricks that passed the old check (issue #38), each a case that must fail ===
+
+#[test]
+fn a_build_time_read_of_a_file_that_is_not_rust_fails() {
+    fails(r#"fn f() -> &'static str { include!("io.in") }"#);
+    fails(r#"const T: &str = include_str!("table.txt");"#);
+    fails(r#"const B: &[u8] = core::include_bytes!("blob");"#);
+    fails(r#"const H: &str = env!("HOME");"#);
+    fails(r#"fn f() -> Option<&'static str> { option_env!("X") }"#);
+    fails(r#"fn f() -> String { format!("{}", include_str!("x")) }"#);
+    fails(r#"#[path = "../../node/mod.rs"] mod sneaky;"#);
+}
+
+#[test]
+fn io_through_a_method_fails() {
+    fails(r#"fn f(p: &str) -> bool { Path::new(p).exists() }"#);
+    fails(r#"fn f(p: &str) -> bool { std::path::Path::new(p).exists() }"#);
+    fails(r#"fn f(p: &P) -> u64 { p.metadata().map(|m| m.len()).unwrap_or(0) }"#);
+    fails(r#"fn f(p: &P) -> usize { p.read_dir().map(|d| d.count()).unwrap_or(0) }"#);
+    fails(r#"fn f(t: T) -> u64 { t.elapsed().as_secs() }"#);
+    fails(r#"fn f(p: &P) { tracing::info!("{}", p.exists()); }"#);
+    // A field named like one is not a call.
+    passes("fn f(o: &O) -> &M { &o.metadata }");
+}
+
+#[test]
+fn a_crate_root_macro_that_expands_to_io_fails() {
+    // The old check never read lib.rs: a macro defined there, above the pure modules, expanded
+    // to IO inside them. aether-core's lib.rs is in the set now, and a macro's body is read.
+    let root = |src: &str| check_source("lib.rs", "", src, &scratch_policy(true));
+    let v = root(
+        "macro_rules! slurp { ($p:expr) => { std::fs::read_to_string($p).unwrap() } }\npub mod model;",
+    );
+    assert!(!v.is_empty(), "{v:?}");
+    let v = root("macro_rules! sneak { () => { ::std::env::var(\"X\") } }");
+    assert!(!v.is_empty(), "{v:?}");
+}
+
+#[test]
+fn the_facade_may_bind_std_and_its_re_exports_are_read_as_std() {
+    let mut policy = scratch_policy(true);
+    policy.std_facade = Some("facade".to_owned());
+    policy.pure_modules.insert("facade".to_owned());
+    let root = |src: &str| check_source("lib.rs", "", src, &policy);
+    let clean = root(
+        "pub mod facade { extern crate std as real; pub use self::real::{collections, fmt}; pub use core::net; }",
+    );
+    assert!(clean.is_empty(), "{clean:?}");
+    assert!(
+        !root("pub mod facade { extern crate std as real; pub use self::real::fs; }").is_empty()
+    );
+    assert!(
+        !root("pub mod facade { extern crate std as real; pub use self::real::sync::Mutex; }")
+            .is_empty()
+    );
+    // Anywhere but the facade, binding std is refused.
+    assert!(!root("pub mod other { extern crate std as real; }").is_empty());
 }
 
 #[test]

@@ -9,7 +9,7 @@
 
 pub mod cni;
 pub mod nft;
-pub mod plan;
+pub use aether_core::capture::plan;
 
 #[cfg(test)]
 mod tests;

@@ -173,8 +173,7 @@ pub fn services(snapshot: &Snapshot, model: &Model, name: Option<&str>) -> Vec<S
     };
     let routes = routes_of(snapshot);
     model
-        .classes
-        .iter()
+        .every_class()
         .filter(|(k, _)| wanted(&k.namespace, &k.name))
         .map(|(key, classes)| {
             let (ns, svc) = (&*key.namespace, &*key.name);

@@ -5,9 +5,11 @@
 //! - [`resolv`] (PURE) writes a pod's resolv.conf and reads upstreams from the host's;
 //! - [`server`] (IO) answers on sockets the daemon opened in the pod's network namespace.
 
-pub mod resolv;
+pub use aether_core::dns::{resolv, table};
+
 pub mod server;
-pub mod table;
+#[cfg(test)]
+mod table_tests;
 
 pub use resolv::{parse_resolv_conf, resolv_conf};
 pub use server::{DnsCounts, DnsServer, DnsStats, ForwardSocketFactory, TcpLimits};

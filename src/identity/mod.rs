@@ -12,7 +12,7 @@
 pub mod ca;
 pub mod ca_key;
 pub mod certs;
-pub mod id;
+pub use aether_core::identity::id;
 pub mod tls;
 
 use std::io;

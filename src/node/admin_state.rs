@@ -1,6 +1,6 @@
 //! What the admin and debug endpoints read ([`Admin`]): one value the daemon builds at start and
 //! both listeners share. Its own module, so the admin listener ([`super::admin`]) and the debug
-//! endpoints ([`super::debug`]) each read it without reading each other.
+//! endpoints ([`mod@super::debug`]) each read it without reading each other.
 
 use std::sync::Arc;
 use std::time::Duration;

@@ -15,7 +15,6 @@ use super::etcd_feed::EtcdFeed;
 use crate::model::compile;
 use crate::model::live::Live;
 use crate::model::port::Transport;
-use crate::model::proptests::{Mix, model_difference};
 use crate::model::registrar::complete_snapshot_except;
 use crate::model::retention::advance;
 use crate::model::rows::{ANNOTATION_PORTS, ANNOTATION_PROTOCOL, parse_declared_ports};
@@ -24,6 +23,7 @@ use crate::model::snapshot::{
 };
 use crate::model::{Model, NodeContext};
 use crate::registry::etcd::RowId;
+use crate::test_util::{Mix, model_difference};
 
 /// A number below `n`, from the seed's steps.
 fn below(rng: &mut Mix, n: u64) -> u64 {

@@ -302,8 +302,7 @@ async fn a_kept_model_fed_by_watch_events_is_the_compile_of_the_stores() {
             "seed {seed}, step {step} ({what}): the objects held"
         );
         let expected = compile(&reference, &ctx);
-        if let Some(difference) = crate::model::proptests::model_difference(live.model(), &expected)
-        {
+        if let Some(difference) = crate::test_util::model_difference(live.model(), &expected) {
             panic!(
                 "seed {seed}, step {step} ({what}): the kept model is not the compile of the stores: {difference}"
             );

@@ -24,7 +24,7 @@ pub mod peek;
 pub mod read_ahead;
 pub mod respond;
 pub mod rewind;
-pub mod sniff;
+pub use aether_core::proxy::sniff;
 pub mod socket;
 pub mod udp;
 pub mod upgrade;

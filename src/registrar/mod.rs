@@ -18,7 +18,7 @@
 //!   new input and is not repeated every tick; a failed write is retried on the next tick.
 
 pub mod filter_status;
-pub mod lease;
+pub use aether_core::registrar::lease;
 pub mod plan;
 
 use std::collections::HashMap;

@@ -7,9 +7,12 @@
 //! (kube-rs reflectors, IO).
 
 pub mod client;
-pub mod convert;
 pub mod generated;
-pub mod mesh_filter;
 pub mod objects;
-pub mod pod;
 pub mod watch;
+
+pub use aether_core::registry::kube::{convert, mesh_filter, pod};
+
+/// The converters of aether-core fed with manifests as the daemon reads them (YAML fixtures).
+#[cfg(test)]
+mod convert_tests;

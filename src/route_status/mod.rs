@@ -16,7 +16,7 @@
 //!   with the same facts write the same entries, so a change costs one write, not one per node
 //!   (a `200` and the rest `409`).
 
-pub mod merge;
+pub use aether_core::route_status::merge;
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;

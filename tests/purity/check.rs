@@ -106,6 +106,33 @@ const BANNED_NAMES: &[&str] = &[
     "lazy_static",
 ];
 
+/// Macros that read the build machine's files or environment: a pure file gets its data as
+/// arguments (issue #38: `include!("io.in")` of a file that is not `.rs` passed the old check).
+const BANNED_MACROS: &[&str] = &[
+    "include",
+    "include_str",
+    "include_bytes",
+    "env",
+    "option_env",
+];
+
+/// Methods that do IO or read a clock on a value the file was handed (a `Path`, an `Instant`):
+/// a path check cannot see a method's receiver type, so these are refused by name wherever they
+/// are called (issue #38: `Path::new(p).exists()` passed the old check).
+const BANNED_METHODS: &[&str] = &[
+    "exists",
+    "try_exists",
+    "metadata",
+    "symlink_metadata",
+    "read_dir",
+    "read_link",
+    "canonicalize",
+    "is_file",
+    "is_dir",
+    "is_symlink",
+    "elapsed",
+];
+
 /// Keywords a pure file may not use, also caught inside macro tokens.
 const BANNED_KEYWORDS: &[&str] = &["async", "await", "unsafe", "static"];
 
@@ -128,6 +155,9 @@ pub(crate) struct Policy {
     /// Files under `src/model` may name only `crate::model` (and `plain_data`), never
     /// `crate::resolve` (ARCHITECTURE.md "Who may import whom").
     pub(crate) model_names_only_model: bool,
+    /// The one module that may bind `std` by `extern crate std as ..`: aether-core's facade
+    /// (its `lib.rs`), whose re-exports are then checked as `std` paths. `None`: no module may.
+    pub(crate) std_facade: Option<String>,
 }
 
 /// One finding, printed as `file:line: what`.
@@ -144,10 +174,15 @@ impl std::fmt::Display for Violation {
     }
 }
 
-/// The module path of a file under `src/`: `src/model/mod.rs` -> `model`,
-/// `src/lab/plan/render.rs` -> `lab::plan::render`.
+/// The module path of a file under a crate's `src/`: `src/model/mod.rs` -> `model`,
+/// `src/lab/plan/render.rs` -> `lab::plan::render`, `crates/aether-core/src/model/live.rs` ->
+/// `model::live`, a crate's `lib.rs` -> `` (the root).
 pub(crate) fn module_of(rel: &str) -> String {
+    let rel = rel.strip_prefix("crates/aether-core/").unwrap_or(rel);
     let rel = rel.strip_prefix("src/").unwrap_or(rel);
+    if rel == "lib.rs" {
+        return String::new();
+    }
     let rel = rel.strip_suffix(".rs").unwrap_or(rel);
     let rel = rel.strip_suffix("/mod").unwrap_or(rel);
     rel.replace('/', "::")
@@ -169,7 +204,11 @@ pub(crate) fn check_source(file: &str, module: &str, src: &str, policy: &Policy)
     collect_locals(&parsed.items, &mut locals);
     let mut checker = Checker {
         file,
-        module: module.split("::").map(str::to_owned).collect(),
+        module: module
+            .split("::")
+            .filter(|m| !m.is_empty())
+            .map(str::to_owned)
+            .collect(),
         policy,
         locals,
         in_use: false,
@@ -209,6 +248,8 @@ struct Locals {
     /// What each `use` brings in (the last segment, or the rename) -> the path it names, so that
     /// `use std as s; s::fs::read(..)` is checked as `std::fs::read`.
     imports: BTreeMap<String, Vec<String>>,
+    /// `extern crate std as x` names: a path through one is checked as a `std` path.
+    std_aliases: BTreeSet<String>,
 }
 
 fn collect_locals(items: &[syn::Item], out: &mut Locals) {
@@ -271,6 +312,9 @@ fn collect_locals(items: &[syn::Item], out: &mut Locals) {
                 out.mods.insert(e.ident.to_string());
                 if let Some((_, rename)) = &e.rename {
                     out.mods.insert(rename.to_string());
+                    if e.ident == "std" {
+                        out.std_aliases.insert(rename.to_string());
+                    }
                 }
             }
             _ => {}
@@ -338,6 +382,19 @@ impl Checker<'_> {
             }
             _ => segs,
         };
+        // A path through the facade's binding of std (`self::real::fs`, `real::fs`) is a std path.
+        let through_alias = match segs {
+            [s, alias, rest @ ..] if s == "self" && self.locals.std_aliases.contains(alias) => {
+                Some(rest)
+            }
+            [alias, rest @ ..] if self.locals.std_aliases.contains(alias) => Some(rest),
+            _ => None,
+        };
+        if let Some(rest) = through_alias {
+            let shown = format!("std::{}{}", rest.join("::"), if glob { "::*" } else { "" });
+            self.check_std(span, &shown, rest, glob);
+            return;
+        }
         let Some(first) = segs.first() else { return };
         let shown = {
             let mut s = String::new();
@@ -505,6 +562,28 @@ impl Checker<'_> {
                 }
                 TokenTree::Literal(_) => i += 1,
                 TokenTree::Punct(p) if p.as_char() == '\'' => i += 2, // a lifetime: 'static
+                // `.exists()` inside a macro's arguments.
+                TokenTree::Punct(p)
+                    if p.as_char() == '.'
+                        && matches!(trees.get(i + 1), Some(TokenTree::Ident(m)) if BANNED_METHODS.contains(&m.to_string().as_str()))
+                        && matches!(trees.get(i + 2), Some(TokenTree::Group(g)) if g.delimiter() == proc_macro2::Delimiter::Parenthesis) =>
+                {
+                    if let Some(TokenTree::Ident(m)) = trees.get(i + 1) {
+                        self.report(m.span(), format!("`.{m}()` does IO or reads a clock"));
+                    }
+                    i += 2;
+                }
+                // `include!(..)` inside another macro's tokens.
+                TokenTree::Ident(m)
+                    if BANNED_MACROS.contains(&m.to_string().as_str())
+                        && matches!(trees.get(i + 1), Some(TokenTree::Punct(p)) if p.as_char() == '!') =>
+                {
+                    self.report(
+                        m.span(),
+                        format!("`{m}!` reads the build machine's files or environment"),
+                    );
+                    i += 2;
+                }
                 TokenTree::Punct(_) | TokenTree::Ident(_) => {
                     // Try a path here: [::] ident (:: ident)*
                     let start = i;
@@ -598,7 +677,11 @@ impl<'ast> Visit<'ast> for Checker<'_> {
                 self.report(s.static_token.span, what);
             }
             syn::Item::ExternCrate(e) => {
-                self.report(e.extern_token.span, format!("`extern crate {}`", e.ident));
+                let facade = self.policy.std_facade.as_deref() == Some(&self.module.join("::"));
+                let allowed = e.ident == "alloc" || (e.ident == "std" && facade);
+                if !allowed {
+                    self.report(e.extern_token.span, format!("`extern crate {}`", e.ident));
+                }
             }
             syn::Item::ForeignMod(f) => {
                 self.report(f.abi.extern_token.span, "`extern` block (foreign code)");
@@ -619,6 +702,15 @@ impl<'ast> Visit<'ast> for Checker<'_> {
                 self.check_use_tree(&mut Vec::new(), leading, &u.tree);
                 self.in_use = false;
                 return;
+            }
+            syn::Item::Mod(m) if m.attrs.iter().any(|a| a.path().is_ident("path")) => {
+                self.report(
+                    m.ident.span(),
+                    format!(
+                        "`#[path]` on `mod {}`: a module elsewhere goes unchecked",
+                        m.ident
+                    ),
+                );
             }
             syn::Item::Mod(m) if m.content.is_some() => {
                 self.module.push(m.ident.to_string());
@@ -696,7 +788,28 @@ impl<'ast> Visit<'ast> for Checker<'_> {
         visit::visit_path(self, path);
     }
 
+    fn visit_expr_method_call(&mut self, e: &'ast syn::ExprMethodCall) {
+        if BANNED_METHODS.contains(&e.method.to_string().as_str()) {
+            self.report(
+                e.method.span(),
+                format!("`.{}()` does IO or reads a clock", e.method),
+            );
+        }
+        visit::visit_expr_method_call(self, e);
+    }
+
     fn visit_macro(&mut self, mac: &'ast syn::Macro) {
+        if let Some(last) = mac.path.segments.last()
+            && BANNED_MACROS.contains(&last.ident.to_string().as_str())
+        {
+            self.report(
+                last.ident.span(),
+                format!(
+                    "`{}!` reads the build machine's files or environment",
+                    last.ident
+                ),
+            );
+        }
         if let Some(last) = mac.path.segments.last()
             && (last.ident == "thread_local" || last.ident == "lazy_static")
         {

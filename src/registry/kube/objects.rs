@@ -418,17 +418,6 @@ impl<K: kube::Resource> Versioned for K {
     }
 }
 
-impl Versioned for MeshPod {
-    fn version(&self) -> (&str, &str, &str) {
-        let meta = &self.metadata;
-        (
-            meta.namespace.as_deref().unwrap_or(""),
-            meta.name.as_deref().unwrap_or(""),
-            meta.resource_version.as_deref().unwrap_or(""),
-        )
-    }
-}
-
 /// One object's part of a fingerprint: its kind (one of [`WATCHED_KINDS`]), namespace (empty
 /// for a cluster-scoped object), name and resourceVersion.
 pub type FingerprintKey<'a> = (&'a str, &'a str, &'a str, &'a str);
@@ -455,17 +444,22 @@ pub fn fingerprint(objects: &Objects) -> u64 {
         grant,
         filter,
     ] = WATCHED_KINDS;
-    let keys = (o.pods.iter().map(|x| key(pod, x.as_ref())))
-        .chain(o.services.iter().map(|x| key(service, x.as_ref())))
-        .chain(o.endpoint_slices.iter().map(|x| key(slice, x.as_ref())))
-        .chain(o.namespaces.iter().map(|x| key(namespace, x.as_ref())))
-        .chain(o.http_routes.iter().map(|x| key(http, x.as_ref())))
-        .chain(o.grpc_routes.iter().map(|x| key(grpc, x.as_ref())))
-        .chain(o.tls_routes.iter().map(|x| key(tls, x.as_ref())))
-        .chain(o.tcp_routes.iter().map(|x| key(tcp, x.as_ref())))
-        .chain(o.udp_routes.iter().map(|x| key(udp, x.as_ref())))
-        .chain(o.reference_grants.iter().map(|x| key(grant, x.as_ref())))
-        .chain(o.mesh_filters.iter().map(|x| key(filter, x.as_ref())));
+    // A pod is kept as the mesh reads it (`MeshPod`, plain data of aether-core), not as a
+    // Kubernetes resource: its own `version` reads what it keeps of the metadata.
+    let keys = (o.pods.iter().map(|x| {
+        let (namespace, name, version) = x.version();
+        (pod, namespace, name, version)
+    }))
+    .chain(o.services.iter().map(|x| key(service, x.as_ref())))
+    .chain(o.endpoint_slices.iter().map(|x| key(slice, x.as_ref())))
+    .chain(o.namespaces.iter().map(|x| key(namespace, x.as_ref())))
+    .chain(o.http_routes.iter().map(|x| key(http, x.as_ref())))
+    .chain(o.grpc_routes.iter().map(|x| key(grpc, x.as_ref())))
+    .chain(o.tls_routes.iter().map(|x| key(tls, x.as_ref())))
+    .chain(o.tcp_routes.iter().map(|x| key(tcp, x.as_ref())))
+    .chain(o.udp_routes.iter().map(|x| key(udp, x.as_ref())))
+    .chain(o.reference_grants.iter().map(|x| key(grant, x.as_ref())))
+    .chain(o.mesh_filters.iter().map(|x| key(filter, x.as_ref())));
     fingerprint_keys(keys)
 }
 

@@ -634,7 +634,7 @@ impl KubeSource {
                     None => (keyed::changes(kind, &key, None), None),
                     Some(stored) => match &stored.0 {
                         Ok(o) => {
-                            let (namespace, name, version) = Versioned::version(&**o);
+                            let (namespace, name, version) = (**o).version();
                             let print = fingerprint_of(($kind_name, namespace, name, version));
                             (keyed::changes(kind, &key, Some(Any::$any(o))), Some(print))
                         }
@@ -722,31 +722,6 @@ impl Drop for KubeSource {
         for t in &self.tasks {
             t.abort();
         }
-    }
-}
-
-/// So the watchers can list and watch it (here, not in `mesh_filter`, which is pure data) (`aether.io/v1alpha1`, `meshfilters`, namespaced).
-impl Resource for MeshFilterResource {
-    type DynamicType = ();
-    type Scope = kube::core::NamespaceResourceScope;
-
-    fn kind(_: &()) -> std::borrow::Cow<'_, str> {
-        super::mesh_filter::MESH_FILTER_KIND.into()
-    }
-    fn group(_: &()) -> std::borrow::Cow<'_, str> {
-        super::mesh_filter::MESH_FILTER_GROUP.into()
-    }
-    fn version(_: &()) -> std::borrow::Cow<'_, str> {
-        "v1alpha1".into()
-    }
-    fn plural(_: &()) -> std::borrow::Cow<'_, str> {
-        "meshfilters".into()
-    }
-    fn meta(&self) -> &ObjectMeta {
-        &self.metadata
-    }
-    fn meta_mut(&mut self) -> &mut ObjectMeta {
-        &mut self.metadata
     }
 }
 
@@ -907,31 +882,6 @@ where
         }
     });
     (reader, task)
-}
-
-/// A pod as a watch decodes it (`pod.rs`, which is pure: the trait is kube's).
-impl Resource for ApiPod {
-    type DynamicType = ();
-    type Scope = kube::core::NamespaceResourceScope;
-
-    fn kind(_: &()) -> std::borrow::Cow<'_, str> {
-        "Pod".into()
-    }
-    fn group(_: &()) -> std::borrow::Cow<'_, str> {
-        "".into()
-    }
-    fn version(_: &()) -> std::borrow::Cow<'_, str> {
-        "v1".into()
-    }
-    fn plural(_: &()) -> std::borrow::Cow<'_, str> {
-        "pods".into()
-    }
-    fn meta(&self) -> &ObjectMeta {
-        self.metadata()
-    }
-    fn meta_mut(&mut self) -> &mut ObjectMeta {
-        self.metadata_mut()
-    }
 }
 
 /// One kind's client: each request goes through the daemon's client, and a success answer to

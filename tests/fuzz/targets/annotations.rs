@@ -1,6 +1,6 @@
-//! `annotations`: a pod's annotations, as a user writes them (src/model/rows.rs
-//! `parse_declared_ports`, src/registry/kube/convert.rs `convert_pod`), and the capture ruleset
-//! a converted pod gets (src/capture/plan.rs).
+//! `annotations`: a pod's annotations, as a user writes them (crates/aether-core/src/model/rows.rs
+//! `parse_declared_ports`, crates/aether-core/src/registry/kube/convert.rs `convert_pod`), and the capture ruleset
+//! a converted pod gets (crates/aether-core/src/capture/plan.rs).
 //!
 //! The input is UTF-8 (lossily), one `key=value` per line, `\n` in a value standing for a line
 //! end and `\\` for a backslash. `metadata.name`,

@@ -1,4 +1,4 @@
-//! `authority`: authority and name parsing (src/model/names.rs): `split_authority`,
+//! `authority`: authority and name parsing (crates/aether-core/src/model/names.rs): `split_authority`,
 //! `parse_port_part`, `read_name` and `effective_authority`, on text a client chooses (the
 //! `Host` field, `:authority`, an absolute-form target).
 //!

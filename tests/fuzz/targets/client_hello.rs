@@ -1,4 +1,4 @@
-//! `client_hello`: the SNI reader of a TLS ClientHello (src/proxy/sniff.rs
+//! `client_hello`: the SNI reader of a TLS ClientHello (crates/aether-core/src/proxy/sniff.rs
 //! `client_hello_sni`), fed the handshake message (a record's payload).
 //!
 //! Properties, beyond "no panic":

@@ -1,4 +1,4 @@
-//! `route_match`: Gateway API route matching (src/model/route_match.rs
+//! `route_match`: Gateway API route matching (crates/aether-core/src/model/route_match.rs
 //! `RouteTable::select`) on request facts a client chooses, against the route tables of the
 //! fixture (the variants' HTTPRoutes and GRPCRoutes, and `tests/fuzz/routes/`, whose matches
 //! use every kind the Gateway API has), then through `resolve_request` on the compiled model.

@@ -1,5 +1,5 @@
 //! `sniff`: protocol detection on the first bytes of a captured connection
-//! (src/proxy/sniff.rs, addressing.md §3.1).
+//! (crates/aether-core/src/proxy/sniff.rs, addressing.md §3.1).
 //!
 //! Properties, beyond "no panic":
 //! - a verdict is final: when a prefix of the bytes is `Known(x)`, the whole is `Known(x)` too
