@@ -65,8 +65,8 @@ use std::time::Duration;
 
 use anyhow::{Context, Result};
 
-use aether::demo::{DemoOptions, Running};
-use aether::workload::probe::Connector;
+use aether_lab::demo::{DemoOptions, Running};
+use aether_lab::workload::probe::Connector;
 
 #[path = "dataplane/load.rs"]
 mod load;
@@ -227,7 +227,7 @@ fn main() -> Result<()> {
         .context("start the runtime")?;
     rt.block_on(async {
         let mut opts = DemoOptions::fixture(
-            Path::new(env!("CARGO_MANIFEST_DIR")),
+            Path::new(concat!(env!("CARGO_MANIFEST_DIR"), "/../..")),
             PathBuf::from("/tmp/aether-bench"),
             std::env::var_os("AETHER_BENCH_BINARY").map_or_else(
                 || PathBuf::from(env!("CARGO_BIN_EXE_aether")),
@@ -242,7 +242,9 @@ fn main() -> Result<()> {
             opts.run_dir.display()
         );
         // `Running` takes the topology down when dropped: on error and on panic too.
-        let running = aether::demo::up(&opts).await.context("bring the mesh up")?;
+        let running = aether_lab::demo::up(&opts)
+            .await
+            .context("bring the mesh up")?;
         let measured = measure(&running, &opts, &settings).await;
         running.down().await.context("take the mesh down")?;
         let (rows, skipped) = measured?;
@@ -254,7 +256,8 @@ fn main() -> Result<()> {
         let text = table::render(&rows, &skipped, &settings, &run);
         println!("\n{text}");
         if settings.write {
-            let docs = Path::new(env!("CARGO_MANIFEST_DIR")).join("docs/performance.md");
+            let docs = Path::new(concat!(env!("CARGO_MANIFEST_DIR"), "/../.."))
+                .join("docs/performance.md");
             table::write_docs(&docs, &text)?;
             println!("written to {}", docs.display());
         }

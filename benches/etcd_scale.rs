@@ -38,7 +38,6 @@ use etcd_client::{Client, GetOptions, Txn, TxnOp, WatchOptions};
 use tikv_jemalloc_ctl::{epoch, stats};
 use tokio::sync::mpsc;
 
-use aether::lab::etcd::{EtcdServer, installed};
 use aether::model::live::Live;
 use aether::model::port::PortProtocol;
 use aether::model::registrar::complete_snapshot_except;
@@ -47,6 +46,7 @@ use aether::model::{NodeContext, compile};
 use aether::node::etcd_feed::EtcdFeed;
 use aether::registry::etcd::{EtcdSettings, EtcdSource, Registration, Table, keys};
 use aether::time::now;
+use aether_lab::lab::etcd::{EtcdServer, installed};
 
 #[global_allocator]
 static ALLOC: tikv_jemallocator::Jemalloc = tikv_jemallocator::Jemalloc;

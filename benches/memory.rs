@@ -53,8 +53,8 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 use tokio::task::JoinHandle;
 
-use aether::demo::{DemoOptions, Running};
-use aether::workload::probe::Connector;
+use aether_lab::demo::{DemoOptions, Running};
+use aether_lab::workload::probe::Connector;
 
 #[path = "shared/procfs.rs"]
 mod procfs;
@@ -106,7 +106,7 @@ fn main() -> Result<()> {
         .context("start the runtime")?;
     rt.block_on(async {
         let opts = DemoOptions::fixture(
-            Path::new(env!("CARGO_MANIFEST_DIR")),
+            Path::new(concat!(env!("CARGO_MANIFEST_DIR"), "/../..")),
             PathBuf::from("/tmp/aether-bench-memory"),
             std::env::var_os("AETHER_BENCH_BINARY").map_or_else(
                 || PathBuf::from(env!("CARGO_BIN_EXE_aether")),
@@ -134,7 +134,9 @@ fn main() -> Result<()> {
         }
         let mut rows = Vec::new();
         for i in 0..PATHS.len() {
-            let running = aether::demo::up(&opts).await.context("bring the mesh up")?;
+            let running = aether_lab::demo::up(&opts)
+                .await
+                .context("bring the mesh up")?;
             let measured = measure(&running, i, n, settle).await;
             running.down().await.context("take the mesh down")?;
             rows.push(measured?);
@@ -352,7 +354,9 @@ async fn idle(mut opts: DemoOptions, n: usize, settle: Duration) -> Result<()> {
         "--max-connections".to_owned(),
         (n + 10 * BATCH).to_string(),
     ]);
-    let running = aether::demo::up(&opts).await.context("bring the mesh up")?;
+    let running = aether_lab::demo::up(&opts)
+        .await
+        .context("bring the mesh up")?;
     let measured = idle_on(&running, n, settle).await;
     running.down().await.context("take the mesh down")?;
     measured
@@ -432,7 +436,7 @@ mod scale {
     use anyhow::{Context, Result, bail, ensure};
 
     use super::{Both, read_both, show};
-    use aether::demo::DemoOptions;
+    use aether_lab::demo::DemoOptions;
 
     /// The first pod's last octet in 10.244.1.0/24 (node-a's pods; the fixture's are below).
     const FIRST_HOST: usize = 120;
@@ -496,7 +500,7 @@ mod scale {
     }
 
     async fn measure(opts: &DemoOptions, what: &str, settle: Duration) -> Result<Both> {
-        let running = aether::demo::up(opts)
+        let running = aether_lab::demo::up(opts)
             .await
             .with_context(|| format!("bring up {what}"))?;
         let read = async {

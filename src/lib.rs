@@ -9,12 +9,9 @@ pub mod accept;
 pub mod capture;
 pub mod cni;
 pub mod debug;
-pub mod demo;
 pub mod dns;
 pub mod explain;
 pub mod identity;
-pub mod lab;
-pub mod legs;
 pub mod log_filter;
 pub mod netns;
 pub mod node;
@@ -26,7 +23,6 @@ pub mod state;
 #[cfg(any(test, feature = "testing"))]
 pub mod test_util;
 pub mod time;
-pub mod workload;
 pub mod yaml;
 
 pub use aether_core::{marks, model, resolve, wire};

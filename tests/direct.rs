@@ -281,7 +281,7 @@ async fn a_silent_client_on_a_captured_http_port_is_passed_through_at_the_sniff_
 
 #[tokio::test]
 async fn requests_are_counted_by_destination_code_class_and_reason_on_each_side() {
-    use aether::legs::{parse_exposition, sum_samples};
+    use aether_lab::legs::{parse_exposition, sum_samples};
     let w = World::start().await;
     let host = name("mp-multi", Some(8080));
     for _ in 0..2 {

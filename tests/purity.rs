@@ -14,18 +14,24 @@
 
 #[path = "purity/check.rs"]
 mod check;
+#[path = "support/tree.rs"]
+mod tree;
 
 use std::collections::BTreeSet;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 
 use check::{ALLOWED_CRATES, Policy, Violation, check_source, child_modules, module_of};
+use tree::{is_test_file, walk};
 
 /// The pure crate: every file under it is in the set.
 const CORE: &str = "crates/aether-core/src";
 
 /// Pure files outside the pure crate: the lab's plan (the lab's, so not in aether-core, and pure
 /// all the same). The child modules of a pure file are pure too and are added to the set.
-const PURE_FILES: &[&str] = &["src/lab/plan.rs", "src/lab/plan/render.rs"];
+const PURE_FILES: &[&str] = &[
+    "crates/aether-lab/src/lab/plan.rs",
+    "crates/aether-lab/src/lab/plan/render.rs",
+];
 
 /// Modules outside the pure file set that a pure file may still name, because they are plain
 /// data. An entry needs a reason beside it.
@@ -35,34 +41,12 @@ const PLAIN_DATA: &[&str] = &[
     "prelude", "facade",
 ];
 
-/// Test-only files, left out of the set (a test may read PROPTEST_CASES).
-fn is_test_file(path: &Path) -> bool {
-    let name = path
-        .file_name()
-        .and_then(|n| n.to_str())
-        .unwrap_or_default();
-    name == "tests.rs" || name == "proptests.rs" || name.ends_with("_tests.rs")
-}
-
-fn walk(dir: &Path, out: &mut Vec<PathBuf>) {
-    let Ok(entries) = std::fs::read_dir(dir) else {
-        return;
-    };
-    for entry in entries.flatten() {
-        let path = entry.path();
-        if path.is_dir() {
-            walk(&path, out);
-        } else if path.extension().is_some_and(|e| e == "rs") {
-            out.push(path);
-        }
-    }
-}
-
 /// The pure files, relative to the repository root, sorted.
 fn pure_files(root: &Path) -> Vec<String> {
     let mut all = Vec::new();
     walk(&root.join("src"), &mut all);
     walk(&root.join(CORE), &mut all);
+    walk(&root.join("crates/aether-lab/src"), &mut all);
     let rels: Vec<(String, bool)> = all
         .iter()
         .map(|path| {
@@ -83,13 +67,13 @@ fn pure_files(root: &Path) -> Vec<String> {
     // A pure file's child modules are pure too (`convert.rs` -> `convert/filter.rs`).
     let parents: Vec<String> = files
         .iter()
-        .filter(|f| f.starts_with("src/"))
+        .filter(|f| !f.starts_with(CORE))
         .map(|f| module_of(f))
         .collect();
     for (rel, test) in &rels {
         let module = module_of(rel);
         if !test
-            && rel.starts_with("src/")
+            && !rel.starts_with(CORE)
             && parents
                 .iter()
                 .any(|p| module.starts_with(&format!("{p}::")))
@@ -179,7 +163,7 @@ fn the_file_set_covers_what_the_old_script_did() {
         "crates/aether-core/src/registry/kube/convert.rs",
         "crates/aether-core/src/capture/plan.rs",
         "crates/aether-core/src/marks.rs",
-        "src/lab/plan/render.rs",
+        "crates/aether-lab/src/lab/plan/render.rs",
         "crates/aether-core/src/registry/kube/convert/routes.rs",
     ] {
         assert!(

@@ -15,8 +15,8 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 
 use aether::time::now;
-use aether::workload::grpc::{DEFAULT_METHOD, EchoReply, EchoRequest};
-use aether::workload::probe::Connector;
+use aether_lab::workload::grpc::{DEFAULT_METHOD, EchoReply, EchoRequest};
+use aether_lab::workload::probe::Connector;
 
 use crate::Settings;
 use crate::procfs::{self, Work};

@@ -108,7 +108,7 @@ fn machine() -> String {
 fn command(program: &str, args: &[&str]) -> String {
     std::process::Command::new(program)
         .args(args)
-        .current_dir(env!("CARGO_MANIFEST_DIR"))
+        .current_dir(concat!(env!("CARGO_MANIFEST_DIR"), "/../.."))
         .output()
         .ok()
         .filter(|o| o.status.success())

@@ -429,7 +429,7 @@ mod tests {
     #[tokio::test]
     async fn the_watch_keeps_the_entry_at_stop_while_its_daemonset_is_there() {
         use super::super::owner::{DaemonSetRef, at_stop};
-        use crate::lab::apiserver::{Settings, serve_on_loopback};
+        use aether_lab::lab::apiserver::{Settings, serve_on_loopback};
         let (_server, _, client) = serve_on_loopback(Settings::default(), None).await;
         let ds = DaemonSetRef {
             namespace: "aether-system".into(),

@@ -112,7 +112,7 @@ pub async fn at_stop(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::lab::apiserver::{Settings, serve_on_loopback};
+    use aether_lab::lab::apiserver::{Settings, serve_on_loopback};
     use kube::api::{DeleteParams, PostParams};
 
     fn ds() -> DaemonSetRef {

@@ -8,8 +8,6 @@ use std::time::Duration;
 use serde_json::{Value, json};
 
 use super::kube_feed::KubeFeed;
-use crate::lab::apiserver::store::{Key, Part};
-use crate::lab::apiserver::{ApiServer, Settings, resources, serve_on_loopback};
 use crate::model::live::Live;
 use crate::model::registrar::generated_services_except;
 use crate::model::retention::{GRACE_MS, advance};
@@ -17,6 +15,8 @@ use crate::model::snapshot::RetainedPort;
 use crate::model::{Model, NodeContext, compile};
 use crate::registry::kube::objects::{fingerprint, snapshot};
 use crate::registry::kube::watch::{KubeSource, WatchSettings};
+use aether_lab::lab::apiserver::store::{Key, Part};
+use aether_lab::lab::apiserver::{ApiServer, Settings, resources, serve_on_loopback};
 
 const NAMESPACES: [&str; 2] = ["shop", "web"];
 const ACCOUNTS: [&str; 3] = ["api", "cart", "db"];

@@ -758,9 +758,9 @@ async fn while_meshfilters_may_not_be_read_a_service_new_since_refuses() {
     // issue #35 item 2 with item 1: a MeshFilter written for a service that appears while
     // MeshFilters are refused (403) is not seen; that service refuses until they are read
     // again, where before it was served without the authorization its owner wrote.
-    use crate::lab::apiserver::{ReadVerb, Settings, resources, serve_on_loopback};
     use crate::model::snapshot::FilterConfig;
     use crate::registry::kube::watch::{KubeSource, WatchSettings};
+    use aether_lab::lab::apiserver::{ReadVerb, Settings, resources, serve_on_loopback};
     use kube::api::{Api, PostParams};
 
     let (server, _, client) = serve_on_loopback(Settings::default(), None).await;

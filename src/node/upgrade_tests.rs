@@ -73,7 +73,7 @@ fn start(root: &Path, name: &str, registry: &str, metrics: SocketAddr) -> Runnin
 async fn status(addr: SocketAddr, path: &str) -> Option<u16> {
     let exchange = async {
         let s = tokio::net::TcpStream::connect(addr).await.ok()?;
-        crate::legs::probe_status(s, path).await
+        aether_lab::legs::probe_status(s, path).await
     };
     tokio::time::timeout(Duration::from_secs(5), exchange)
         .await

@@ -12,7 +12,7 @@
 //! - Pods get [`SocketFactory::Loopback`]: plain sockets on their own address. The client's
 //!   capture listeners each stand for one dialled address (a ClusterIP and port).
 //! - Identities come from a fresh CA (`Ca::generate`), as the daemon's own.
-//! - Applications are `aether::workload::echo` listeners on their pod's address.
+//! - Applications are `aether_lab::workload::echo` listeners on their pod's address.
 #![allow(dead_code)] // Each test uses part of the world.
 
 use std::net::{IpAddr, Ipv4Addr, SocketAddr};
@@ -27,7 +27,7 @@ use aether::proxy::socket::{LoopbackNet, SocketFactory};
 use aether::proxy::{HOP_PORT, Inputs, PodCtx, ProxySettings, Stats};
 use aether::resolve::decision::CaptureMode;
 use aether::state::ModelHandle;
-use aether::workload::echo::{Echo, EchoOptions, ListenerKind};
+use aether_lab::workload::echo::{Echo, EchoOptions, ListenerKind};
 use tokio::net::TcpListener;
 
 /// The mesh domain of the world (the default).

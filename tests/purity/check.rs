@@ -28,6 +28,8 @@ pub(crate) const ALLOWED_CRATES: &[&str] = &[
     "std",
     "core",
     "alloc",
+    // The pure crate itself, as the lab's plan names it.
+    "aether_core",
     "serde",
     "ipnet",
     "http",
@@ -179,6 +181,7 @@ impl std::fmt::Display for Violation {
 /// `model::live`, a crate's `lib.rs` -> `` (the root).
 pub(crate) fn module_of(rel: &str) -> String {
     let rel = rel.strip_prefix("crates/aether-core/").unwrap_or(rel);
+    let rel = rel.strip_prefix("crates/aether-lab/").unwrap_or(rel);
     let rel = rel.strip_prefix("src/").unwrap_or(rel);
     if rel == "lib.rs" {
         return String::new();

@@ -19,7 +19,7 @@ use super::*;
 use crate::identity::{Ca, Identities, IdentitySettings, client_config, server_config};
 use crate::proxy::metrics::{DataPlane, DataPlaneCollector, Direction, Source};
 use crate::proxy::{ALPN_H1, respond};
-use crate::workload::echo::{Echo, EchoOptions, ListenerKind};
+use aether_lab::workload::echo::{Echo, EchoOptions, ListenerKind};
 
 const WL: &str = "mp-multi";
 

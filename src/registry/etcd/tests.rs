@@ -12,10 +12,10 @@ use tokio::sync::mpsc;
 
 use super::keys;
 use super::*;
-use crate::lab::etcd::{EtcdServer, installed};
 use crate::model::port::PortProtocol;
 use crate::model::snapshot::ProtocolValue;
 use crate::test_util::needs_root::skip;
+use aether_lab::lab::etcd::{EtcdServer, installed};
 
 /// A running etcd, its settings, and a directory for its data and the nodes' lease files.
 /// Fields drop in order: etcd is stopped before its directory is removed.
