@@ -36,7 +36,9 @@ pub(super) async fn passthrough(
     let h2 = req.version() == Version::HTTP_2;
     // A mesh pod behind the dialled address is reached over the hop (model.md §12.5 item 1);
     // kept connections are per endpoint then.
-    let target = passthrough::pick(inputs, dialled);
+    // The endpoint's load lasts until the response head (no second try here: issue #38 retries
+    // the byte-level passthrough, whose client bytes are still unread).
+    let (target, _load) = passthrough::pick(inputs, dialled);
     let purpose = if target.hop.is_some() {
         Purpose::PassthroughHop
     } else {
