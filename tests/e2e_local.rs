@@ -46,6 +46,9 @@ fn every_leg_through_real_sockets() {
             "H2C-SAME",
             "GRPC-SAME",
             "POLICY",
+            "EP-KILL",
+            "EP-REFUSE",
+            "EP-BLACKHOLE",
         ],
     );
 }

@@ -37,6 +37,7 @@ macro_rules! leg {
     };
 }
 
+mod balance;
 mod catalogue;
 mod etcd;
 mod explain;
@@ -61,6 +62,7 @@ use crate::workload::probe::{
     Connector, Dial, Host, HttpRequest, Many, Outcome, Probe, Resolver, Send, Summary,
 };
 
+pub use balance::BALANCE;
 pub use catalogue::LEGS;
 pub use etcd::ETCD;
 pub use explain::EXPLAIN;
@@ -602,6 +604,7 @@ pub async fn run(env: &Env, filter: Option<&[String]>) -> Vec<LegResult> {
         .chain(METRICS)
         .chain(RULES)
         .chain(HOSTILE)
+        .chain(BALANCE)
         .chain(EXPLAIN)
         .chain(kube)
         .chain(etcd)
