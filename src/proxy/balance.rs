@@ -132,7 +132,8 @@ pub struct Chosen {
     pub load: Load,
 }
 
-/// The choice's counters (registered with the data plane's, [`super::Stats::register`]).
+/// The choice's counters, on `/metrics` beside the data plane's ([`Counters::register`], called
+/// by the admin endpoint).
 #[derive(Debug, Default)]
 pub struct Counters {
     /// Second tries on another endpoint, by outcome ([`RetryOutcome`]).

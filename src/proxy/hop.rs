@@ -276,7 +276,7 @@ impl Pool {
         // Until `send_request`, the request has not left: a failure gives it back.
         let tls = match connect(inputs, pod, endpoint, port, ALPN_HTTP).await {
             Ok(tls) => tls,
-            Err(error) => return Err(SendError::unsent(error, req)),
+            Err(error) => return Err(SendError::never_left(error, req)),
         };
         let handshake = hyper::client::conn::http2::Builder::new(TokioExecutor::new())
             .timer(hyper_util::rt::TokioTimer::new())
@@ -284,7 +284,7 @@ impl Pool {
             .await;
         let (mut sender, conn) = match handshake {
             Ok(h) => h,
-            Err(source) => return Err(SendError::unsent(HopError::Http { dst, source }, req)),
+            Err(source) => return Err(SendError::never_left(HopError::Http { dst, source }, req)),
         };
         let open = PoolConnection::new(inputs.metrics.clone());
         tokio::spawn(async move {
@@ -313,7 +313,7 @@ pub struct SendError {
 }
 
 impl SendError {
-    fn unsent(error: HopError, req: Request<Body>) -> Self {
+    fn never_left(error: HopError, req: Request<Body>) -> Self {
         Self {
             error,
             unsent: Some(req),
@@ -341,7 +341,8 @@ impl HopError {
         )
     }
 
-    /// The peer said it did not process the request ([`unprocessed`]).
+    /// The peer said it did not process the request: `REFUSED_STREAM`, or a GOAWAY below its
+    /// stream.
     pub fn unprocessed(&self) -> bool {
         matches!(self, Self::Http { source, .. } if unprocessed(source))
     }
