@@ -8,7 +8,8 @@
 //!   HTTP delivery holds it until its response body ends ([`Loaded`]), a relayed byte stream or
 //!   a UDP flow for as long as it lives.
 //! - **Short ejection.** An endpoint that fails to connect (refused, timed out, unreachable, the
-//!   hop's TLS handshake) leaves the choice for [`Limits::ejection`], twice as long for each
+//!   hop's TLS handshake), or refuses a request unprocessed (its daemon sheds load, or its
+//!   application refuses connections: the destination then refuses the stream), leaves the choice for [`Limits::ejection`], twice as long for each
 //!   ejection in a row, at most [`Limits::ejection_max`]. It returns when the time passes (it is
 //!   counted back when a choice next sees it) or when a connect to it succeeds. The last
 //!   endpoint of a backend in the choice is never ejected, and a backend whose endpoints are all
@@ -489,7 +490,9 @@ pub enum Tried<T, E, R> {
     /// handshake): the endpoint may be ejected. What can go to another endpoint, if anything.
     NotConnected(E, Option<R>),
     /// The endpoint refused it unprocessed (HTTP/2 `REFUSED_STREAM`, or GOAWAY below its
-    /// stream): not a connect failure, so no ejection. What can go to another endpoint.
+    /// stream) even on a new connection ([`super::hop::Pool::send`]): its daemon sheds load, or
+    /// its application refuses connections. It is ejected as for a connect failure. What can go
+    /// to another endpoint.
     Refused(E, Option<R>),
     /// It failed after it reached the endpoint: never sent again.
     Failed(E),
@@ -554,11 +557,10 @@ where
     let (error, again) = match attempt(first.index, what).await {
         Tried::Done(value) => return reached(b, first, value),
         Tried::Failed(e) => return Outcome::Failed(e),
-        Tried::NotConnected(e, again) => {
+        Tried::NotConnected(e, again) | Tried::Refused(e, again) => {
             b.failed(&first, n, key, &limits, Instant::now());
             (e, again)
         }
-        Tried::Refused(e, again) => (e, again),
     };
     // A pod-IP dial, or a backend of one pod: nothing else to try.
     if n < 2 {
@@ -577,12 +579,12 @@ where
             b.counters.retried(RetryOutcome::Ok);
             reached(b, second, value)
         }
-        Tried::NotConnected(e, _) => {
+        Tried::NotConnected(e, _) | Tried::Refused(e, _) => {
             b.failed(&second, n, key, &limits, Instant::now());
             b.counters.retried(RetryOutcome::Failed);
             Outcome::Failed(e)
         }
-        Tried::Refused(e, _) | Tried::Failed(e) => {
+        Tried::Failed(e) => {
             b.counters.retried(RetryOutcome::Failed);
             Outcome::Failed(e)
         }

@@ -22,7 +22,7 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 
 use crate::client::{Answer, parse};
-use crate::world::{MESH, PAIR_1, World};
+use crate::world::{MESH, PAIR_0, PAIR_1, World};
 
 /// Requests each test sends, one after the other.
 const REQUESTS: usize = 30;
@@ -46,7 +46,7 @@ async fn pair_world(black_hole: bool) -> (World, Dead) {
         ..ProxySettings::default()
     })
     .await;
-    w.serve_pair();
+    w.serve_pair(PAIR_0, true);
     let dead = if black_hole {
         let addr = SocketAddr::new(IpAddr::V4(w.ip(PAIR_1)), aether::proxy::HOP_PORT);
         let s = socket2::Socket::new(socket2::Domain::IPV4, socket2::Type::STREAM, None).unwrap();
@@ -143,6 +143,23 @@ async fn with_one_endpoint_refusing_every_http_request_gets_the_live_endpoints_e
     assert!(ejections(&w) >= 1, "no ejection counted");
     assert!(retries(&w, "ok") >= 1, "no second try counted");
     assert_eq!(retries(&w, "failed"), 0);
+}
+
+/// The dead pod's hop is served, but nothing listens on its application's port: its daemon
+/// cannot connect and nothing was sent, so it refuses the stream unprocessed and the source
+/// tries the other pod (a request with a body that has left cannot be sent again, so GETs).
+#[tokio::test]
+async fn with_one_endpoints_application_refusing_every_http_request_gets_the_live_echo() {
+    let (w, _dead) = pair_world(false).await;
+    w.serve_pair(PAIR_1, false);
+    let capture = w.capture_service("mp-pair", 8080);
+    for i in 0..REQUESTS {
+        let (a, _) = http_once(capture, false).await;
+        assert_eq!((a.status, a.reason()), (200, None), "request {i}: {a:?}");
+        assert_eq!(a.header("x-echo-pod"), Some("mp-pair-0"), "request {i}");
+    }
+    assert!(ejections(&w) >= 1, "no ejection counted");
+    assert!(retries(&w, "ok") >= 1, "no second try counted");
 }
 
 #[tokio::test]

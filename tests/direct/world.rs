@@ -378,28 +378,32 @@ impl World {
         }
     }
 
-    /// Serve `mp-pair-0` ([`PAIR_0`]): its inbound hop, and the echo on 8080 (HTTP) and 9000
-    /// (raw TCP). `mp-pair-1` stays as the test leaves it.
-    pub(crate) fn serve_pair(&self) {
-        let net = LoopbackNet::new(self.ip(PAIR_0));
-        let hop = bind(&net, SocketAddr::new(IpAddr::V4(self.ip(PAIR_0)), HOP_PORT));
+    /// Serve mp-pair's pod at `host` ([`PAIR_0`] or [`PAIR_1`]): its inbound hop, and with
+    /// `app` the echo on 8080 (HTTP) and 9000 (raw TCP); without, nothing listens there (its
+    /// application is dead while its pod is served).
+    pub(crate) fn serve_pair(&self, host: u8, app: bool) {
+        let name = format!("mp-pair-{}", host - PAIR_0);
+        let net = LoopbackNet::new(self.ip(host));
+        let hop = bind(&net, SocketAddr::new(IpAddr::V4(self.ip(host)), HOP_PORT));
         tokio::spawn(aether::proxy::inbound::serve_inbound(
             self.inputs.clone(),
             Arc::new(PodCtx::new(
                 "mp".into(),
-                "mp-pair-0".into(),
+                name.clone(),
                 "mp-pair".into(),
                 SocketFactory::Loopback(net),
                 CaptureMode::RedirectAll,
             )),
             hop,
         ));
-        echo(
-            "mp-pair",
-            "mp-pair-0",
-            self.ip(PAIR_0),
-            &[(ListenerKind::Http, 8080), (ListenerKind::Tcp, 9000)],
-        );
+        if app {
+            echo(
+                "mp-pair",
+                &name,
+                self.ip(host),
+                &[(ListenerKind::Http, 8080), (ListenerKind::Tcp, 9000)],
+            );
+        }
     }
 
     /// The address of pod `host` of the block.

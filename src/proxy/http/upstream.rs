@@ -15,7 +15,7 @@ use hyper::upgrade::OnUpgrade;
 use tokio::net::TcpStream;
 use tracing::debug;
 
-use crate::proxy::app_pool::Purpose;
+use crate::proxy::app_pool::{Purpose, Unreached};
 use crate::proxy::socket::{SocketError, Source};
 use crate::proxy::{Body, BoxError, Inputs, PodCtx, count, passthrough, respond, upgrade};
 use crate::resolve::answer::{HEADER_ERROR, Reason};
@@ -85,7 +85,7 @@ where
             Some(stream) => upgrade::forward(stream, req, up, inputs.settings.tcp_idle_timeout)
                 .await
                 .map_err(BoxError::from),
-            None => Err("the destination refused the connection".into()),
+            None => Err(Unreached.into()),
         },
         None => pod.apps.send(purpose, source, dst, h2, req, connect).await,
     };
@@ -97,7 +97,11 @@ where
         }
         Err(e) => {
             debug!(error = %crate::DisplayChain(&*e), %dst, "upstream request failed");
-            respond::reason(Reason::UpstreamUnreachable)
+            let mut resp = respond::reason(Reason::UpstreamUnreachable);
+            if e.is::<Unreached>() {
+                resp.extensions_mut().insert(Unreached);
+            }
+            resp
         }
     }
 }
