@@ -47,6 +47,7 @@ fn every_leg_through_real_sockets() {
             "GRPC-SAME",
             "POLICY",
             "EP-KILL",
+            "EP-APPKILL",
             "EP-REFUSE",
             "EP-BLACKHOLE",
         ],

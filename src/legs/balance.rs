@@ -10,6 +10,11 @@
 //!   to it connects, is refused, and goes to mp-mixed-0. (A request in flight at the instant of
 //!   a kill is not retried: bytes of it may have been processed. The kill falls between two
 //!   requests so that the leg asserts what the mesh promises, not a race.)
+//! - **EP-APPKILL**: mp-mixed-1's application dies (its connections on 8080 reset, new ones
+//!   refused) while the pod and its hop stay: its daemon cannot connect, refuses each stream
+//!   unprocessed, and the source tries mp-mixed-0. HTTP only: a raw-TCP connection's bytes
+//!   flow as soon as the hop is up, so one to a dead application is closed (docs/decisions.md,
+//!   "Endpoint choice").
 //! - **EP-REFUSE**: for 10 s mp-mixed-1 refuses every new hop connection (a reset, inside its
 //!   network namespace, for each SYN to 18008). The client's daemon ejects it
 //!   (`aether_endpoint_ejections_total`) and tries the other pod; once the refusal ends it
@@ -37,6 +42,12 @@ pub static BALANCE: &[Leg] = &[
         kill
     ),
     leg!(
+        "EP-APPKILL",
+        "one of two endpoints' application killed (its connections reset, new ones refused), the pod still served: no HTTP request fails",
+        None,
+        app_kill
+    ),
+    leg!(
         "EP-REFUSE",
         "one of two endpoints refuses hop connections for 10 s: no request fails; it is ejected, and returns",
         None,
@@ -55,6 +66,13 @@ const CLIENT: &str = "mp-client";
 const DEAD: &str = "mp-mixed-1";
 /// The pod that keeps serving.
 const LIVE: &str = "mp-mixed-0";
+/// The dead pod's hop port.
+const HOP: u16 = 18008;
+/// The dead pod's application port that EP-APPKILL stops (HTTP).
+const APP: u16 = 8080;
+/// How long EP-APPKILL's load runs: less than three delegated probes (2 s apart) on the etcd
+/// source, so that the pod stays Ready and the choice, not readiness, is what is tested.
+const APP_LOAD: Duration = Duration::from_secs(3);
 /// How long EP-REFUSE refuses.
 const REFUSING: Duration = Duration::from_secs(10);
 /// How long EP-BLACKHOLE's load runs.
@@ -111,13 +129,20 @@ struct Seen {
     dead: usize,
     /// HTTP requests that reached [`DEAD`] (over its pooled hop connection).
     dead_http: usize,
+    /// Raw-TCP connections that reached [`DEAD`] (each over a new hop connection).
+    dead_tcp: usize,
 }
 
-/// The load, HTTP and raw TCP in turn, until `stop` says so; the first failure ends it.
-async fn load(env: &Env, mut stop: impl FnMut(&Seen) -> bool) -> Result<Seen, String> {
+/// The load, HTTP and raw TCP in turn (with `http_only`, HTTP alone), until `stop` says so;
+/// the first failure ends it.
+async fn load(
+    env: &Env,
+    http_only: bool,
+    mut stop: impl FnMut(&Seen) -> bool,
+) -> Result<Seen, String> {
     let mut seen = Seen::default();
     while !stop(&seen) {
-        let http = seen.requests.is_multiple_of(2);
+        let http = http_only || seen.requests.is_multiple_of(2);
         let (pod, took) = one(env, http)
             .await
             .map_err(|e| format!("request {} failed: {e}", seen.requests))?;
@@ -128,6 +153,7 @@ async fn load(env: &Env, mut stop: impl FnMut(&Seen) -> bool) -> Result<Seen, St
         if pod == DEAD {
             seen.dead += 1;
             seen.dead_http += usize::from(http);
+            seen.dead_tcp += usize::from(!http);
         } else if pod != LIVE {
             return Err(format!("request {} answered by {pod:?}", seen.requests));
         }
@@ -162,14 +188,15 @@ async fn ejections_and_returns(env: &Env) -> Result<(f64, f64), String> {
     ))
 }
 
-/// Stop (with `verdict` None: take back) new hop connections to [`DEAD`]: inside its network
-/// namespace, each SYN to 18008 is reset (`reject`) or dropped (`drop`).
-async fn hop_syns(env: &Env, verdict: Option<&str>) -> Result<(), String> {
+/// Stop (with `verdict` None: take back) new connections to `port` of [`DEAD`] (its hop,
+/// [`HOP`], or its application, [`APP`]): inside its network namespace, each SYN is reset
+/// (`reject`) or dropped (`drop`).
+async fn syns(env: &Env, port: u16, verdict: Option<&str>) -> Result<(), String> {
     let netns = env.client_netns(DEAD)?.path().to_owned();
     let ip = env.pod_ip("mp", DEAD)?;
     let script = match verdict {
         Some(v) => format!(
-            "table inet aether_lab_balance {{\n  chain input {{\n    type filter hook input priority -300; policy accept;\n    ip daddr {ip} tcp dport 18008 tcp flags & (syn | ack) == syn {v}\n  }}\n}}\n"
+            "table inet aether_lab_balance {{\n  chain input {{\n    type filter hook input priority -300; policy accept;\n    ip daddr {ip} tcp dport {port} tcp flags & (syn | ack) == syn {v}\n  }}\n}}\n"
         ),
         None => "delete table inet aether_lab_balance\n".to_owned(),
     };
@@ -186,20 +213,22 @@ async fn hop_syns(env: &Env, verdict: Option<&str>) -> Result<(), String> {
 /// ends.
 async fn with_rule<T>(
     env: &Env,
+    port: u16,
     verdict: &str,
     f: impl Future<Output = Result<T, String>>,
 ) -> Result<T, String> {
     // A rule an earlier run left (killed before its end) goes first.
-    let _ = hop_syns(env, None).await;
-    hop_syns(env, Some(verdict)).await?;
+    let _ = syns(env, port, None).await;
+    syns(env, port, Some(verdict)).await?;
     let out = f.await;
-    hop_syns(env, None).await?;
+    syns(env, port, None).await?;
     out
 }
 
-/// Reset every established hop connection of [`DEAD`] (its side: the daemon's sockets in its
-/// namespace), as its daemon does when the pod goes.
-async fn reset_hops(env: &Env) -> Result<(), String> {
+/// Reset every established connection to `port` of [`DEAD`] (the sockets on its side, in its
+/// namespace): its hop's, as its daemon does when the pod goes, or its application's, as when
+/// the application's process dies.
+async fn reset_established(env: &Env, port: u16) -> Result<(), String> {
     let netns = env.client_netns(DEAD)?.path().to_owned();
     let out = tokio::task::spawn_blocking(move || {
         std::process::Command::new("nsenter")
@@ -210,7 +239,7 @@ async fn reset_hops(env: &Env) -> Result<(), String> {
                 "-t",
                 "state",
                 "established",
-                "( sport = :18008 )",
+                &format!("( sport = :{port} )"),
             ])
             .output()
     })
@@ -232,18 +261,19 @@ async fn reset_hops(env: &Env) -> Result<(), String> {
 /// (at least one, or the error says none was counted `what`).
 async fn ejecting_load(
     env: &Env,
+    port: u16,
     verdict: &str,
     reset: bool,
     during: Duration,
     what: &str,
 ) -> Result<(Seen, f64), String> {
     let (ejected_before, _) = ejections_and_returns(env).await?;
-    let seen = with_rule(env, verdict, async {
+    let seen = with_rule(env, port, verdict, async {
         if reset {
-            reset_hops(env).await?;
+            reset_established(env, port).await?;
         }
         let started = crate::time::now();
-        load(env, |_| started.elapsed() >= during).await
+        load(env, port == APP, |_| started.elapsed() >= during).await
     })
     .await?;
     let (ejected, _) = ejections_and_returns(env).await?;
@@ -259,16 +289,10 @@ async fn ejecting_load(
 
 async fn kill(env: &Env) -> Check {
     // Until an HTTP request has reached the pod over its pooled hop connection.
-    let started = crate::time::now();
-    let before = load(env, |s| s.dead_http > 0 || started.elapsed() > RETURN_BOUND).await?;
-    if before.dead_http == 0 {
-        return Err(format!(
-            "no HTTP request reached {DEAD} in {} requests",
-            before.requests
-        ));
-    }
+    let before = until_dead_serves(env, false, true).await?;
     let (after, ejected) = ejecting_load(
         env,
+        HOP,
         "reject with tcp reset",
         true,
         HOLE_LOAD,
@@ -287,10 +311,54 @@ async fn kill(env: &Env) -> Check {
     ))
 }
 
+/// Load (HTTP alone with `http_only`) until an HTTP request (with `http_only`, or `by_http`)
+/// or a raw-TCP connection has reached [`DEAD`]: it may still be out of the choice after an
+/// earlier leg, and the leg must start with it in. What the load saw.
+async fn until_dead_serves(env: &Env, http_only: bool, by_http: bool) -> Result<Seen, String> {
+    let started = crate::time::now();
+    let reached = |s: &Seen| if by_http { s.dead_http } else { s.dead_tcp };
+    let before = load(env, http_only, |s| {
+        reached(s) > 0 || started.elapsed() > RETURN_BOUND
+    })
+    .await?;
+    if reached(&before) == 0 {
+        return Err(format!(
+            "{DEAD} was not reached in {} requests",
+            before.requests
+        ));
+    }
+    Ok(before)
+}
+
+async fn app_kill(env: &Env) -> Check {
+    until_dead_serves(env, true, true).await?;
+    let (after, ejected) = ejecting_load(
+        env,
+        APP,
+        "reject with tcp reset",
+        true,
+        APP_LOAD,
+        "after its application's kill",
+    )
+    .await?;
+    if after.dead > 0 {
+        return Err(format!(
+            "{} requests reached {DEAD}'s application after its kill",
+            after.dead
+        ));
+    }
+    Ok(format!(
+        "{} HTTP requests after {DEAD}'s application was killed, 0 failed (its daemon refused the streams unprocessed, the source tried {LIVE}); {ejected} ejections",
+        after.requests
+    ))
+}
+
 async fn refuse(env: &Env) -> Check {
+    until_dead_serves(env, false, false).await?;
     let (_, returned_before) = ejections_and_returns(env).await?;
     let (refusing, ejected) = ejecting_load(
         env,
+        HOP,
         "reject with tcp reset",
         false,
         REFUSING,
@@ -299,7 +367,10 @@ async fn refuse(env: &Env) -> Check {
     .await?;
     // The refusal is over: the load goes on until the dead pod serves again.
     let started = crate::time::now();
-    let after = load(env, |s| s.dead > 0 || started.elapsed() > RETURN_BOUND).await?;
+    let after = load(env, false, |s| {
+        s.dead > 0 || started.elapsed() > RETURN_BOUND
+    })
+    .await?;
     if after.dead == 0 {
         return Err(format!(
             "{DEAD} did not serve again within {RETURN_BOUND:?} of the end of its refusal"
@@ -317,8 +388,9 @@ async fn refuse(env: &Env) -> Check {
 }
 
 async fn black_hole(env: &Env) -> Check {
+    until_dead_serves(env, false, false).await?;
     let (seen, ejected) =
-        ejecting_load(env, "drop", false, HOLE_LOAD, "while it dropped SYNs").await?;
+        ejecting_load(env, HOP, "drop", false, HOLE_LOAD, "while it dropped SYNs").await?;
     if seen.waited as f64 > ejected {
         return Err(format!(
             "{} of {} requests waited the connect timeout, for {ejected} ejections",
