@@ -12,6 +12,8 @@
 //! [`SocketFactory`]: aether::proxy::socket::SocketFactory
 #![allow(clippy::unwrap_used)] // Tests unwrap: a panic is the failure report (STYLE.md §6.4).
 
+#[path = "direct/balance.rs"]
+mod balance;
 #[path = "direct/client.rs"]
 mod client;
 #[path = "direct/http.rs"]

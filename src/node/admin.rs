@@ -65,6 +65,7 @@ async fn handle(admin: &Admin, path: &str) -> Response<Body> {
         "/metrics" => {
             let mut registry = prometheus_client::registry::Registry::default();
             admin.inputs.stats.register(&mut registry);
+            admin.inputs.balance.counters.register(&mut registry);
             registry.register_collector(Box::new(crate::proxy::metrics::DataPlaneCollector(
                 admin.inputs.metrics.clone(),
             )));
@@ -347,6 +348,7 @@ pub(super) mod tests {
                 tls: Arc::new(NoTls),
                 settings: ProxySettings::default(),
                 pool: Pool::default(),
+                balance: Default::default(),
                 drain: watch::Sender::new(false),
                 stats: Stats::default(),
                 metrics: Arc::default(),

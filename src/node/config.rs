@@ -194,6 +194,22 @@ pub struct NodeConfig {
     pub max_connections_per_pod: usize,
     /// The mesh hop's TLS handshake bound, either side, in milliseconds.
     pub handshake_timeout_ms: u64,
+    /// A connect to an endpoint (the mesh hop's TCP connect) or a passthrough destination that
+    /// takes longer fails, in milliseconds; a delivery then tries another endpoint. Default
+    /// 1000. Key `connect_timeout_ms`, `AETHER_CONNECT_TIMEOUT_MS`.
+    pub connect_timeout_ms: u64,
+    /// How long an endpoint that failed to connect is out of the endpoint choice, the first
+    /// time, in milliseconds; each ejection in a row lasts twice the one before, at most
+    /// `endpoint_ejection_max_ms`. Default 5000. Key `endpoint_ejection_ms`,
+    /// `AETHER_ENDPOINT_EJECTION_MS`.
+    pub endpoint_ejection_ms: u64,
+    /// The longest ejection of an endpoint, in milliseconds (at least `endpoint_ejection_ms`).
+    /// Default 30000. Key `endpoint_ejection_max_ms`, `AETHER_ENDPOINT_EJECTION_MAX_MS`.
+    pub endpoint_ejection_max_ms: u64,
+    /// The most endpoints (address and pod port) whose load and ejection the node keeps; an
+    /// endpoint beyond it is chosen without them, counted. Default 65536. Key
+    /// `endpoint_states_max`, `AETHER_ENDPOINT_STATES_MAX`.
+    pub endpoint_states_max: usize,
     /// The inbound mode of a pod without `inbound.aether.io/mode`.
     pub inbound_mode_default: InboundMode,
     /// Sources whose plaintext reaches a pod's declared ports in both inbound modes, besides
@@ -314,6 +330,10 @@ impl Default for NodeConfig {
             max_connections: 100_000,
             max_connections_per_pod: 20_000,
             handshake_timeout_ms: 10_000,
+            connect_timeout_ms: 1000,
+            endpoint_ejection_ms: 5000,
+            endpoint_ejection_max_ms: 30_000,
+            endpoint_states_max: 65_536,
             inbound_mode_default: InboundMode::Permissive,
             inbound_trusted_sources: Vec::new(),
             udp_max_flows_per_pod: 1024,
@@ -453,6 +473,12 @@ impl NodeConfig {
                 self.max_connections_per_pod as u64,
             ),
             ("handshake_timeout_ms", self.handshake_timeout_ms),
+            ("connect_timeout_ms", self.connect_timeout_ms),
+            ("endpoint_ejection_ms", self.endpoint_ejection_ms),
+            (
+                "endpoint_states_max",
+                u64::try_from(self.endpoint_states_max).unwrap_or(u64::MAX),
+            ),
             ("cni_add_waiters_max", self.cni_add_waiters_max as u64),
             ("udp_max_flows_per_pod", self.udp_max_flows_per_pod as u64),
             (
@@ -524,6 +550,15 @@ impl NodeConfig {
                 message: format!(
                     "{} is not from 1 to overload_shed_percent ({})",
                     self.overload_refuse_percent, self.overload_shed_percent
+                ),
+            });
+        }
+        if self.endpoint_ejection_max_ms < self.endpoint_ejection_ms {
+            return Err(ConfigError::Invalid {
+                setting: "endpoint_ejection_max_ms",
+                message: format!(
+                    "{} ms is shorter than endpoint_ejection_ms ({} ms)",
+                    self.endpoint_ejection_max_ms, self.endpoint_ejection_ms
                 ),
             });
         }
@@ -740,6 +775,8 @@ mod tests {
         "max_connections",
         "max_connections_per_pod",
         "handshake_timeout_ms",
+        "connect_timeout_ms",
+        "endpoint_states_max",
         "header_read_timeout_ms",
         "http_idle_timeout_secs",
         "tcp_idle_timeout_secs",

@@ -879,6 +879,12 @@ async fn run_until(
             max_connections: config.max_connections,
             max_connections_per_pod: config.max_connections_per_pod,
             handshake_timeout: Duration::from_millis(config.handshake_timeout_ms),
+            connect_timeout: Duration::from_millis(config.connect_timeout_ms),
+            balance: crate::proxy::balance::Limits {
+                ejection: Duration::from_millis(config.endpoint_ejection_ms),
+                ejection_max: Duration::from_millis(config.endpoint_ejection_max_ms),
+                max_states: config.endpoint_states_max,
+            },
             udp_idle: Duration::from_secs(config.udp_idle_secs),
             udp_max_flows_per_pod: config.udp_max_flows_per_pod,
             max_header_bytes: config.max_header_bytes,
@@ -895,6 +901,7 @@ async fn run_until(
             ..ProxySettings::default()
         },
         pool: crate::proxy::hop::Pool::default(),
+        balance: Default::default(),
         drain: watch::Sender::new(false),
         stats: crate::proxy::Stats::default(),
         metrics: {

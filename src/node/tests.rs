@@ -102,6 +102,7 @@ fn shared_with(manifests: &str) -> (NodeConfig, Shared) {
             tls: Arc::new(NoTls),
             settings: ProxySettings::default(),
             pool: crate::proxy::hop::Pool::default(),
+            balance: Default::default(),
             drain: watch::Sender::new(false),
             stats: Stats::default(),
             metrics: Arc::default(),

@@ -33,6 +33,14 @@ use hyper_util::rt::{TokioExecutor, TokioIo};
 
 use super::{Body, BoxError};
 
+/// The upstream (the application, or a passthrough's destination) could not be connected to:
+/// nothing of the request was sent. Also the mark, in a response's extensions, of the
+/// `503 upstream-unreachable` answered for it: the inbound hop refuses such a stream
+/// unprocessed instead, so that its source can try another endpoint (issue #38).
+#[derive(Clone, Copy, Debug, thiserror::Error)]
+#[error("the upstream refused the connection")]
+pub struct Unreached;
+
 /// The most idle HTTP/1.1 connections kept per key.
 const MAX_IDLE: usize = 32;
 
@@ -83,9 +91,7 @@ impl AppPool {
             let mut sender = match kept {
                 Some(s) => s,
                 None => {
-                    let stream = connect()
-                        .await
-                        .ok_or("the application refused the connection")?;
+                    let stream = connect().await.ok_or(Unreached)?;
                     let (sender, conn) = http2::Builder::new(TokioExecutor::new())
                         .timer(hyper_util::rt::TokioTimer::new())
                         .handshake(TokioIo::new(stream))
@@ -107,9 +113,7 @@ impl AppPool {
                     }
                 }
                 None => {
-                    let stream = connect()
-                        .await
-                        .ok_or("the application refused the connection")?;
+                    let stream = connect().await.ok_or(Unreached)?;
                     let (s, conn) = http1::Builder::new()
                         .handshake(TokioIo::new(stream))
                         .await?;

@@ -5,9 +5,11 @@
 //! [`super::inbound`].
 //!
 //! May import: `socket`, the proxy's shared types, `resolve` types; never `http`, `filters`,
-//! `mesh_call` or `inbound` (they import this module). Invariant: a request that has left is
-//! sent again only when the peer says it did not process it (`REFUSED_STREAM`, or a GOAWAY
-//! below its stream), only once, and only when it has no body (its head is kept for that).
+//! `mesh_call`, `balance` or `inbound` (they import this module). Invariant: a request that has
+//! left is sent again only when the peer says it did not process it (`REFUSED_STREAM`, or a
+//! GOAWAY below its stream), and only when it has no body (its head is kept for that): once on a
+//! new connection to the same endpoint here, and once more to another endpoint by
+//! [`super::balance`]. A request that never left (the connect failed) is given back for that.
 
 use std::net::{IpAddr, SocketAddr};
 use std::sync::Arc;
@@ -196,6 +198,10 @@ impl Pool {
     /// left is replaced once. A request without a body that the peer refused unprocessed (a
     /// daemon shedding under load, or draining for an upgrade, issue #36 items 4 and 7) is sent
     /// once more on a new connection; any other request that has left is never sent twice.
+    ///
+    /// The error gives the request back when it can go to another endpoint
+    /// ([`SendError::unsent`]): when it never left (the connect failed), or when it has no body
+    /// and was refused unprocessed again.
     pub async fn send(
         &self,
         inputs: &Inputs,
@@ -203,15 +209,24 @@ impl Pool {
         endpoint: &Endpoint,
         port: u16,
         req: Request<Body>,
-    ) -> Result<Response<hyper::body::Incoming>, HopError> {
+    ) -> Result<Response<hyper::body::Incoming>, SendError> {
         let again = http_body::Body::is_end_stream(req.body()).then(|| head_of(&req));
         match (
             self.send_once(inputs, pod, endpoint, port, req).await,
             again,
         ) {
-            (Err(HopError::Http { dst, source }), Some(req)) if unprocessed(&source) => {
-                debug!(error = %source, %dst, "hop request refused unprocessed: sent once more on a new connection");
-                self.send_once(inputs, pod, endpoint, port, req).await
+            (Err(first), Some(req)) if first.unsent.is_none() && first.error.unprocessed() => {
+                debug!(error = %first.error, "hop request refused unprocessed: sent once more on a new connection");
+                // A copy kept only on this rare path, for another endpoint (issue #38).
+                let spare = head_of(&req);
+                let mut second = self.send_once(inputs, pod, endpoint, port, req).await;
+                if let Err(e) = &mut second
+                    && e.unsent.is_none()
+                    && e.error.unprocessed()
+                {
+                    e.unsent = Some(spare);
+                }
+                second
             }
             (first, _) => first,
         }
@@ -224,7 +239,7 @@ impl Pool {
         endpoint: &Endpoint,
         port: u16,
         req: Request<Body>,
-    ) -> Result<Response<hyper::body::Incoming>, HopError> {
+    ) -> Result<Response<hyper::body::Incoming>, SendError> {
         let src = pod.net.ip_for(SocketAddr::new(endpoint.address, 0)).ok();
         let key = (
             src.unwrap_or(endpoint.address),
@@ -248,22 +263,29 @@ impl Pool {
                     match e.take_message() {
                         Some(req) => req,
                         None => {
-                            return Err(HopError::Http {
+                            return Err(SendError::left(HopError::Http {
                                 dst,
                                 source: e.into_error(),
-                            });
+                            }));
                         }
                     }
                 }
             },
             None => req,
         };
-        let tls = connect(inputs, pod, endpoint, port, ALPN_HTTP).await?;
-        let (mut sender, conn) = hyper::client::conn::http2::Builder::new(TokioExecutor::new())
+        // Until `send_request`, the request has not left: a failure gives it back.
+        let tls = match connect(inputs, pod, endpoint, port, ALPN_HTTP).await {
+            Ok(tls) => tls,
+            Err(error) => return Err(SendError::never_left(error, req)),
+        };
+        let handshake = hyper::client::conn::http2::Builder::new(TokioExecutor::new())
             .timer(hyper_util::rt::TokioTimer::new())
             .handshake(TokioIo::new(tls))
-            .await
-            .map_err(|source| HopError::Http { dst, source })?;
+            .await;
+        let (mut sender, conn) = match handshake {
+            Ok(h) => h,
+            Err(source) => return Err(SendError::never_left(HopError::Http { dst, source }, req)),
+        };
         let open = PoolConnection::new(inputs.metrics.clone());
         tokio::spawn(async move {
             // Counted in `aether_hop_pool_connections` while it runs.
@@ -275,8 +297,54 @@ impl Pool {
         self.conns.insert(key.clone(), sender.clone());
         sender.send_request(req).await.map_err(|source| {
             self.conns.remove(&key);
-            HopError::Http { dst, source }
+            SendError::left(HopError::Http { dst, source })
         })
+    }
+}
+
+/// A pooled hop send that failed ([`Pool::send`]).
+#[derive(Debug)]
+pub struct SendError {
+    /// What failed.
+    pub error: HopError,
+    /// The request, when it can be sent to another endpoint: it never left (the connect or the
+    /// HTTP/2 handshake failed), or it has no body and was refused unprocessed.
+    pub unsent: Option<Request<Body>>,
+}
+
+impl SendError {
+    fn never_left(error: HopError, req: Request<Body>) -> Self {
+        Self {
+            error,
+            unsent: Some(req),
+        }
+    }
+
+    fn left(error: HopError) -> Self {
+        Self {
+            error,
+            unsent: None,
+        }
+    }
+}
+
+impl HopError {
+    /// The connection to the endpoint failed: refused, timed out, unreachable, or the TLS
+    /// handshake failed (the endpoint may leave the choice, [`super::balance`]).
+    pub fn not_connected(&self) -> bool {
+        matches!(
+            self,
+            Self::Connect { .. }
+                | Self::ConnectTimeout { .. }
+                | Self::Handshake { .. }
+                | Self::HandshakeTimeout { .. }
+        )
+    }
+
+    /// The peer said it did not process the request: `REFUSED_STREAM`, or a GOAWAY below its
+    /// stream.
+    pub fn unprocessed(&self) -> bool {
+        matches!(self, Self::Http { source, .. } if unprocessed(source))
     }
 }
 

@@ -26,6 +26,7 @@ use tokio_rustls::LazyConfigAcceptor;
 use tracing::debug;
 
 use super::access::{Line, TcpConn};
+use super::app_pool::Unreached;
 use super::hop::{HOP_SERVICES, HOP_VERSION, parse_server_name};
 use super::http::limits::{self, InFlight, Proto, Watch, Watched, track};
 use super::metrics::{Direction, Handshake, Side};
@@ -306,6 +307,13 @@ async fn serve_hop_http<T>(
                     return Err(limits::refused_stream());
                 };
                 let resp = inbound_request(&inputs, &pod, &peer, &to, req, &in_flight).await;
+                // The application refused the connection and nothing was sent to it: the
+                // stream is refused unprocessed, so that the source tries another endpoint
+                // (issue #38), and answers `503 upstream-unreachable` itself when it cannot.
+                // HTTP/2 only: an HTTP/1.1 hop carries an upgrade, answered as it is.
+                if !h1 && resp.extensions().get::<Unreached>().is_some() {
+                    return Err(limits::refused_stream());
+                }
                 Ok(resp.map(|b| track(b, &in_flight)))
             })
         })

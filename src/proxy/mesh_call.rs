@@ -3,7 +3,7 @@
 //! hop to one endpoint. No route filter, mirror or service-level header mutation runs on it on
 //! the source side; the destination runs its own filters as on any hop request.
 //!
-//! May import: `hop` (the client side), `resolve`; never `filters` or `http`, which import this
+//! May import: `balance` (the endpoint choice), `hop` (the client side), `resolve`; never `filters` or `http`, which import this
 //! module (issue #7 §7: the filters → http → filters circle is gone).
 
 use http::header::HOST;
@@ -11,6 +11,7 @@ use http::{HeaderValue, Request, Response, Version};
 use http_body_util::BodyExt;
 use hyper::body::Incoming;
 
+use super::balance::{self, Loaded, Outcome};
 use super::hop::{HopError, hop_form};
 use super::{Body, BoxError, Inputs, PodCtx};
 use crate::model::names::{AuthorityInput, HttpVersion};
@@ -46,13 +47,14 @@ pub async fn mesh_call(
         .map(|r| r.map(|b| b.map_err(BoxError::from).boxed()))
 }
 
-/// [`mesh_call`], saying why it failed.
+/// [`mesh_call`], saying why it failed. The endpoint is chosen by [`balance`], with one more
+/// try on another when the first cannot be reached; its load lasts until the body ends.
 pub async fn mesh_send(
     inputs: &Inputs,
     pod: &PodCtx,
     authority: &str,
     mut req: Request<Body>,
-) -> Result<Response<Incoming>, MeshCallError> {
+) -> Result<Response<Loaded<Incoming>>, MeshCallError> {
     let model = inputs.model.load();
     let hosts = [authority];
     let facts = RequestFacts {
@@ -75,11 +77,6 @@ pub async fn mesh_send(
     let RequestDecision::Deliver(d) = resolve_request(&model, pod.caller(), &facts) else {
         return Err(MeshCallError::NotDelivered(authority.to_owned()));
     };
-    let endpoints = &d.backend.endpoints;
-    if endpoints.is_empty() {
-        return Err(MeshCallError::NoEndpoints(authority.to_owned()));
-    }
-    let endpoint = &endpoints[fastrand::usize(..endpoints.len())];
     super::hop::annotate(
         &mut req,
         &d.filter_services,
@@ -90,8 +87,9 @@ pub async fn mesh_send(
         req.headers_mut().insert(HOST, v);
     }
     let req = hop_form(req);
-    Ok(inputs
-        .pool
-        .send(inputs, pod, endpoint, d.backend.pod_port, req)
-        .await?)
+    match balance::send(inputs, pod, &d.backend.endpoints, d.backend.pod_port, req).await {
+        Outcome::Reached { value, .. } => Ok(value),
+        Outcome::Failed(e) => Err(MeshCallError::Hop(e)),
+        Outcome::NoEndpoint => Err(MeshCallError::NoEndpoints(authority.to_owned())),
+    }
 }

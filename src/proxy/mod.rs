@@ -3,12 +3,13 @@
 //! reads the registry and never programs capture.
 //!
 //! Imports inside the data plane run one way (issue #7 §7): `outbound` → `http` (`serve` →
-//! `deliver` → `mirror`, `upstream`) → `filters` → `mesh_call` → `hop` → `socket`; `inbound`
+//! `deliver` → `mirror`, `upstream`) → `filters` → `mesh_call` → `balance` → `hop` → `socket`; `inbound`
 //! (the hop's destination side) → `filters`, `http::upstream`, `http::limits`. `respond`, `sniff`, `upgrade`
 //! and `app_pool` import none of them. Sockets of a pod come from its [`socket`] factory.
 
 pub mod access;
 pub mod app_pool;
+pub mod balance;
 pub mod copy;
 pub mod filters;
 pub mod hop;
@@ -99,8 +100,15 @@ pub struct ProxySettings {
     pub sniff_bound: Duration,
     /// The discovery hold (2 s).
     pub hold: Duration,
-    /// Connecting to an endpoint or a passthrough destination.
+    /// Connecting to an endpoint (the mesh hop's TCP connect) or a passthrough destination: a
+    /// connect that takes longer fails, and a delivery tries another endpoint
+    /// ([`balance`]). Node setting `connect_timeout_ms`, default 1 s: a hop crosses the
+    /// cluster's network, where a live pod answers a SYN in milliseconds.
     pub connect_timeout: Duration,
+    /// Endpoint choice: ejection of endpoints that fail to connect, and the cap on the
+    /// endpoints tracked ([`balance::Limits`]; node settings `endpoint_ejection_ms`,
+    /// `endpoint_ejection_max_ms`, `endpoint_states_max`).
+    pub balance: balance::Limits,
     /// The largest HTTP/1 request head accepted.
     pub max_header_bytes: usize,
     /// A UDP flow (client address, dialled address) with no datagram either way for this long
@@ -155,7 +163,8 @@ impl Default for ProxySettings {
             trust_domain: "cluster.local".into(),
             sniff_bound: Duration::from_secs(1),
             hold: Duration::from_secs(2),
-            connect_timeout: Duration::from_secs(5),
+            connect_timeout: Duration::from_secs(1),
+            balance: balance::Limits::default(),
             max_header_bytes: 64 * 1024,
             udp_idle: Duration::from_secs(60),
             max_connections: 100_000,
@@ -186,6 +195,8 @@ pub struct Inputs {
     pub settings: ProxySettings,
     /// Pooled HTTP/2 hop connections.
     pub pool: hop::Pool,
+    /// The endpoint choice: load and ejection per endpoint ([`balance`]).
+    pub balance: balance::Balancer,
     /// Set to `true` when the daemon drains: HTTP connections close once idle (HTTP/2 with
     /// GOAWAY), in-flight requests finish.
     pub drain: tokio::sync::watch::Sender<bool>,

@@ -9,6 +9,8 @@ use tokio::net::{TcpListener, TcpStream};
 use tracing::{debug, warn};
 
 use super::access::{Destination, Line, Source, TcpConn};
+use super::balance::{self, Outcome, Tried};
+use super::hop::HopError;
 use super::metrics::Direction;
 use super::{ALPN_TCP, Inputs, PodCtx, count, hop, peek, sniff};
 use crate::model::filters::pick_weighted;
@@ -142,22 +144,29 @@ async fn tcp(inputs: &Inputs, pod: &PodCtx, mut stream: TcpStream, choice: &TcpC
             return;
         }
     };
-    if target.endpoints.is_empty() {
-        debug!(service = %target.service, "raw tcp with no endpoint: closed");
-        return;
-    }
-    let endpoint = &target.endpoints[fastrand::usize(..target.endpoints.len())];
-    // Boxed: the relay that follows keeps no room for the handshake's state.
-    let connect = Box::pin(hop::connect(
+    // The endpoint is chosen by `balance`; a hop that cannot be reached is tried once more on
+    // another endpoint (issue #38): the client's bytes have not left yet, so nothing is sent
+    // twice.
+    let connect = Box::pin(balance::deliver_to(
         inputs,
-        pod,
-        endpoint,
+        &target.endpoints,
         target.pod_port,
-        ALPN_TCP,
+        (),
+        |i, ()| async move {
+            let endpoint = &target.endpoints[i];
+            match hop::connect(inputs, pod, endpoint, target.pod_port, ALPN_TCP).await {
+                Ok(tls) => Tried::<_, HopError, ()>::Done(tls),
+                Err(e) => balance::hop_not_reached(e, ()),
+            }
+        },
     ));
-    let mut upstream = match connect.await {
-        Ok(s) => s,
-        Err(e) => {
+    let (mut upstream, endpoint, _load) = match connect.await {
+        Outcome::Reached { value, index, load } => (value, &target.endpoints[index], load),
+        Outcome::NoEndpoint => {
+            debug!(service = %target.service, "raw tcp with no endpoint: closed");
+            return;
+        }
+        Outcome::Failed(e) => {
             warn!(error = %e, service = %target.service, "raw tcp hop failed");
             return;
         }
@@ -201,8 +210,9 @@ async fn passthrough(inputs: &Inputs, pod: &PodCtx, mut stream: TcpStream, diall
     inputs
         .metrics
         .passthrough(super::metrics::PassProtocol::Tcp);
-    let target = super::passthrough::pick(inputs, dialled);
-    let Some(mut upstream) = Box::pin(super::passthrough::open(inputs, pod, &target)).await else {
+    let Some((mut upstream, target, _load)) =
+        Box::pin(super::passthrough::connect(inputs, pod, dialled)).await
+    else {
         return;
     };
     // A passthrough has no destination service unless it crosses the hop to a mesh pod.

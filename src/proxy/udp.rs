@@ -78,6 +78,8 @@ fn recv_with_dst(
 #[derive(Debug)]
 struct Flow {
     up: UdpSocket,
+    /// Its backend pod's unit of load, while the flow lives.
+    _load: super::balance::Load,
     /// The last datagram either way, in milliseconds since the listener's `epoch`.
     last: AtomicU64,
 }
@@ -147,10 +149,12 @@ pub async fn serve_udp(inputs: Arc<Inputs>, pod: Arc<PodCtx>, sock: UdpSocket) {
                 continue;
             }
         };
-        if target.endpoints.is_empty() {
+        // The flow's backend pod is chosen by `balance` (issue #38); the flow holds its load.
+        let Some(chosen) = super::balance::choose(&inputs, &target.endpoints, target.pod_port)
+        else {
             continue;
-        }
-        let ep = &target.endpoints[fastrand::usize(..target.endpoints.len())];
+        };
+        let ep = &target.endpoints[chosen.index];
         let backend = SocketAddr::new(ep.address, target.pod_port);
         drop(model);
         let Ok(local) = pod.net.ip_for(backend) else {
@@ -183,6 +187,7 @@ pub async fn serve_udp(inputs: Arc<Inputs>, pod: Arc<PodCtx>, sock: UdpSocket) {
         let flow = Arc::new(Flow {
             up,
             last: AtomicU64::new(0),
+            _load: chosen.load,
         });
         flow.touch(epoch);
         if flow.up.send(&buf[..n]).await.is_ok() {
@@ -381,6 +386,7 @@ spec:
             tls: Arc::new(NoTls),
             settings,
             pool: Pool::default(),
+            balance: Default::default(),
             drain: watch::Sender::new(false),
             stats: Stats::default(),
             metrics: Arc::default(),

@@ -46,6 +46,12 @@ pub(crate) const SLOW: u8 = 4;
 /// an HTTPRoute whose rule `/via-multi` sends its requests to mp-multi:8080 (so the addressed
 /// Service is not the endpoint's own mesh service).
 pub(crate) const GUARDED: u8 = 5;
+/// `mp-pair-0`: 8080 HTTP and 9000 raw TCP, one of mp-pair's two endpoints. Not started by
+/// the world: a test serves it with [`World::serve_pair`].
+pub(crate) const PAIR_0: u8 = 6;
+/// `mp-pair-1`: mp-pair's other endpoint, the one a test leaves dead (nothing on its hop port,
+/// or a hop port that never answers a SYN).
+pub(crate) const PAIR_1: u8 = 7;
 /// An address outside the mesh (no pod has it): a passthrough's destination.
 pub(crate) const OUTSIDE: u8 = 50;
 
@@ -179,6 +185,42 @@ spec:
     backendRefs: [{group: "", kind: Service, name: mp-multi, port: 8080}]
   - matches: [{path: {type: PathPrefix, value: /}}]
     backendRefs: [{group: "", kind: Service, name: mp-guarded, port: 8080}]
+---
+# Two endpoints of one service, for the endpoint choice (issue #38): a test serves one and
+# leaves the other dead.
+apiVersion: v1
+kind: ServiceAccount
+metadata: {name: mp-pair, namespace: mp}
+---
+apiVersion: v1
+kind: Pod
+metadata:
+  name: mp-pair-0
+  namespace: mp
+  annotations:
+    endpoint.aether.io/port: "8080"
+    endpoint.aether.io/protocol: "http"
+    endpoint.aether.io/ports: "9000=tcp"
+spec: {serviceAccountName: mp-pair, nodeName: node-a}
+status:
+  podIP: {B}.6
+  podIPs: [{ip: {B}.6}]
+  conditions: [{type: Ready, status: "True"}]
+---
+apiVersion: v1
+kind: Pod
+metadata:
+  name: mp-pair-1
+  namespace: mp
+  annotations:
+    endpoint.aether.io/port: "8080"
+    endpoint.aether.io/protocol: "http"
+    endpoint.aether.io/ports: "9000=tcp"
+spec: {serviceAccountName: mp-pair, nodeName: node-a}
+status:
+  podIP: {B}.7
+  podIPs: [{ip: {B}.7}]
+  conditions: [{type: Ready, status: "True"}]
 "#;
 
 /// One daemon's data plane and its pods.
@@ -262,6 +304,7 @@ impl World {
             tls: Arc::new(IdentityTls::new(identities.clone())),
             settings,
             pool: aether::proxy::hop::Pool::default(),
+            balance: Default::default(),
             drain: tokio::sync::watch::Sender::new(false),
             stats: Stats::default(),
             metrics,
@@ -332,6 +375,34 @@ impl World {
             snapshot,
             block,
             loopback,
+        }
+    }
+
+    /// Serve mp-pair's pod at `host` ([`PAIR_0`] or [`PAIR_1`]): its inbound hop, and with
+    /// `app` the echo on 8080 (HTTP) and 9000 (raw TCP); without, nothing listens there (its
+    /// application is dead while its pod is served).
+    pub(crate) fn serve_pair(&self, host: u8, app: bool) {
+        let name = format!("mp-pair-{}", host - PAIR_0);
+        let net = LoopbackNet::new(self.ip(host));
+        let hop = bind(&net, SocketAddr::new(IpAddr::V4(self.ip(host)), HOP_PORT));
+        tokio::spawn(aether::proxy::inbound::serve_inbound(
+            self.inputs.clone(),
+            Arc::new(PodCtx::new(
+                "mp".into(),
+                name.clone(),
+                "mp-pair".into(),
+                SocketFactory::Loopback(net),
+                CaptureMode::RedirectAll,
+            )),
+            hop,
+        ));
+        if app {
+            echo(
+                "mp-pair",
+                &name,
+                self.ip(host),
+                &[(ListenerKind::Http, 8080), (ListenerKind::Tcp, 9000)],
+            );
         }
     }
 

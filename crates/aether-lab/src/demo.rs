@@ -403,6 +403,8 @@ pub async fn up_until(opts: &DemoOptions, stop: &Stop) -> Result<Running, DemoEr
                 "ext-http-0",
                 "mp-cni-0",
                 "mp-multi-1",
+                // The endpoint-choice legs stop its hop (src/legs/balance.rs).
+                "mp-mixed-1",
                 "mp-httponly-0",
                 "mp-httponly-1",
                 "mp-owned-0",

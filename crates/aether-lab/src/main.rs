@@ -164,6 +164,20 @@ struct NodeArgs {
     /// The mesh hop's TLS handshake bound, in milliseconds.
     #[arg(long, env = "AETHER_HANDSHAKE_TIMEOUT_MS")]
     handshake_timeout_ms: Option<u64>,
+    /// A connect to an endpoint or a passthrough destination that takes longer fails, in
+    /// milliseconds (a delivery then tries another endpoint).
+    #[arg(long, env = "AETHER_CONNECT_TIMEOUT_MS")]
+    connect_timeout_ms: Option<u64>,
+    /// How long an endpoint that failed to connect is out of the choice, the first time, in
+    /// milliseconds.
+    #[arg(long, env = "AETHER_ENDPOINT_EJECTION_MS")]
+    endpoint_ejection_ms: Option<u64>,
+    /// The longest ejection of an endpoint (repeated ejections double), in milliseconds.
+    #[arg(long, env = "AETHER_ENDPOINT_EJECTION_MAX_MS")]
+    endpoint_ejection_max_ms: Option<u64>,
+    /// The most endpoints whose load and ejection the node keeps.
+    #[arg(long, env = "AETHER_ENDPOINT_STATES_MAX")]
+    endpoint_states_max: Option<usize>,
     /// The inbound mode of pods without `inbound.aether.io/mode`.
     #[arg(long, env = "AETHER_INBOUND_MODE_DEFAULT")]
     inbound_mode_default: Option<aether::node::config::InboundMode>,
@@ -1030,6 +1044,10 @@ fn node_config(args: &NodeArgs) -> anyhow::Result<aether::node::NodeConfig> {
         max_connections_per_pod,
         metrics_max_connections,
         handshake_timeout_ms,
+        connect_timeout_ms,
+        endpoint_ejection_ms,
+        endpoint_ejection_max_ms,
+        endpoint_states_max,
         inbound_mode_default,
         inbound_trusted_sources,
         udp_max_flows_per_pod,

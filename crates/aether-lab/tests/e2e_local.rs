@@ -43,6 +43,10 @@ fn every_leg_through_real_sockets() {
             "H2C-SAME",
             "GRPC-SAME",
             "POLICY",
+            "EP-KILL",
+            "EP-APPKILL",
+            "EP-REFUSE",
+            "EP-BLACKHOLE",
         ],
     );
 }

@@ -4,7 +4,7 @@
 //! response-side modifiers on the way back. A request that switches protocols crosses a
 //! dedicated HTTP/1.1 hop ([`ALPN_H1`]) and is spliced on `101`.
 //!
-//! May import: `super::mirror`, `super::upstream` (forms and the `101` count), `filters`, `hop`,
+//! May import: `super::mirror`, `super::upstream` (forms and the `101` count), `filters`, `balance`, `hop`,
 //! `respond`, `upgrade`; never `super::serve`. Invariants: a delivered request carries the
 //! authority it was routed on as its `Host` (addressing.md §2); every filter that applies runs
 //! before the hop (I1); response modifiers apply backend, then rule, then service level.
@@ -21,6 +21,7 @@ use super::mirror::{fired_mirrors, send_mirrors};
 use super::upstream::{count_switch, origin_form_any};
 use crate::model::filters::{FilterStep, RedirectInput, RuleAnswer, redirect, rewrite};
 use crate::model::snapshot::{FilterConfig, HeaderModifier};
+use crate::proxy::balance::{self, Outcome, Tried};
 use crate::proxy::filters::{authorize, modify_headers, mutate_request, set_path};
 use crate::proxy::hop::hop_form;
 use crate::proxy::{ALPN_H1, Body, BoxError, Inputs, Peer, PodCtx, count, respond, upgrade};
@@ -225,52 +226,77 @@ pub async fn deliver(
     if endpoints.is_empty() {
         return respond::reason(Reason::NoEndpoints);
     }
-    let endpoint = &endpoints[fastrand::usize(..endpoints.len())];
     let version = req.version();
     count(&inputs.stats.deliveries);
     let hop_started = crate::time::now();
+    let port = d.backend.pod_port;
+    // The endpoint is chosen, and a second one tried when the first cannot be reached, by
+    // `balance` (issue #38): the route's timeout covers both tries.
     let send = async {
         match client_upgrade {
             None => {
                 crate::proxy::hop::annotate(&mut req, &d.filter_services, version, d.backend.h2c);
                 let req = hop_form(req);
-                inputs
-                    .pool
-                    .send(inputs, pod, endpoint, d.backend.pod_port, req)
-                    .await
-                    .map(|r| r.map(|b| b.map_err(BoxError::from).boxed()))
-                    .map_err(BoxError::from)
+                match balance::send(inputs, pod, endpoints, port, req).await {
+                    Outcome::Reached { value, index, .. } => Outcome::Reached {
+                        value: value.map(|b| b.map_err(BoxError::from).boxed()),
+                        index,
+                        load: balance::Load::none(),
+                    },
+                    Outcome::Failed(e) => Outcome::Failed(BoxError::from(e)),
+                    Outcome::NoEndpoint => Outcome::NoEndpoint,
+                }
             }
             // HTTP/2 cannot switch protocols: the request gets an HTTP/1.1 hop of its own,
             // and the application is reached as HTTP/1.1 whatever `appProtocol` says.
             Some(up) => {
                 crate::proxy::hop::annotate(&mut req, &d.filter_services, Version::HTTP_11, false);
                 let req = origin_form_any(req);
-                let tls =
-                    crate::proxy::hop::connect(inputs, pod, endpoint, d.backend.pod_port, ALPN_H1)
-                        .await?;
-                let resp = upgrade::forward(tls, req, up, inputs.settings.tcp_idle_timeout).await?;
-                count_switch(inputs, &resp);
-                Ok(resp)
+                balance::deliver_to(
+                    inputs,
+                    endpoints,
+                    port,
+                    (req, up),
+                    |i, (req, up)| async move {
+                        let endpoint = &endpoints[i];
+                        let tls =
+                            match crate::proxy::hop::connect(inputs, pod, endpoint, port, ALPN_H1)
+                                .await
+                            {
+                                Ok(tls) => tls,
+                                Err(e) => return balance::hop_not_reached(e, (req, up)),
+                            };
+                        match upgrade::forward(tls, req, up, inputs.settings.tcp_idle_timeout).await
+                        {
+                            Ok(resp) => {
+                                count_switch(inputs, &resp);
+                                Tried::Done(resp)
+                            }
+                            Err(e) => Tried::Failed(BoxError::from(e)),
+                        }
+                    },
+                )
+                .await
             }
         }
     };
-    let result: Result<Response<Body>, BoxError> = match d.timeout_ms {
+    let outcome = match d.timeout_ms {
         Some(ms) => match tokio::time::timeout(std::time::Duration::from_millis(ms), send).await {
             Ok(r) => r,
             Err(_) => return respond::reason(Reason::UpstreamUnreachable),
         },
         None => send.await,
     };
-    let mut resp = match result {
-        Ok(r) => r,
-        Err(e) => {
+    let (mut resp, endpoint) = match outcome {
+        Outcome::Reached { value, index, .. } => (value, &endpoints[index]),
+        Outcome::NoEndpoint => return respond::reason(Reason::NoEndpoints),
+        Outcome::Failed(e) => {
             // At most a line a second: a client that floods and cancels its requests would
             // otherwise write one per request (every failure is answered and counted).
-            tracing::debug!(error = %crate::DisplayChain(&*e), endpoint = %endpoint.address,
+            tracing::debug!(error = %crate::DisplayChain(&*e), service = %d.backend.service,
                 "mesh hop failed");
             if let Some(left_out) = inputs.stats.hop_failed_log.pass() {
-                warn!(error = %crate::DisplayChain(&*e), endpoint = %endpoint.address,
+                warn!(error = %crate::DisplayChain(&*e), service = %d.backend.service,
                     left_out, "mesh hop failed (and {left_out} more since the last line)");
             }
             return respond::reason(Reason::UpstreamUnreachable);

@@ -15,7 +15,7 @@ use hyper::upgrade::OnUpgrade;
 use tokio::net::TcpStream;
 use tracing::debug;
 
-use crate::proxy::app_pool::Purpose;
+use crate::proxy::app_pool::{Purpose, Unreached};
 use crate::proxy::socket::{SocketError, Source};
 use crate::proxy::{Body, BoxError, Inputs, PodCtx, count, passthrough, respond, upgrade};
 use crate::resolve::answer::{HEADER_ERROR, Reason};
@@ -36,7 +36,9 @@ pub(super) async fn passthrough(
     let h2 = req.version() == Version::HTTP_2;
     // A mesh pod behind the dialled address is reached over the hop (model.md §12.5 item 1);
     // kept connections are per endpoint then.
-    let target = passthrough::pick(inputs, dialled);
+    // The endpoint's load lasts until the response head (no second try here: issue #38 retries
+    // the byte-level passthrough, whose client bytes are still unread).
+    let (target, _load) = passthrough::pick(inputs, dialled);
     let purpose = if target.hop.is_some() {
         Purpose::PassthroughHop
     } else {
@@ -83,7 +85,7 @@ where
             Some(stream) => upgrade::forward(stream, req, up, inputs.settings.tcp_idle_timeout)
                 .await
                 .map_err(BoxError::from),
-            None => Err("the destination refused the connection".into()),
+            None => Err(Unreached.into()),
         },
         None => pod.apps.send(purpose, source, dst, h2, req, connect).await,
     };
@@ -95,7 +97,11 @@ where
         }
         Err(e) => {
             debug!(error = %crate::DisplayChain(&*e), %dst, "upstream request failed");
-            respond::reason(Reason::UpstreamUnreachable)
+            let mut resp = respond::reason(Reason::UpstreamUnreachable);
+            if e.is::<Unreached>() {
+                resp.extensions_mut().insert(Unreached);
+            }
+            resp
         }
     }
 }

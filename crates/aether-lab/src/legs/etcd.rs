@@ -276,7 +276,7 @@ async fn cut_off(etcd: &EtcdControl, cut: bool) -> Result<(), String> {
 
 /// Runs `command` (`nft`, or a wrapper that enters a namespace and runs it) with `-f -` and
 /// `script` on its standard input.
-fn nft(mut command: std::process::Command, script: &str) -> Result<(), String> {
+pub(super) fn nft(mut command: std::process::Command, script: &str) -> Result<(), String> {
     use std::io::Write;
     let mut child = command
         .args(["-f", "-"])

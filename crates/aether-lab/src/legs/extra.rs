@@ -639,21 +639,12 @@ async fn bad_peer(env: &Env) -> Check {
 /// The hop refusals for source binding of every daemon, by reason
 /// (`aether_hop_source_refused_total`).
 async fn unbound_refusals(env: &Env, reason: &str) -> Result<f64, String> {
-    let reg = env
-        .registry
-        .as_ref()
-        .ok_or_else(|| env.not_here(Need::DaemonSockets))?;
-    let mut total = 0.0;
-    for socket in &reg.admin_sockets {
-        let text = super::admin_get(socket, "/metrics").await?;
-        let samples = super::parse_exposition(&text)?;
-        total += super::sum_samples(
-            &samples,
-            "aether_hop_source_refused_total",
-            &[("reason", reason)],
-        );
-    }
-    Ok(total)
+    super::balance::metric_sum(
+        env,
+        "aether_hop_source_refused_total",
+        &[("reason", reason)],
+    )
+    .await
 }
 
 /// issue #35 item 3, model.md §14 "Source binding": a certificate the mesh's CA issued for

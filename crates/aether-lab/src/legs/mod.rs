@@ -37,6 +37,7 @@ macro_rules! leg {
     };
 }
 
+mod balance;
 mod catalogue;
 mod etcd;
 mod explain;
@@ -62,6 +63,7 @@ use crate::workload::probe::{
 use aether::netns::Netns;
 use aether_core::model::Snapshot;
 
+pub use balance::BALANCE;
 pub use catalogue::LEGS;
 pub use etcd::ETCD;
 pub use explain::EXPLAIN;
@@ -603,6 +605,7 @@ pub async fn run(env: &Env, filter: Option<&[String]>) -> Vec<LegResult> {
         .chain(METRICS)
         .chain(RULES)
         .chain(HOSTILE)
+        .chain(BALANCE)
         .chain(EXPLAIN)
         .chain(kube)
         .chain(etcd)
