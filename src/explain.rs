@@ -571,6 +571,17 @@ pub fn decide(
         _ => (HttpVersion::Http11, None, &host_refs),
     };
     let method = q.method.to_ascii_uppercase();
+    // The header map a request with these headers arrives with: names lower case; a field that
+    // no request can carry (an invalid name or value) is not in it.
+    let mut headers = http::HeaderMap::new();
+    for (name, value) in &q.headers {
+        if let (Ok(name), Ok(value)) = (
+            http::HeaderName::from_bytes(name.as_bytes()),
+            http::HeaderValue::from_str(value),
+        ) {
+            headers.append(name, value);
+        }
+    }
     let facts = |hold_expired| RequestFacts {
         entry,
         authority: AuthorityInput {
@@ -581,9 +592,10 @@ pub fn decide(
         },
         method: &method,
         path_and_query: (method != "CONNECT").then_some(q.path.as_str()),
-        headers: &q.headers,
+        headers: &headers,
         hold_expired,
         entropy: q.entropy,
+        explain: true,
     };
     let first = resolve_request(model, &caller, &facts(false));
     if let RequestDecision::Hold(..) = first {

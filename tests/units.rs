@@ -127,9 +127,10 @@ fn ask(
             },
             method: "GET",
             path_and_query: Some("/"),
-            headers: &[],
+            headers: &http::HeaderMap::new(),
             hold_expired,
             entropy: 0,
+            explain: true,
         },
     )
 }
@@ -872,9 +873,10 @@ fn a_rules_filters_travel_with_the_delivery_as_data() {
             },
             method: "GET",
             path_and_query: Some("/api/users?x=1"),
-            headers: &[],
+            headers: &http::HeaderMap::new(),
             hold_expired: false,
             entropy: 0,
+            explain: true,
         },
     );
     let RequestDecision::Deliver(del) = d else {

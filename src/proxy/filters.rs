@@ -126,33 +126,10 @@ pub fn strip_mesh_headers(headers: &mut HeaderMap) {
     }
 }
 
-/// A header value as the modifier sees it: the wire value of a received header, or the value a
-/// modifier writes (`None` when its text is not a valid field value; it is not written).
-struct Wire(Option<HeaderValue>);
-
-impl From<&str> for Wire {
-    fn from(text: &str) -> Self {
-        Self(HeaderValue::from_str(text).ok())
-    }
-}
-
-/// Apply a Gateway API header modifier to a header map ([`apply_header_modifier`]). The headers
-/// it does not touch keep their bytes, UTF-8 or not.
+/// Apply a Gateway API header modifier to a header map, in place ([`apply_header_modifier`]).
+/// The headers it does not touch keep their bytes, UTF-8 or not; the map is never rebuilt.
 pub fn modify_headers(headers: &mut HeaderMap, modifier: &HeaderModifier) {
-    if modifier.set.is_empty() && modifier.add.is_empty() && modifier.remove.is_empty() {
-        return;
-    }
-    let mut pairs: Vec<(String, Wire)> = headers
-        .iter()
-        .map(|(k, v)| (k.as_str().to_owned(), Wire(Some(v.clone()))))
-        .collect();
-    apply_header_modifier(modifier, &mut pairs);
-    headers.clear();
-    for (k, Wire(v)) in pairs {
-        if let (Ok(k), Some(v)) = (HeaderName::try_from(k), v) {
-            headers.append(k, v);
-        }
-    }
+    apply_header_modifier(modifier, headers);
 }
 
 /// A service-level or route-level `header_mutation`, request side (headers and query).

@@ -15,9 +15,11 @@ use std::net::{IpAddr, SocketAddr};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicI64, Ordering};
 
+use bytes::Bytes;
 use dashmap::DashMap;
 use http::header::HOST;
-use http::{HeaderValue, Request, Response, Uri, Version};
+use http::uri::{Authority, PathAndQuery, Scheme};
+use http::{HeaderName, HeaderValue, Request, Response, Uri, Version};
 use hyper::client::conn::http2::SendRequest;
 use hyper_util::rt::{TokioExecutor, TokioIo};
 use rustls::pki_types::ServerName;
@@ -163,19 +165,26 @@ async fn open(
 /// The request as sent over the HTTP/2 hop: an absolute URI (`http://<authority><path>`) so
 /// that HTTP/2 has its pseudo-headers. The authority is the request's `Host`: on a delivery the one
 /// the source side set, which a rule's `URLRewrite` may have changed.
+///
+/// Built from parts: the received path is shared, not copied, and the authority is one copy of
+/// the `Host` value; nothing is formatted per request (issue #38).
 pub fn hop_form(mut req: Request<Body>) -> Request<Body> {
     let pq = req
         .uri()
         .path_and_query()
-        .map_or_else(|| "/".to_owned(), |p| p.as_str().to_owned());
-    let host = req
+        .cloned()
+        .unwrap_or_else(|| PathAndQuery::from_static("/"));
+    let authority = req
         .headers()
         .get(HOST)
-        .and_then(|v| v.to_str().ok())
-        .filter(|a| http::uri::Authority::try_from(*a).is_ok())
-        .unwrap_or("mesh.invalid")
-        .to_owned();
-    if let Ok(uri) = Uri::try_from(format!("http://{host}{pq}")) {
+        .and_then(|v| Authority::try_from(v.as_bytes()).ok())
+        .unwrap_or_else(|| Authority::from_static("mesh.invalid"));
+    let uri = Uri::builder()
+        .scheme(Scheme::HTTP)
+        .authority(authority)
+        .path_and_query(pq)
+        .build();
+    if let Ok(uri) = uri {
         *req.uri_mut() = uri;
     }
     *req.version_mut() = Version::HTTP_2;
@@ -407,13 +416,26 @@ impl Drop for PoolConnection {
 
 /// Mark a hop request with what the destination needs.
 pub fn annotate(req: &mut Request<Body>, services: &[ServiceKey], version: Version, h2c: bool) {
-    let list = services
+    // `<ns>/<name>` joined by `,`, written into one string of the right size, which the header
+    // value then owns without a copy: one allocation per request (issue #38).
+    let size = services
         .iter()
-        .map(|s| format!("{}/{}", s.namespace, s.name))
-        .collect::<Vec<_>>()
-        .join(",");
-    if let Ok(v) = HeaderValue::from_str(&list) {
-        req.headers_mut().insert(HOP_SERVICES, v);
+        .map(|s| s.namespace.len() + s.name.len() + 2)
+        .sum::<usize>();
+    let mut list = String::with_capacity(size);
+    for s in services {
+        if !list.is_empty() {
+            list.push(',');
+        }
+        list.push_str(&s.namespace);
+        list.push('/');
+        list.push_str(&s.name);
+    }
+    // Names from `from_static` share their static bytes; a `&str` key would be copied into each
+    // request's map (and copied again by every clone of it, `head_of`).
+    if let Ok(v) = HeaderValue::from_maybe_shared(Bytes::from(list)) {
+        req.headers_mut()
+            .insert(HeaderName::from_static(HOP_SERVICES), v);
     }
     let v = if h2c || version == Version::HTTP_2 {
         "2"
@@ -422,8 +444,10 @@ pub fn annotate(req: &mut Request<Body>, services: &[ServiceKey], version: Versi
     } else {
         "1.1"
     };
-    req.headers_mut()
-        .insert(HOP_VERSION, HeaderValue::from_static(v));
+    req.headers_mut().insert(
+        HeaderName::from_static(HOP_VERSION),
+        HeaderValue::from_static(v),
+    );
 }
 
 #[cfg(test)]

@@ -358,7 +358,8 @@ async fn inbound_request(
     let started = crate::time::now();
     let logged = inputs.access.pick();
     let request_bytes = logged.then(|| Arc::new(AtomicU64::new(0)));
-    let (resp, decision) = match destination_filters(inputs, pod, peer, &mut req).await {
+    let (resp, decision) = match destination_filters(inputs, pod, peer, &to.service, &mut req).await
+    {
         Ok(version) => {
             let client_upgrade =
                 super::upgrade::is_upgrade(&req).then(|| hyper::upgrade::on(&mut req));
@@ -471,49 +472,56 @@ fn inbound_done(
 /// What the destination runs on every request that arrives over the hop, whatever the hop's
 /// HTTP version (model.md §14, routes.md §5.5): reads and removes the hop's headers, then runs
 /// the service-level `rbac` and `ext_authz` of the Services the source named plus the pod's
-/// own mesh service, on the identity the hop proved. The HTTP version toward the application,
-/// or the denial to answer.
+/// own mesh service (`own`), on the identity the hop proved. The HTTP version toward the
+/// application, or the denial to answer. The common case, the source named the pod's own
+/// service, allocates nothing (issue #38).
 pub async fn destination_filters<B>(
     inputs: &Inputs,
     pod: &PodCtx,
     peer: &Peer,
+    own: &ServiceKey,
     req: &mut Request<B>,
 ) -> Result<Version, Response<Body>> {
     let model = inputs.model.load();
-    let named: Vec<ServiceKey> = req
-        .headers()
-        .get(HOP_SERVICES)
-        .and_then(|v| v.to_str().ok())
-        .map(|v| {
-            v.split(',')
-                .filter_map(|s| s.split_once('/'))
-                .map(|(ns, name)| ServiceKey {
-                    namespace: ns.into(),
-                    name: name.into(),
-                })
-                .collect()
-        })
-        .unwrap_or_default();
+    // Taken out of the request (the hop's headers go before anything else reads it).
+    let named = req.headers_mut().remove(HOP_SERVICES);
     let version = match req.headers().get(HOP_VERSION).and_then(|v| v.to_str().ok()) {
         Some("2") => Version::HTTP_2,
         Some("1.0") => Version::HTTP_10,
         _ => Version::HTTP_11,
     };
+    req.headers_mut().remove(HOP_VERSION);
     super::filters::strip_mesh_headers(req.headers_mut());
     // routes.md §5.5: the named Services plus the pod's own mesh service; rbac and ext_authz
     // run here, on the identity the hop proved.
-    let own = ServiceKey {
-        namespace: pod.namespace.as_str().into(),
-        name: pod.service_account.as_str().into(),
-    };
-    let mut services = named;
-    if !services.contains(&own) {
-        services.push(own);
-    }
-    for key in &services {
-        for filter in model.filters_of(key) {
+    let named = named
+        .as_ref()
+        .and_then(|v| v.to_str().ok())
+        .into_iter()
+        .flat_map(|v| v.split(','))
+        .filter_map(|s| s.split_once('/'))
+        .map(|(namespace, name)| {
+            if *own.namespace == *namespace && *own.name == *name {
+                own.clone()
+            } else {
+                ServiceKey {
+                    namespace: namespace.into(),
+                    name: name.into(),
+                }
+            }
+        });
+    let mut own_named = false;
+    for key in named.chain(std::iter::once(own.clone())) {
+        // The pod's own service runs once: where the source named it, or last.
+        if key == *own {
+            if own_named {
+                continue;
+            }
+            own_named = true;
+        }
+        for filter in model.filters_of(&key) {
             if let Some(denied) =
-                super::filters::authorize(inputs, pod, &filter.config, key, peer, req).await
+                super::filters::authorize(inputs, pod, &filter.config, &key, peer, req).await
             {
                 return Err(denied);
             }

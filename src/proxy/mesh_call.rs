@@ -57,6 +57,8 @@ pub async fn mesh_send(
 ) -> Result<Response<Loaded<Incoming>>, MeshCallError> {
     let model = inputs.model.load();
     let hosts = [authority];
+    // The call is routed on its authority, method and path, never on its headers.
+    let no_headers = http::HeaderMap::new();
     let facts = RequestFacts {
         entry: HttpEntry::Loopback,
         authority: AuthorityInput {
@@ -70,9 +72,10 @@ pub async fn mesh_send(
             .uri()
             .path_and_query()
             .map(http::uri::PathAndQuery::as_str),
-        headers: &[],
+        headers: &no_headers,
         hold_expired: true,
         entropy: fastrand::u64(..),
+        explain: false,
     };
     let RequestDecision::Deliver(d) = resolve_request(&model, pod.caller(), &facts) else {
         return Err(MeshCallError::NotDelivered(authority.to_owned()));

@@ -15,7 +15,7 @@ use std::sync::atomic::AtomicU64;
 
 use bytes::{Bytes, BytesMut};
 use http::header::HOST;
-use http::{Method, Request, Response, Version};
+use http::{HeaderMap, HeaderValue, Method, Request, Response, Version};
 use http_body_util::BodyExt;
 use hyper::body::Incoming;
 use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
@@ -123,10 +123,8 @@ pub async fn serve(inputs: Arc<Inputs>, pod: Arc<PodCtx>, mut stream: TcpStream,
                     && *inputs.drain.borrow()
                     && resp.status() != http::StatusCode::SWITCHING_PROTOCOLS
                 {
-                    resp.headers_mut().insert(
-                        http::header::CONNECTION,
-                        http::HeaderValue::from_static("close"),
-                    );
+                    resp.headers_mut()
+                        .insert(http::header::CONNECTION, HeaderValue::from_static("close"));
                 }
                 Ok(resp.map(|b| track(b, &in_flight)))
             })
@@ -445,69 +443,75 @@ impl http_body::Body for ClientBody {
     }
 }
 
-/// Owned facts of one request, so the request itself can move on.
-struct Facts {
+/// The facts of one request the resolver reads, borrowed from the request: its header map, its
+/// method, path and authorities are read in place, never copied (issue #38).
+struct Facts<'r> {
     version: HttpVersion,
-    absolute: Option<String>,
-    h2_authority: Option<String>,
-    hosts: Vec<String>,
-    method: String,
-    path: Option<String>,
-    headers: Vec<(String, String)>,
+    /// The absolute-form target's authority (HTTP/1.x, not `CONNECT`).
+    absolute: Option<&'r http::uri::Authority>,
+    /// HTTP/2's `:authority`.
+    h2_authority: Option<&'r http::uri::Authority>,
+    /// The first `Host` field, when there is one.
+    first_host: Option<&'r HeaderValue>,
+    method: &'r str,
+    path: Option<&'r str>,
+    headers: &'r HeaderMap,
 }
 
-impl Facts {
-    fn of(req: &Request<Body>) -> Self {
+impl<'r> Facts<'r> {
+    fn of(req: &'r Request<Body>) -> Self {
         let version = match req.version() {
             Version::HTTP_2 => HttpVersion::H2,
             Version::HTTP_10 => HttpVersion::Http10,
             _ => HttpVersion::Http11,
         };
-        let authority = req.uri().authority().map(|a| a.as_str().to_owned());
+        let authority = req.uri().authority();
         let (absolute, h2_authority) = match version {
             HttpVersion::H2 => (None, authority),
             _ if req.method() == Method::CONNECT => (None, None),
             _ => (authority, None),
         };
-        let hosts = req
-            .headers()
-            .get_all(HOST)
-            .iter()
-            .map(|v| String::from_utf8_lossy(v.as_bytes()).into_owned())
-            .collect();
         let path = (req.method() != Method::CONNECT).then(|| {
             req.uri()
                 .path_and_query()
-                .map_or_else(|| "/".to_owned(), |p| p.as_str().to_owned())
+                .map_or("/", http::uri::PathAndQuery::as_str)
         });
-        let headers = req
-            .headers()
-            .iter()
-            .filter(|(k, _)| !crate::model::filters::is_mesh_header(k.as_str()))
-            .map(|(k, v)| {
-                (
-                    k.as_str().to_owned(),
-                    String::from_utf8_lossy(v.as_bytes()).into_owned(),
-                )
-            })
-            .collect();
         Self {
             version,
             absolute,
             h2_authority,
-            hosts,
-            method: req.method().as_str().to_owned(),
+            first_host: req.headers().get(HOST),
+            method: req.method().as_str(),
             path,
-            headers,
+            headers: req.headers(),
         }
     }
 
-    /// The authority as received (for redirects and the hop's URI).
-    fn authority(&self) -> Option<&str> {
+    /// The authority as received (for redirects and the hop's URI), kept apart from the
+    /// request so that the request can move on: a share of its bytes, not a copy.
+    fn received(&self) -> Option<Received> {
         self.absolute
-            .as_deref()
-            .or(self.h2_authority.as_deref())
-            .or(self.hosts.first().map(String::as_str))
+            .or(self.h2_authority)
+            .map(|a| Received::Uri(a.clone()))
+            .or_else(|| self.first_host.map(|h| Received::Host(h.clone())))
+    }
+}
+
+/// The authority a request was received with ([`Facts::received`]).
+enum Received {
+    /// The request target's (absolute form) or HTTP/2's `:authority`.
+    Uri(http::uri::Authority),
+    /// The first `Host` field.
+    Host(HeaderValue),
+}
+
+impl Received {
+    /// As text; a `Host` byte that is not UTF-8 reads as U+FFFD, as the resolver read it.
+    fn text(&self) -> std::borrow::Cow<'_, str> {
+        match self {
+            Self::Uri(a) => a.as_str().into(),
+            Self::Host(h) => String::from_utf8_lossy(h.as_bytes()),
+        }
     }
 }
 
@@ -662,7 +666,29 @@ async fn answer_request(
     let client_upgrade = switches.then(|| hyper::upgrade::on(&mut req));
     let facts = Facts::of(&req);
     let caller = pod.caller();
-    let host_refs: Vec<&str> = facts.hosts.iter().map(String::as_str).collect();
+    // Every `Host` field as text. The common case, one field of UTF-8, borrows it; otherwise
+    // each is read lossily, a byte that is not UTF-8 as U+FFFD (issue #38 keeps that reading).
+    let only = {
+        let mut fields = facts.headers.get_all(HOST).iter();
+        match (fields.next(), fields.next()) {
+            (Some(h), None) => std::str::from_utf8(h.as_bytes()).ok().map(|t| [t]),
+            _ => None,
+        }
+    };
+    let lossy: Vec<String> = match only {
+        Some(_) => Vec::new(),
+        None => facts
+            .headers
+            .get_all(HOST)
+            .iter()
+            .map(|h| String::from_utf8_lossy(h.as_bytes()).into_owned())
+            .collect(),
+    };
+    let lossy_refs: Vec<&str> = lossy.iter().map(String::as_str).collect();
+    let hosts: &[&str] = match &only {
+        Some(one) => one,
+        None => &lossy_refs,
+    };
     let mut hold_expired = false;
     let started = crate::time::now();
     loop {
@@ -672,15 +698,17 @@ async fn answer_request(
             entry,
             authority: AuthorityInput {
                 version: facts.version,
-                absolute: facts.absolute.as_deref(),
-                h2_authority: facts.h2_authority.as_deref(),
-                hosts: &host_refs,
+                absolute: facts.absolute.map(http::uri::Authority::as_str),
+                h2_authority: facts.h2_authority.map(http::uri::Authority::as_str),
+                hosts,
             },
-            method: &facts.method,
-            path_and_query: facts.path.as_deref(),
-            headers: &facts.headers,
+            method: facts.method,
+            path_and_query: facts.path,
+            headers: facts.headers,
             hold_expired,
             entropy: fastrand::u64(..),
+            // The data plane reads only `Why::rule` (the access line, debug events).
+            explain: false,
         };
         let decision = resolve_request(&model, caller, &request);
         return match decision {
@@ -693,7 +721,7 @@ async fn answer_request(
             }
             RequestDecision::Answer(answer, why) => {
                 count(&inputs.stats.answers);
-                debug!(host = ?facts.authority(), reason = answer.reason.code(), rule = why.rule,
+                debug!(host = ?facts.received().as_ref().map(Received::text), reason = answer.reason.code(), rule = why.rule,
                     "request answered by the mesh");
                 (respond::answer(&answer), Outcome::answered(why.rule))
             }
@@ -750,7 +778,10 @@ async fn answer_request(
                         })
                         .flatten(),
                 };
-                let resp = deliver(inputs, pod, facts.authority(), *d, req, client_upgrade).await;
+                let received = facts.received();
+                let authority = received.as_ref().map(Received::text);
+                let resp =
+                    deliver(inputs, pod, authority.as_deref(), *d, req, client_upgrade).await;
                 (resp, outcome)
             }
         };

@@ -186,14 +186,14 @@ pub async fn to_app(
     .await
 }
 
-/// Origin form for HTTP/1 toward the application, whatever form the hop carried.
+/// Origin form for HTTP/1 toward the application, whatever form the hop carried. The path
+/// shares the received bytes: nothing is copied per request (issue #38).
 pub(super) fn origin_form_any(mut req: Request<Body>) -> Request<Body> {
     let pq = req
         .uri()
         .path_and_query()
-        .map_or_else(|| "/".to_owned(), |p| p.as_str().to_owned());
-    if let Ok(uri) = Uri::try_from(pq) {
-        *req.uri_mut() = uri;
-    }
+        .cloned()
+        .unwrap_or_else(|| http::uri::PathAndQuery::from_static("/"));
+    *req.uri_mut() = Uri::from(pq);
     req
 }

@@ -81,7 +81,7 @@ struct Head {
     authority: Option<String>,
     hosts: Vec<String>,
     path: Option<String>,
-    headers: Vec<(String, String)>,
+    headers: http::HeaderMap,
 }
 
 /// The first-head check and hyper's parse, as far as they decide; `Err` names the outcome.
@@ -125,17 +125,16 @@ fn head(
     let uri: http::Uri = target
         .parse()
         .unwrap_or_else(|e| panic!("a head let through has a target hyper refuses: {e}"));
-    let mut headers = Vec::new();
+    let mut headers = http::HeaderMap::new();
     let mut hosts = Vec::new();
     for h in req.headers.iter() {
         let name = http::HeaderName::from_bytes(h.name.as_bytes()).map_err(|_| "hyper-name")?;
         let value = http::HeaderValue::from_bytes(h.value).map_err(|_| "hyper-value")?;
-        let value = String::from_utf8_lossy(value.as_bytes()).into_owned();
         if name == http::header::HOST {
-            hosts.push(value.clone());
+            hosts.push(String::from_utf8_lossy(value.as_bytes()).into_owned());
         }
         if !is_mesh_header(name.as_str()) {
-            headers.push((name.as_str().to_owned(), value));
+            headers.append(name, value);
         }
     }
     let connect = method == http::Method::CONNECT;
@@ -255,6 +254,7 @@ fn run(input: &[u8]) -> u64 {
             headers: &head.headers,
             hold_expired,
             entropy: fnv(input),
+            explain: true,
         };
         let first = resolve_request(&fx.model, caller, &facts(false));
         assert_eq!(

@@ -71,13 +71,22 @@ fn run(input: &[u8]) -> u64 {
     let method = lines.next().unwrap_or_default();
     let target = lines.next().unwrap_or("/");
     let caller_ns = lines.next().filter(|l| *l != "-");
-    let mut headers: Vec<(String, String)> = Vec::new();
-    let mut upper: Vec<(String, String)> = Vec::new();
+    // The header map a request with these lines arrives with (a line that is no field is not in
+    // it), and the same built from the names in upper case.
+    let mut headers = http::HeaderMap::new();
+    let mut upper = http::HeaderMap::new();
     for line in lines {
         let (name, value) = line.split_once(':').unwrap_or((line, ""));
-        let value = value.trim_start_matches([' ', '\t']).to_owned();
-        headers.push((name.to_ascii_lowercase(), value.clone()));
-        upper.push((name.to_ascii_uppercase(), value));
+        let value = value.trim_start_matches([' ', '\t']);
+        let Ok(value) = http::HeaderValue::from_str(value) else {
+            continue;
+        };
+        let lower = http::HeaderName::from_bytes(name.to_ascii_lowercase().as_bytes());
+        let shouted = http::HeaderName::from_bytes(name.to_ascii_uppercase().as_bytes());
+        if let (Ok(lower), Ok(shouted)) = (lower, shouted) {
+            headers.append(lower, value.clone());
+            upper.append(shouted, value);
+        }
     }
     let (path, query) = match target.split_once('?') {
         Some((p, q)) => (p, Some(q)),
@@ -128,9 +137,9 @@ fn run(input: &[u8]) -> u64 {
     }
 
     let hosts: Vec<&str> = headers
+        .get_all(http::header::HOST)
         .iter()
-        .filter(|(n, _)| n == "host")
-        .map(|(_, v)| v.as_str())
+        .filter_map(|v| std::str::from_utf8(v.as_bytes()).ok())
         .collect();
     let hosts = if hosts.is_empty() {
         vec!["mp-httponly.mp.aether.internal:8080"]
@@ -151,6 +160,7 @@ fn run(input: &[u8]) -> u64 {
             headers: &headers,
             hold_expired: true,
             entropy: fnv(input),
+            explain: true,
         };
         let d = resolve_request(&fx.model, caller, &facts);
         assert_eq!(

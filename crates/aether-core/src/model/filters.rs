@@ -2,7 +2,7 @@
 //!
 //! Layer 0 (pure): std and the model's own types. Nothing here performs IO, reads a clock or
 //! draws randomness: weighted and percentage choices take their entropy as an argument. The
-//! functions work on plain request and response parts (strings and header lists), so the data
+//! functions work on plain request and response parts (strings, and `http` header maps), so the data
 //! plane, the `explain` command and tests run exactly the same code.
 //!
 //! Invariants:
@@ -15,6 +15,8 @@
 use crate::prelude::*;
 
 use std::fmt;
+
+use http::{HeaderMap, HeaderName, HeaderValue};
 
 use crate::model::path::{percent_decode, prefix_element, prefix_matches};
 use crate::model::snapshot::{
@@ -32,57 +34,50 @@ pub fn is_mesh_header(name: &str) -> bool {
             .eq_ignore_ascii_case(MESH_HEADER_PREFIX.as_bytes())
 }
 
-/// Applies a `RequestHeaderModifier` or `ResponseHeaderModifier` to a header list.
+/// Applies a `RequestHeaderModifier` or `ResponseHeaderModifier` to a header map, in place.
 ///
 /// Order: every `set`, then every `add`, then every `remove` (so a name listed in `remove` is
-/// absent afterwards, whatever else the modifier says). Names compare case-insensitively and
-/// are written in lower case.
-/// - `set` replaces every value of the name with one value, kept at the position of the first
-///   existing value (appended when the name is absent).
+/// absent afterwards, whatever else the modifier says). Names compare case-insensitively (the
+/// map holds them in lower case).
+/// - `set` replaces every value of the name with one value (added when the name is absent).
 /// - `add` appends a value, keeping existing ones (`a: 1` plus add `a: 2` is `a: 1`, `a: 2`,
 ///   which is `a: 1,2` on the wire, as the Gateway API example shows).
 /// - `remove` drops every value of the name.
 ///
-/// Entries naming an `x-aether-` header are ignored ([`is_mesh_header`]).
+/// Entries naming an `x-aether-` header are ignored ([`is_mesh_header`]), and so are entries
+/// whose name is not a valid field name; a `set` whose text is not a valid field value leaves
+/// the name without a value, an `add` of one adds nothing. The headers the modifier does not
+/// touch keep their bytes exactly, whether or not they are UTF-8, and the values of one name
+/// keep their order; the order of different names is not kept (it carries no meaning, RFC
+/// 9110 §5.3).
 ///
-/// The values are of any type a modifier's text converts into (`V::from(&str)`): the data plane
-/// passes the wire bytes of each header, so a header the modifier does not touch keeps its
-/// bytes exactly, whether or not they are UTF-8.
-pub fn apply_header_modifier<V>(modifier: &HeaderModifier, headers: &mut Vec<(String, V)>)
-where
-    V: for<'a> From<&'a str>,
-{
+/// Cost: no allocation beyond the values written and the map's own growth; the map is edited,
+/// never rebuilt (issue #38).
+pub fn apply_header_modifier(modifier: &HeaderModifier, headers: &mut HeaderMap) {
+    let named = |name: &str| {
+        (!is_mesh_header(name))
+            .then(|| HeaderName::from_bytes(name.as_bytes()).ok())
+            .flatten()
+    };
     for (name, value) in &modifier.set {
-        if is_mesh_header(name) {
-            continue;
-        }
-        let lower = name.to_ascii_lowercase();
-        match headers
-            .iter()
-            .position(|(existing, _)| existing.eq_ignore_ascii_case(name))
-        {
-            Some(first) => {
-                let mut index = 0usize;
-                headers.retain(|(existing, _)| {
-                    let keep = index <= first || !existing.eq_ignore_ascii_case(name);
-                    index += 1;
-                    keep
-                });
-                if let Some(slot) = headers.get_mut(first) {
-                    *slot = (lower, V::from(value.as_str()));
-                }
+        let Some(name) = named(name) else { continue };
+        match HeaderValue::from_str(value) {
+            Ok(value) => {
+                headers.insert(name, value);
             }
-            None => headers.push((lower, V::from(value.as_str()))),
+            Err(_) => {
+                headers.remove(name);
+            }
         }
     }
     for (name, value) in &modifier.add {
-        if !is_mesh_header(name) {
-            headers.push((name.to_ascii_lowercase(), V::from(value.as_str())));
+        if let (Some(name), Ok(value)) = (named(name), HeaderValue::from_str(value)) {
+            headers.append(name, value);
         }
     }
     for name in &modifier.remove {
-        if !is_mesh_header(name) {
-            headers.retain(|(existing, _)| !existing.eq_ignore_ascii_case(name));
+        if let Some(name) = named(name) {
+            headers.remove(name);
         }
     }
 }

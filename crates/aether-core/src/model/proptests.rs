@@ -12,6 +12,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::net::{IpAddr, Ipv4Addr, SocketAddr};
 use std::sync::Arc;
 
+use http::HeaderMap;
 use proptest::prelude::*;
 
 use crate::model::names::{AuthorityInput, HttpVersion};
@@ -779,19 +780,23 @@ fn authority_input<'a>(
     }
 }
 
+/// A `GET /` with no other header than its authority's, explained (the data plane's unexplained
+/// form is compared with it in [`compare_request`]).
 fn facts<'a>(
     entry: HttpEntry,
     authority: AuthorityInput<'a>,
     hold_expired: bool,
+    headers: &'a HeaderMap,
 ) -> RequestFacts<'a> {
     RequestFacts {
         entry,
         authority,
         method: "GET",
         path_and_query: Some("/"),
-        headers: &[],
+        headers,
         hold_expired,
         entropy: 0,
+        explain: true,
     }
 }
 
@@ -805,6 +810,16 @@ fn compare_request(
 ) -> Result<RequestDecision, TestCaseError> {
     let compiled = resolve_request(model, caller, f);
     let reference = reference_request(s, ctx, caller, f);
+    // Explaining changes the words of a decision, never the decision (issue #38).
+    let unexplained = resolve_request(
+        model,
+        caller,
+        &RequestFacts {
+            explain: !f.explain,
+            ..*f
+        },
+    );
+    prop_assert_eq!(verdict_of(&unexplained), verdict_of(&compiled));
     prop_assert_eq!(
         &verdict_of(&compiled),
         &reference,
@@ -891,6 +906,7 @@ fn check_invariants(
 fn check_requests(s: &Snapshot) -> Result<usize, TestCaseError> {
     let ctx = context();
     let model = compile(s, &ctx);
+    let no_headers = HeaderMap::new();
     let mut n = 0usize;
     let suffixes = port_suffixes();
     for (ns, name) in all_names(s) {
@@ -908,7 +924,7 @@ fn check_requests(s: &Snapshot) -> Result<usize, TestCaseError> {
                         continue;
                     }
                     let input = authority_input(n / 4, &authority, &decoy, &hosts);
-                    let f = facts(*entry, input, n.is_multiple_of(7));
+                    let f = facts(*entry, input, n.is_multiple_of(7), &no_headers);
                     let d = compare_request(s, &ctx, &model, caller, &f)?;
                     check_invariants(&model, &ctx, caller, &f, &authority, &d)?;
                 }
@@ -965,7 +981,7 @@ fn check_requests(s: &Snapshot) -> Result<usize, TestCaseError> {
                     if !reachable(caller, entry) {
                         continue;
                     }
-                    let f = facts(*entry, input, false);
+                    let f = facts(*entry, input, false, &no_headers);
                     compare_request(s, &ctx, &model, caller, &f)?;
                     let connect = RequestFacts {
                         path_and_query: None,
@@ -1202,13 +1218,14 @@ proptest! {
         let ctx = context();
         let model = compile(&s, &ctx);
         let caller = callers("ns-a")[0].clone();
+        let no_headers = HeaderMap::new();
         for row in &s.rows {
             for d in [0u16, 80, 8080, 9000, 18081, 18082, 65535] {
                 let dialled = SocketAddr::new(row.address, d);
                 let _ = classify_connection(&model, &caller, dialled);
                 let hosts = ["alpha.ns-a.aether.internal:8080"];
                 for entry in [HttpEntry::PodIp { dialled }, HttpEntry::Captured { dialled }] {
-                    let f = facts(entry, authority_input(0, hosts[0], &[], &hosts), true);
+                    let f = facts(entry, authority_input(0, hosts[0], &[], &hosts), true, &no_headers);
                     let _ = resolve_request(&model, &caller, &f);
                 }
             }
@@ -1260,10 +1277,12 @@ fn loopback(s: &Snapshot, host: &str) -> (RequestVerdict, RequestVerdict) {
     let model = compile(s, &ctx);
     let caller = callers("ns-a")[0].clone();
     let hosts = [host];
+    let no_headers = HeaderMap::new();
     let f = facts(
         HttpEntry::Loopback,
         authority_input(0, host, &[], &hosts),
         false,
+        &no_headers,
     );
     (
         verdict_of(&resolve_request(&model, &caller, &f)),

@@ -22,6 +22,7 @@ use std::cmp::Reverse;
 use std::collections::BTreeMap;
 use std::fmt;
 
+use http::HeaderMap;
 use regex::Regex;
 
 use crate::model::filters::{self, RuleFault};
@@ -33,7 +34,7 @@ use crate::model::snapshot::{
 /// The parts of an HTTP request that route matching reads, borrowed from the request.
 ///
 /// The proxy builds one per request after removing the client's `x-aether-` headers
-/// (addressing.md I12); nothing here is copied.
+/// (addressing.md I12); nothing here is copied, the header map included (issue #38).
 #[derive(Clone, Copy, Debug)]
 pub struct RequestView<'a> {
     /// The method, as received (methods are case-sensitive: `GET`, not `get`).
@@ -42,8 +43,11 @@ pub struct RequestView<'a> {
     pub path: &'a str,
     /// The query string, without the `?`, when the request has one.
     pub query: Option<&'a str>,
-    /// The request headers, names in lower case, repeated names as repeated entries.
-    pub headers: &'a [(String, String)],
+    /// The request's header map (names are lower case in it, and a repeated name keeps each of
+    /// its values). A match reads a value as UTF-8 text, a byte that is not UTF-8 read as
+    /// U+FFFD (`String::from_utf8_lossy`), so such a value matches only a test written with
+    /// U+FFFD there.
+    pub headers: &'a HeaderMap,
     /// The caller's namespace, a connection fact (addressing.md I4); `None` when unknown.
     /// It chooses between consumer and producer routes (routes.md §2.3).
     pub caller_namespace: Option<&'a str>,
@@ -645,25 +649,31 @@ impl Entry {
     }
 }
 
-fn header_matches(headers: &[(String, String)], test: &NamedTest) -> bool {
-    let mut values = headers
-        .iter()
-        .filter(|(name, _)| name.eq_ignore_ascii_case(&test.name))
-        .map(|(_, value)| value.as_str());
-    let Some(first) = values.next() else {
-        return false;
-    };
-    let rest: Vec<&str> = values.collect();
-    if test.test.is_match(first) || rest.iter().any(|value| test.test.is_match(value)) {
-        return true;
+/// Whether `test` matches the values of its name in `headers`: one of them, or all of them
+/// joined by `,` when the name is repeated. Allocates only for a value that is not UTF-8 and for
+/// the joined form of a repeated name that no single value matched.
+fn header_matches(headers: &HeaderMap, test: &NamedTest) -> bool {
+    // `NamedTest::name` is lower case; a name no header map can hold finds no value.
+    let values = headers.get_all(test.name.as_str());
+    let mut count = 0usize;
+    for value in values.iter() {
+        count += 1;
+        if test
+            .test
+            .is_match(&String::from_utf8_lossy(value.as_bytes()))
+        {
+            return true;
+        }
     }
-    if rest.is_empty() {
+    if count < 2 {
         return false;
     }
-    let mut joined = first.to_owned();
-    for value in rest {
-        joined.push(',');
-        joined.push_str(value);
+    let mut joined = String::new();
+    for (i, value) in values.iter().enumerate() {
+        if i > 0 {
+            joined.push(',');
+        }
+        joined.push_str(&String::from_utf8_lossy(value.as_bytes()));
     }
     test.test.is_match(&joined)
 }

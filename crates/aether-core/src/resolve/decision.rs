@@ -8,6 +8,7 @@ use crate::prelude::*;
 use std::net::SocketAddr;
 use std::sync::Arc;
 
+use http::HeaderMap;
 use serde::Serialize;
 
 use crate::model::names::AuthorityInput;
@@ -140,12 +141,21 @@ pub struct RequestFacts<'a> {
     pub method: &'a str,
     /// The path and query (origin form); `None` for a request without a path (CONNECT).
     pub path_and_query: Option<&'a str>,
-    /// Request headers, lower-case names, with the mesh's headers already removed (I12).
-    pub headers: &'a [(String, String)],
+    /// The request's header map, borrowed (nothing is copied per request, issue #38), with the
+    /// mesh's headers already removed (I12). Route matches read its values as UTF-8, a byte
+    /// that is not UTF-8 as U+FFFD ([`RequestView::headers`]).
+    ///
+    /// [`RequestView::headers`]: crate::model::route_match::RequestView::headers
+    pub headers: &'a HeaderMap,
     /// The discovery hold for this request has run out (addressing.md §8).
     pub hold_expired: bool,
     /// Entropy for the weighted choice of a backend.
     pub entropy: u64,
+    /// The caller wants the decision explained: every [`Why::detail`] is written out (`aether
+    /// explain`, the debug endpoint). Without it, a detail that would be formatted for this
+    /// request is left empty, so that the data plane, which reads only [`Why::rule`], formats
+    /// nothing per request (issue #38); fixed details are there either way.
+    pub explain: bool,
 }
 
 /// What one HTTP request gets.
@@ -224,7 +234,7 @@ pub struct RouteRun {
 #[derive(Clone, Debug, PartialEq, Eq, Serialize)]
 pub struct RuleRef {
     /// `HTTPRoute` or `GRPCRoute`.
-    pub kind: Arc<str>,
+    pub kind: &'static str,
     /// Namespace of the route.
     pub namespace: Arc<str>,
     /// Name of the route.

@@ -15,6 +15,7 @@ use crate::prelude::*;
 pub mod answer;
 pub mod decision;
 
+use std::borrow::Cow;
 use std::net::SocketAddr;
 use std::sync::Arc;
 
@@ -263,11 +264,22 @@ fn categorise<'m>(model: &'m Model, caller: &Caller, name: &str) -> Category<'m>
     }
 }
 
+/// The words of a [`Why`] that are formatted for one request: written only when the caller
+/// asks for the explanation ([`RequestFacts::explain`]), empty otherwise, so that the data plane
+/// formats nothing per request (issue #38).
+fn words(explain: bool, detail: impl FnOnce() -> String) -> Cow<'static, str> {
+    if explain {
+        Cow::Owned(detail())
+    } else {
+        Cow::Borrowed("")
+    }
+}
+
 fn refuse(
     reason: Reason,
     entry: Option<&NameEntry>,
     rule: &'static str,
-    detail: impl Into<std::borrow::Cow<'static, str>>,
+    detail: impl Into<Cow<'static, str>>,
 ) -> RequestDecision {
     let answer = match entry {
         Some(e) => MeshAnswer::about(reason, e.line.clone()),
@@ -327,6 +339,7 @@ pub fn resolve_request(model: &Model, caller: &Caller, req: &RequestFacts<'_>) -
                     None,
                     None,
                     false,
+                    req.explain,
                     Why::new(
                         "addressing.md §5.1 Q3",
                         "a pod-IP dial to a port the pod declares HTTP: that pod, no route",
@@ -338,7 +351,7 @@ pub fn resolve_request(model: &Model, caller: &Caller, req: &RequestFacts<'_>) -
         }
     }
     let proxy = matches!(entry, HttpEntry::Loopback | HttpEntry::ProxyCaptured { .. });
-    let floor = |detail: String| -> RequestDecision {
+    let floor = |detail: Cow<'static, str>| -> RequestDecision {
         match entry {
             HttpEntry::ProxyCaptured { .. } if caller.capture == CaptureMode::RedirectAll => {
                 RequestDecision::Passthrough(Why::new("addressing.md §6.3", detail))
@@ -431,7 +444,9 @@ pub fn resolve_request(model: &Model, caller: &Caller, req: &RequestFacts<'_>) -
             Category::UnknownMeshName => {
                 floor("a mesh-domain name still unknown after the hold".into())
             }
-            Category::Foreign => floor(format!("{:?} is not a mesh name", auth.name)),
+            Category::Foreign => floor(words(req.explain, || {
+                format!("{:?} is not a mesh name", auth.name)
+            })),
         };
     }
 
@@ -462,15 +477,19 @@ pub fn resolve_request(model: &Model, caller: &Caller, req: &RequestFacts<'_>) -
                     f,
                     &Why::new(
                         "addressing.md §7.2",
-                        format!("meshOnly {}: its own rows declare {d}/http", e.key),
+                        words(req.explain, || {
+                            format!("meshOnly {}: its own rows declare {d}/http", e.key)
+                        }),
                     ),
                 ),
                 _ => RequestDecision::Passthrough(Why::new(
                     "addressing.md §7.2",
-                    format!(
-                        "meshOnly {}: not served on {d} with this authority; never refused",
-                        e.key
-                    ),
+                    words(req.explain, || {
+                        format!(
+                            "meshOnly {}: not served on {d} with this authority; never refused",
+                            e.key
+                        )
+                    }),
                 )),
             }
         }
@@ -531,7 +550,9 @@ pub fn resolve_request(model: &Model, caller: &Caller, req: &RequestFacts<'_>) -
         )),
         Category::Foreign => RequestDecision::Passthrough(Why::new(
             "addressing.md §5 C8",
-            format!("{:?} is not a mesh name", auth.name),
+            words(req.explain, || {
+                format!("{:?} is not a mesh name", auth.name)
+            }),
         )),
     }
 }
@@ -572,7 +593,9 @@ fn deliver(
         let why = if f.retained {
             Why::new(
                 why.rule,
-                format!("{}; a retained entry (spec/model.md §10)", why.detail),
+                words(req.explain, || {
+                    format!("{}; a retained entry (spec/model.md §10)", why.detail)
+                }),
             )
         } else {
             why.clone()
@@ -586,6 +609,7 @@ fn deliver(
             None,
             None,
             req.hold_expired,
+            req.explain,
             why,
         );
     };
@@ -605,10 +629,12 @@ fn deliver(
             Reason::RouteNotMatched,
             None,
             "routes.md §4",
-            format!(
-                "{}; rules are attached to port {port} and none matches",
-                why.detail
-            ),
+            words(req.explain, || {
+                format!(
+                    "{}; rules are attached to port {port} and none matches",
+                    why.detail
+                )
+            }),
         );
     };
     let Some(route) = set.routes.get(selected.route) else {
@@ -629,27 +655,35 @@ fn deliver(
     };
     let rule_ref = RuleRef {
         kind: match route.kind {
-            crate::model::snapshot::HttpRouteKind::Http => "HTTPRoute".into(),
-            crate::model::snapshot::HttpRouteKind::Grpc => "GRPCRoute".into(),
+            crate::model::snapshot::HttpRouteKind::Http => "HTTPRoute",
+            crate::model::snapshot::HttpRouteKind::Grpc => "GRPCRoute",
         },
         namespace: route.namespace.clone(),
         route: route.name.clone(),
         index: selected.rule,
         name: rule.name.clone(),
     };
-    let rule_why = |detail: &str| {
+    // The route rule's words; `detail` is called only when they are written.
+    let rule_why = |detail: &dyn Fn() -> Cow<'static, str>| {
         Why::new(
             "routes.md §4",
-            format!(
-                "{}; {} {}/{} rule {}: {detail}",
-                why.detail, rule_ref.kind, rule_ref.namespace, rule_ref.route, rule_ref.index
-            ),
+            words(req.explain, || {
+                format!(
+                    "{}; {} {}/{} rule {}: {}",
+                    why.detail,
+                    rule_ref.kind,
+                    rule_ref.namespace,
+                    rule_ref.route,
+                    rule_ref.index,
+                    detail()
+                )
+            }),
         )
     };
     if let Some(problem) = &rule.unsupported {
         return RequestDecision::Answer(
             MeshAnswer::bare(Reason::InvalidBackend),
-            rule_why(problem),
+            rule_why(&|| problem.clone().into()),
         );
     }
     if let filters::RuleAnswer::Redirect(r) = &rule.plan.answer {
@@ -672,7 +706,7 @@ fn deliver(
             return RequestDecision::Redirect {
                 status: answer.status,
                 location: answer.location,
-                why: rule_why("RequestRedirect"),
+                why: rule_why(&|| "RequestRedirect".into()),
             };
         }
     }
@@ -681,7 +715,7 @@ fn deliver(
     let Some(chosen) = chosen_index.and_then(|i| rule.backends.get(i)) else {
         return RequestDecision::Answer(
             MeshAnswer::bare(Reason::InvalidBackend),
-            rule_why("no backend and no filter that answers"),
+            rule_why(&|| "no backend and no filter that answers".into()),
         );
     };
     let backend = match &chosen.target {
@@ -689,7 +723,7 @@ fn deliver(
         Err(invalid) => {
             return RequestDecision::Answer(
                 MeshAnswer::bare(Reason::InvalidBackend),
-                rule_why(&format!("{}: {}", invalid.reason.as_str(), invalid.message)),
+                rule_why(&|| format!("{}: {}", invalid.reason.as_str(), invalid.message).into()),
             );
         }
     };
@@ -702,21 +736,25 @@ fn deliver(
             .map(Arc::from),
         route_level: rule.extension_filters.clone(),
     };
-    let detail = format!(
-        "backend {}:{}",
-        backend.service,
-        backend.port.unwrap_or(backend.pod_port)
-    );
+    let why = rule_why(&|| {
+        format!(
+            "backend {}:{}",
+            backend.service,
+            backend.port.unwrap_or(backend.pod_port)
+        )
+        .into()
+    });
     deliver_to(
         model,
         Some(&e.key),
         port,
         backend,
-        Some(rule_ref.clone()),
+        Some(rule_ref),
         Some(run),
         rule.timeout_ms,
         req.hold_expired,
-        rule_why(&detail),
+        req.explain,
+        why,
     )
 }
 
@@ -731,6 +769,7 @@ fn deliver_to(
     route: Option<RouteRun>,
     timeout_ms: Option<u64>,
     hold_expired: bool,
+    explain: bool,
     why: Why,
 ) -> RequestDecision {
     if backend.endpoints.is_empty() {
@@ -739,7 +778,7 @@ fn deliver_to(
                 HoldFor::Endpoints,
                 Why::new(
                     "addressing.md §8",
-                    format!("{}; no endpoint yet", why.detail),
+                    words(explain, || format!("{}; no endpoint yet", why.detail)),
                 ),
             );
         }
@@ -747,7 +786,9 @@ fn deliver_to(
             MeshAnswer::bare(Reason::NoEndpoints),
             Why::new(
                 "addressing.md §8",
-                format!("{}; no endpoint after the hold", why.detail),
+                words(explain, || {
+                    format!("{}; no endpoint after the hold", why.detail)
+                }),
             ),
         );
     }

@@ -5,14 +5,38 @@ use proptest::prelude::*;
 use super::*;
 use crate::model::snapshot::{HttpBackendRef, HttpMatch};
 
-fn headers(list: &[(&str, &str)]) -> Vec<(String, String)> {
+fn pairs(list: &[(&str, &str)]) -> Vec<(String, String)> {
     list.iter()
         .map(|(n, v)| ((*n).to_owned(), (*v).to_owned()))
         .collect()
 }
 
-fn pairs(list: &[(&str, &str)]) -> Vec<(String, String)> {
-    headers(list)
+/// A header map with these fields, in this order.
+fn map(list: &[(&str, &str)]) -> HeaderMap {
+    let mut h = HeaderMap::new();
+    for (n, v) in list {
+        h.append(
+            HeaderName::from_bytes(n.as_bytes()).unwrap(),
+            HeaderValue::from_str(v).unwrap(),
+        );
+    }
+    h
+}
+
+/// The fields of a header map by name (lower case), each name's values in their order: what
+/// a modifier keeps (the order of different names carries no meaning, RFC 9110 §5.3).
+fn fields(h: &HeaderMap) -> Vec<(String, String)> {
+    let mut out: Vec<(String, String)> = h
+        .iter()
+        .map(|(n, v)| (n.as_str().to_owned(), v.to_str().unwrap().to_owned()))
+        .collect();
+    out.sort_by(|a, b| a.0.cmp(&b.0));
+    out
+}
+
+/// [`fields`] of the expected list.
+fn headers(list: &[(&str, &str)]) -> Vec<(String, String)> {
+    fields(&map(list))
 }
 
 fn modifier(set: &[(&str, &str)], add: &[(&str, &str)], remove: &[&str]) -> HeaderModifier {
@@ -27,36 +51,36 @@ fn modifier(set: &[(&str, &str)], add: &[(&str, &str)], remove: &[&str]) -> Head
 
 #[test]
 fn set_replaces_every_value_of_the_name_case_insensitively() {
-    let mut h = headers(&[("x-header-set", "a"), ("other", "o"), ("X-Header-Set", "b")]);
+    let mut h = map(&[("x-header-set", "a"), ("other", "o"), ("X-Header-Set", "b")]);
     apply_header_modifier(
         &modifier(&[("X-Header-Set", "set-overwrites-values")], &[], &[]),
         &mut h,
     );
     assert_eq!(
-        h,
+        fields(&h),
         headers(&[("x-header-set", "set-overwrites-values"), ("other", "o")])
     );
 }
 
 #[test]
 fn set_adds_an_absent_header() {
-    let mut h = headers(&[("some-other-header", "val")]);
+    let mut h = map(&[("some-other-header", "val")]);
     apply_header_modifier(&modifier(&[("X-Header-Set", "v")], &[], &[]), &mut h);
     assert_eq!(
-        h,
+        fields(&h),
         headers(&[("some-other-header", "val"), ("x-header-set", "v")])
     );
 }
 
 #[test]
 fn add_appends_a_value_after_existing_ones() {
-    let mut h = headers(&[("x-header-add", "some-other-value")]);
+    let mut h = map(&[("x-header-add", "some-other-value")]);
     apply_header_modifier(
         &modifier(&[], &[("X-Header-Add", "add-appends-values")], &[]),
         &mut h,
     );
     assert_eq!(
-        h,
+        fields(&h),
         headers(&[
             ("x-header-add", "some-other-value"),
             ("x-header-add", "add-appends-values")
@@ -66,13 +90,13 @@ fn add_appends_a_value_after_existing_ones() {
 
 #[test]
 fn remove_drops_every_value_of_the_name_case_insensitively() {
-    let mut h = headers(&[
+    let mut h = map(&[
         ("x-header-remove", "1"),
         ("keep", "k"),
         ("X-HEADER-REMOVE", "2"),
     ]);
     apply_header_modifier(&modifier(&[], &[], &["X-Header-Remove"]), &mut h);
-    assert_eq!(h, headers(&[("keep", "k")]));
+    assert_eq!(fields(&h), headers(&[("keep", "k")]));
 }
 
 #[test]
@@ -90,7 +114,7 @@ fn the_conformance_multiple_modifier_case_gives_the_expected_headers() {
         ],
         &["X-Header-Remove-1", "X-Header-Remove-2"],
     );
-    let mut h = headers(&[
+    let mut h = map(&[
         ("x-header-set-2", "set-val-2"),
         ("x-header-add-2", "add-val-2"),
         ("x-header-remove-2", "remove-val-2"),
@@ -98,7 +122,7 @@ fn the_conformance_multiple_modifier_case_gives_the_expected_headers() {
     ]);
     apply_header_modifier(&m, &mut h);
     assert_eq!(
-        h,
+        fields(&h),
         headers(&[
             ("x-header-set-2", "header-set-2"),
             ("x-header-add-2", "add-val-2"),
@@ -113,14 +137,35 @@ fn the_conformance_multiple_modifier_case_gives_the_expected_headers() {
 
 #[test]
 fn remove_wins_over_set_and_add_of_the_same_name() {
-    let mut h: Vec<(String, String)> = Vec::new();
+    let mut h = HeaderMap::new();
     apply_header_modifier(&modifier(&[("a", "1")], &[("a", "2")], &["A"]), &mut h);
     assert!(h.is_empty());
 }
 
 #[test]
+fn a_modifier_keeps_the_bytes_of_values_it_does_not_touch_and_skips_what_is_not_a_field() {
+    let mut h = HeaderMap::new();
+    h.append("x-raw", HeaderValue::from_bytes(b"caf\xe9").unwrap());
+    h.append("x-old", HeaderValue::from_static("1"));
+    apply_header_modifier(
+        &modifier(
+            &[("x-old", "bad\nvalue"), ("bad name", "v")],
+            &[("x-new", "n"), ("x-new", "bad\rvalue")],
+            &[],
+        ),
+        &mut h,
+    );
+    assert_eq!(h.get("x-raw").unwrap().as_bytes(), b"caf\xe9");
+    // A `set` whose text is no field value leaves the name without one; an invalid `add` adds
+    // nothing; an invalid name is no header.
+    assert!(h.get("x-old").is_none());
+    assert_eq!(h.get_all("x-new").iter().count(), 1);
+    assert_eq!(h.len(), 2);
+}
+
+#[test]
 fn header_modifiers_never_touch_mesh_headers() {
-    let mut h = headers(&[("x-aether-error", "route-not-matched")]);
+    let mut h = map(&[("x-aether-error", "route-not-matched")]);
     apply_header_modifier(
         &modifier(
             &[("X-Aether-Error", "forged")],
@@ -129,7 +174,10 @@ fn header_modifiers_never_touch_mesh_headers() {
         ),
         &mut h,
     );
-    assert_eq!(h, headers(&[("x-aether-error", "route-not-matched")]));
+    assert_eq!(
+        fields(&h),
+        headers(&[("x-aether-error", "route-not-matched")])
+    );
     assert!(is_mesh_header("X-AETHER-anything"));
     assert!(!is_mesh_header("x-aether"));
 }

@@ -116,7 +116,7 @@ fn table(routes: &[Route]) -> RouteTable {
 struct Req {
     method: &'static str,
     target: &'static str,
-    headers: Vec<(String, String)>,
+    headers: HeaderMap,
     caller: Option<&'static str>,
 }
 
@@ -124,7 +124,7 @@ fn req(target: &'static str) -> Req {
     Req {
         method: "GET",
         target,
-        headers: Vec::new(),
+        headers: HeaderMap::new(),
         caller: Some("ns"),
     }
 }
@@ -134,8 +134,16 @@ impl Req {
         self.method = method;
         self
     }
-    fn header(mut self, name: &str, value: &str) -> Self {
-        self.headers.push((name.to_owned(), value.to_owned()));
+    fn header(self, name: &str, value: &str) -> Self {
+        self.raw_header(name, value.as_bytes())
+    }
+    /// A header whose value is these bytes, UTF-8 or not (the name is lower-cased, as the wire's
+    /// header map does).
+    fn raw_header(mut self, name: &str, value: &[u8]) -> Self {
+        self.headers.append(
+            http::HeaderName::from_bytes(name.as_bytes()).unwrap(),
+            http::HeaderValue::from_bytes(value).unwrap(),
+        );
         self
     }
     fn caller(mut self, caller: &'static str) -> Self {
@@ -375,6 +383,36 @@ fn a_repeated_header_matches_one_of_its_values_or_all_joined_by_commas() {
     assert_eq!(
         pick(&t, &req("/joined").header("a", "1").header("a", "2")),
         Some((0, 1))
+    );
+}
+
+#[test]
+fn a_header_value_that_is_not_utf8_is_read_with_each_bad_byte_as_u_fffd() {
+    let t = table(&[route(
+        "r",
+        T0,
+        vec![
+            rule(vec![with_headers(
+                prefix("/exact"),
+                &[("x-name", "caf\u{fffd}")],
+            )]),
+            rule(vec![with_headers(prefix("/ascii"), &[("x-name", "caf")])]),
+        ],
+    )]);
+    let latin1 = |path| req(path).raw_header("x-name", b"caf\xe9");
+    assert_eq!(pick(&t, &latin1("/exact")), Some((0, 0)));
+    assert_eq!(pick(&t, &latin1("/ascii")), None);
+    // A repeated name's values are joined as read: `caf\u{fffd},x`.
+    let m = with_headers(prefix("/"), &[("x-name", "caf\u{fffd},x")]);
+    let t = table(&[route("r", T0, vec![rule(vec![m])])]);
+    assert_eq!(
+        pick(
+            &t,
+            &req("/")
+                .raw_header("x-name", b"caf\xe9")
+                .header("x-name", "x")
+        ),
+        Some((0, 0))
     );
 }
 
@@ -759,7 +797,10 @@ proptest! {
         path in ".{0,40}",
         query in proptest::option::of(".{0,40}"),
         method in "[A-Za-z]{0,8}",
-        headers in proptest::collection::vec(("[a-zA-Z-]{0,10}", ".{0,20}"), 0..6),
+        headers in proptest::collection::vec(
+            ("[a-zA-Z-]{0,10}", proptest::collection::vec(any::<u8>(), 0..20)),
+            0..6,
+        ),
         caller in proptest::option::of("[a-z]{0,6}"),
     ) {
         let mut header_match = prefix("/");
@@ -773,11 +814,21 @@ proptest! {
             ]),
             Route { namespace: "c", name: "c", created: None, parent: "ns", rules: vec![rule(vec![prefix("/x")])] },
         ]);
+        // What a header map can hold of them: any bytes but control characters, UTF-8 or not.
+        let mut map = HeaderMap::new();
+        for (name, value) in &headers {
+            if let (Ok(n), Ok(v)) = (
+                http::HeaderName::from_bytes(name.as_bytes()),
+                http::HeaderValue::from_bytes(value),
+            ) {
+                map.append(n, v);
+            }
+        }
         let view = RequestView {
             method: &method,
             path: &path,
             query: query.as_deref(),
-            headers: &headers,
+            headers: &map,
             caller_namespace: caller.as_deref(),
         };
         let selected = t.select(&view);
@@ -799,7 +850,7 @@ proptest! {
             rules: vec![rule(vec![m, prefix(&path), exact(&path)])],
         }];
         let (t, _problems) = build(&routes);
-        let request = Req { method: "GET", target: "/", headers: Vec::new(), caller: None };
+        let request = Req { method: "GET", target: "/", headers: HeaderMap::new(), caller: None };
         let _ = t.select(&request.view());
     }
 
