@@ -595,13 +595,19 @@ async fn a_dropped_source_ends_its_watch() {
     };
     let source = f.source();
     rows_until(&source, "the first listing", |_| true).await;
-    for _ in 0..200 {
-        if source.stats().connected.load(Ordering::Acquire) {
+    // Until the watch is up (a generous bound: a loaded machine takes its time), so the drop
+    // below ends a running watch, not a listing.
+    let watching = || {
+        source.stats().connected.load(Ordering::Acquire)
+            && source.stats().watches.load(Ordering::Relaxed) >= 1
+    };
+    for _ in 0..1200 {
+        if watching() {
             break;
         }
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
-    assert!(source.stats().watches.load(Ordering::Relaxed) >= 1);
+    assert!(watching(), "the source's watch did not start within 60 s");
     let followed = Arc::downgrade(&source.followed);
     drop(source);
     for _ in 0..100 {
