@@ -387,17 +387,23 @@ pub(super) mod tests {
         assert!(text.contains("aether_mesh_answers_total"), "{text}");
         assert!(text.contains("aether_model_generation 1"), "{text}");
         assert!(text.contains("aether_registry_files_held 0"), "{text}");
-        // Every counter the Limits table of docs/node.md names is exported under that name.
-        let docs = include_str!("../../docs/node.md");
-        let limits = docs.split_once("### Limits").unwrap().1;
-        let limits = limits.split("\n## ").next().unwrap();
+        // Every counter a limit's definition names (docs/node.md's Limits table) is exported
+        // under that name.
         let mut named = 0;
-        for row in limits.lines().filter(|l| l.starts_with("| `")) {
-            for name in row.split('`').filter(|w| w.starts_with("aether_")) {
+        for setting in crate::node::config::SETTINGS {
+            let Some(limit) = &setting.limit else {
+                continue;
+            };
+            for name in limit
+                .counter
+                .split('`')
+                .filter(|w| w.starts_with("aether_"))
+            {
                 named += 1;
                 assert!(
                     text.lines().any(|l| l.starts_with(&format!("{name} "))),
-                    "docs/node.md names {name}, which /metrics does not export"
+                    "the limit {} names {name}, which /metrics does not export",
+                    setting.key
                 );
             }
         }

@@ -1,10 +1,13 @@
-//! The daemon's settings: defaults, then a YAML file, then environment and flags (main.rs
-//! merges them). Every setting is documented in docs/node.md with its default and unit.
+//! The daemon's settings: defaults, then a YAML file, then environment and flags. Each setting
+//! is defined once, below, in `settings!` (`node::settings`): its key, flag, environment
+//! variable, default, bounds and docs/node.md's row.
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
 
 use serde::{Deserialize, Serialize};
+
+use super::settings::settings;
 
 pub use crate::log_filter::LogFormat;
 
@@ -34,329 +37,396 @@ pub enum RegistrySource {
     Etcd,
 }
 
-/// Every setting of `aether node`.
-#[derive(Clone, Debug, Deserialize, Serialize)]
-#[serde(deny_unknown_fields, default)]
-pub struct NodeConfig {
-    /// This node's name: the daemon's pods are those whose `spec.nodeName` is this.
-    pub node_name: String,
-    /// Where the registry is read from: `file` (the directory `registry`), `kube` (the API
-    /// server) or `etcd` (every node's rows from etcd, the rest from `registry`).
-    pub registry_source: RegistrySource,
-    /// The file registry: a directory of Kubernetes manifests, watched for changes.
-    pub registry: PathBuf,
-    /// The namespace the daemon runs in (Kubernetes source): its registrar Lease lives there.
-    pub release_namespace: String,
-    /// Where the daemon keeps its sockets (`admin.sock`, `cni.sock`) and, when no CA is
-    /// given, the demo CA.
-    pub state_dir: PathBuf,
-    /// A directory of this daemon's own, which a successor does not share (the chart's
-    /// `emptyDir`): the daemon writes `started` there once it has taken its predecessor's
-    /// sockets or found none, for the DaemonSet's startup probe (docs/kubernetes.md,
-    /// "Upgrade"). None by default: no marker. Key `pod_dir`, `AETHER_POD_DIR`.
-    pub pod_dir: Option<PathBuf>,
-    /// The CA certificate (PEM); with `ca_key`. Absent: a CA is created once in
-    /// `<state_dir>/ca` (demo only).
-    pub ca_cert: Option<PathBuf>,
-    /// The CA private key (PEM).
-    pub ca_key: Option<PathBuf>,
-    /// A directory holding `ca.pem` and `ca-key.pem`, created when missing (shared by the
-    /// daemons of a local topology). Used when `ca_cert` is not given.
-    pub ca_dir: Option<PathBuf>,
-    /// Prefix added to the `aether.io/netns` annotation to name a pod's network namespace
-    /// (file mode; lets several local topologies share one machine).
-    pub netns_prefix: String,
-    /// The admin HTTP listener on TCP, in the daemon's own network namespace; the admin unix
-    /// socket `<state_dir>/admin.sock` is always served.
-    pub admin_addr: Option<SocketAddr>,
-    /// A TCP listener that serves `/metrics`, `/ready` and `/live` only (the per-node metrics
-    /// endpoint and the probes of the DaemonSet); `/pods` and `/model` stay on `admin_addr` and
-    /// the admin socket, the debug endpoints of `aether debug` on the admin socket alone.
-    pub metrics_addr: Option<SocketAddr>,
-    /// The most connections open at once to the metrics listener; a new one over it is closed
-    /// at accept and counted. Default 64.
-    pub metrics_max_connections: usize,
-    /// The mesh domain.
-    pub mesh_domain: String,
-    /// The cluster domain.
-    pub cluster_domain: String,
-    /// The SPIFFE trust domain.
-    pub trust_domain: String,
-    /// Capture mode of a pod without `capture.aether.io/redirect-all`.
-    pub capture_redirect_all_default: bool,
-    /// Namespaces whose pods are never managed.
-    pub ignored_namespaces: Vec<String>,
-    /// The file registry's service CIDR: ClusterIPs of generated Services are allocated from
-    /// it deterministically.
-    pub service_cidr: ipnet::IpNet,
-    /// Upstream resolvers for names mesh DNS does not answer; empty: the host's
-    /// `/etc/resolv.conf`.
-    pub dns_upstreams: Vec<SocketAddr>,
-    /// Answer the Kubernetes Service names in mesh DNS (file mode stands in for the cluster
-    /// DNS).
-    pub dns_kubernetes_names: bool,
-    /// Workload certificate lifetime, in hours (re-issued at half-life).
-    pub cert_lifetime_hours: u64,
-    /// How long shutdown waits for open connections, in seconds.
-    pub drain_timeout_secs: u64,
-    /// How long a registry directory change waits before the directory is read, in
-    /// milliseconds: a generator may still be writing (the file source; `node::pace`).
-    pub watch_debounce_ms: u64,
-    /// The publisher's coalescing window on the watched sources (Kubernetes, etcd), in
-    /// milliseconds: a change after a quiet spell is published at once, and publishes are then
-    /// at most one per this, every change meanwhile taken by the next (`node::publish`).
-    /// Default 20, at most 10000. Key `publish_coalesce_ms`, `AETHER_PUBLISH_COALESCE_MS`.
-    pub publish_coalesce_ms: u64,
-    /// How long a CNI ADD for a pod no published model knows yet waits for one that does, in
-    /// milliseconds, *for each such ADD*; then it is answered "try again" (CNI error 11).
-    /// Default 5000, at most 600000 (the plugin's longest `timeoutSecs`). Key `cni_add_wait_ms`,
-    /// `AETHER_CNI_ADD_WAIT_MS`.
-    pub cni_add_wait_ms: u64,
-    /// How many such ADDs may wait at once; one more is answered "try again" at once and
-    /// counted (`aether_cni_try_again_total`). Default 128 (a node's pod limit is 110 by
-    /// default), at least 1. Key `cni_add_waiters_max`, `AETHER_CNI_ADD_WAITERS_MAX`.
-    pub cni_add_waiters_max: usize,
+settings! {
+    /// this node: its pods are those whose `spec.nodeName` is this
+    plain node_name: String = String::new(),
+        env "AETHER_NODE_NAME", shown "(required)";
+    /// `file`: the manifest directory `registry`; `kube`: the Kubernetes API server (in-cluster
+    /// credentials, or `KUBECONFIG`; docs/kubernetes.md); `etcd`: every node's endpoint rows from
+    /// etcd, everything else (Services, routes, policies, this node's pods) from the directory
+    /// `registry` (docs/etcd.md)
+    plain registry_source: RegistrySource = RegistrySource::File,
+        env "AETHER_REGISTRY_SOURCE";
+    /// the manifest directory, watched for changes
+    plain registry: PathBuf = PathBuf::from("config/examples/mp"),
+        env "AETHER_REGISTRY";
+    /// the namespace the daemon runs in (Kubernetes source): the registrar's Lease lives there
+    plain release_namespace: String = "aether-system".into(),
+        env "AETHER_RELEASE_NAMESPACE";
+    /// holds `admin.sock`, `cni.sock`, `handoff.sock`, the CNI pod records `cni-pods/`
+    /// (docs/cni.md) and, without a CA setting, `ca/`
+    plain state_dir: PathBuf = PathBuf::from("/var/run/aether"),
+        env "AETHER_STATE_DIR";
+    /// a directory of this daemon's own that a successor does not share (the chart's `emptyDir`):
+    /// `started` is written there once the daemon has taken the running daemon's sockets or found
+    /// none, for the DaemonSet's startup probe (item 6 of the lifecycle below; docs/kubernetes.md,
+    /// "Upgrade")
+    optional pod_dir: PathBuf = None,
+        env "AETHER_POD_DIR";
+    /// the mesh CA's certificate (PEM), given with `ca_key`
+    optional ca_cert: PathBuf = None,
+        env "AETHER_CA_CERT";
+    /// the mesh CA's private key (PEM), given with `ca_cert`
+    optional ca_key: PathBuf = None,
+        env "AETHER_CA_KEY";
+    /// a CA directory (`ca.pem`, `ca-key.pem`), created once when missing
+    optional ca_dir: PathBuf = None,
+        env "AETHER_CA_DIR";
+    /// prefix added to the `aether.io/netns` annotation (file mode)
+    plain netns_prefix: String = String::new(),
+        env "AETHER_NETNS_PREFIX";
+    /// also serve the admin endpoints on this TCP address (daemon's namespace)
+    optional admin_addr: SocketAddr = None,
+        env "AETHER_ADMIN_ADDR";
+    /// serve `/metrics`, `/ready` and `/live` (nothing else) on this TCP address: the per-node
+    /// metrics endpoint and the DaemonSet's probes
+    optional metrics_addr: SocketAddr = None,
+        env "AETHER_METRICS_ADDR";
+    /// mesh names are `<svc>.<ns>.<mesh_domain>`
+    plain mesh_domain: String = "aether.internal".into(),
+        env "AETHER_MESH_DOMAIN";
+    /// the Kubernetes cluster domain: Service names are `<svc>.<ns>.svc.<cluster_domain>`
+    plain cluster_domain: String = "cluster.local".into(),
+        env "AETHER_CLUSTER_DOMAIN";
+    /// SPIFFE trust domain of issued and accepted identities
+    plain trust_domain: String = "cluster.local".into(),
+        env "AETHER_TRUST_DOMAIN";
+    /// capture mode of a pod without `capture.aether.io/redirect-all`
+    plain capture_redirect_all_default: bool = true,
+        env "AETHER_CAPTURE_REDIRECT_ALL_DEFAULT";
+    /// their pods are never managed
+    plain ignored_namespaces: Vec<String> = vec!["kube-system".into()],
+        env "AETHER_IGNORED_NAMESPACES", list "comma-separated";
+    /// ClusterIPs of generated Services (file registry), allocated deterministically
+    plain service_cidr: ipnet::IpNet = "10.96.0.0/16".parse().expect("a valid CIDR literal"),
+        env "AETHER_SERVICE_CIDR";
+    /// where mesh DNS forwards names that are not the mesh's; loopback addresses are dropped
+    /// (inside a pod they would be mesh DNS itself)
+    plain dns_upstreams: Vec<SocketAddr> = Vec::new(),
+        env "AETHER_DNS_UPSTREAMS", list "comma-separated `ip:port`",
+        shown "the host's `/etc/resolv.conf`";
+    /// mesh DNS also answers `<svc>.<ns>.svc.<cluster_domain>` and is authoritative for the cluster
+    /// domain (file mode stands in for the cluster DNS)
+    plain dns_kubernetes_names: bool = true,
+        env "AETHER_DNS_KUBERNETES_NAMES";
+    /// workload certificate lifetime; re-issued at half-life
+    plain cert_lifetime_hours: u64 = 24,
+        env "AETHER_CERT_LIFETIME_HOURS", unit "hours", at_least 1;
+    /// how long shutdown waits for open connections
+    plain drain_timeout_secs: u64 = 5,
+        env "AETHER_DRAIN_TIMEOUT_SECS", unit "seconds";
+    /// file source: a registry directory change waits this long before the directory is read, since
+    /// a generator may still be writing
+    plain watch_debounce_ms: u64 = 200,
+        env "AETHER_WATCH_DEBOUNCE_MS", unit "milliseconds";
+    /// Kubernetes and etcd sources: the publisher's coalescing window. A change after a quiet spell
+    /// is published at once; publishes are then at most one per this, every change meanwhile taken
+    /// by the next (docs/decisions.md, "One publisher")
+    // A change waits at most this long to be served: longer is not coalescing, it is stale
+    // endpoints.
+    plain publish_coalesce_ms: u64 = 20,
+        env "AETHER_PUBLISH_COALESCE_MS", unit "milliseconds", at_most 10000;
+    /// how long a CNI ADD for a pod the registry does not hold yet waits for it, each such ADD on
+    /// its own; then it is answered "try again" (CNI error 11). Keep it below the plugin's
+    /// `timeoutSecs` (default 20 s, docs/cni.md)
+    // `aether cni` waits at most 600 s for any answer (docs/cni.md, `timeoutSecs`).
+    plain cni_add_wait_ms: u64 = 5000,
+        env "AETHER_CNI_ADD_WAIT_MS", unit "milliseconds", at_most 600000;
     /// Kubernetes source: list with the API server's streaming lists (`sendInitialEvents`,
-    /// Kubernetes 1.32+ by default) instead of pages, so a relist is served from the watch cache
-    /// in one stream. Default false: paged lists of 500, which every server answers. Key
-    /// `kube_streaming_lists`, `AETHER_KUBE_STREAMING_LISTS`.
-    pub kube_streaming_lists: bool,
-    /// Keep the registry snapshot each published model was compiled from beside it, for
-    /// `aether debug services|routes|config-dump` and `aether explain --config-dump` (about 1.5×
-    /// the model's memory: 213 MiB at 100,000 pods, docs/performance.md). Default true; off,
-    /// those endpoints answer `503` and say why. Key `debug_keep_snapshot`,
-    /// `AETHER_DEBUG_KEEP_SNAPSHOT`.
-    pub debug_keep_snapshot: bool,
-    /// Threads that run the data plane and everything else async (tokio workers). `1` runs a
-    /// single-threaded runtime: on this project's 2-core machine it cost 20 % less CPU per
-    /// request than two workers, with half the context switches (docs/performance.md), and one
-    /// core of proxying serves tens of thousands of requests a second. More workers raise the
-    /// ceiling on a busy node at that price. Default 1, from 1 to 64. Key `worker_threads`,
-    /// `AETHER_WORKER_THREADS`.
-    pub worker_threads: usize,
-    /// etcd source: the members' client URLs (`http://host:2379`, or `https://` with
-    /// `etcd_ca_cert`). Required with `registry_source: etcd`. Key `etcd_endpoints`,
-    /// `AETHER_ETCD_ENDPOINTS` (comma-separated).
-    pub etcd_endpoints: Vec<String>,
-    /// etcd source: the prefix of every key (docs/etcd.md); the same on every node and every
-    /// mirrored region. Default `/aether`. Key `etcd_prefix`, `AETHER_ETCD_PREFIX`.
-    pub etcd_prefix: String,
-    /// etcd source: the time to live of this node's lease, in seconds; a dead node's rows
-    /// leave the registry within it. Default 10, from 2 to 3600. Key `etcd_lease_ttl_secs`,
-    /// `AETHER_ETCD_LEASE_TTL_SECS`.
-    pub etcd_lease_ttl_secs: u64,
-    /// etcd source: the deadline of every call to etcd, and of the keep-alive ping that
-    /// watches a quiet watch stream, in milliseconds. Default 5000. Key `etcd_timeout_ms`,
-    /// `AETHER_ETCD_TIMEOUT_MS`.
-    pub etcd_timeout_ms: u64,
-    /// etcd source: the user name of etcd's own authentication, with `etcd_password_file`.
-    /// Key `etcd_user`, `AETHER_ETCD_USER`.
-    pub etcd_user: Option<String>,
-    /// etcd source: a file holding the password (its first line). Key `etcd_password_file`,
-    /// `AETHER_ETCD_PASSWORD_FILE`.
-    pub etcd_password_file: Option<PathBuf>,
-    /// etcd source: the CA certificate (PEM) the members' certificates are checked against;
-    /// given, the endpoints are `https://`. Key `etcd_ca_cert`, `AETHER_ETCD_CA_CERT`.
-    pub etcd_ca_cert: Option<PathBuf>,
-    /// etcd source: a client certificate (PEM), with `etcd_client_key`, for members that ask
-    /// for one. Key `etcd_client_cert`, `AETHER_ETCD_CLIENT_CERT`.
-    pub etcd_client_cert: Option<PathBuf>,
-    /// etcd source: the client certificate's key (PEM). Key `etcd_client_key`,
-    /// `AETHER_ETCD_CLIENT_KEY`.
-    pub etcd_client_key: Option<PathBuf>,
-    /// Delegated liveness (etcd source, spec/model.md §14): how often each local pod's liveness
-    /// port is probed, in milliseconds. Default 2000. Key `probe_interval_ms`,
-    /// `AETHER_PROBE_INTERVAL_MS`.
-    pub probe_interval_ms: u64,
-    /// Delegated liveness: how long one probe may take (connect, and for an HTTP port the
-    /// response's head), in milliseconds. Default 1000, at most `probe_interval_ms`. Key
-    /// `probe_timeout_ms`, `AETHER_PROBE_TIMEOUT_MS`.
-    pub probe_timeout_ms: u64,
-    /// Delegated liveness: failed probes in a row that make a Ready pod not Ready. Default 3.
-    /// One success makes it Ready again. Key `probe_failure_threshold`,
-    /// `AETHER_PROBE_FAILURE_THRESHOLD`.
-    pub probe_failure_threshold: u32,
-    /// Log format.
-    pub log_format: LogFormat,
-    /// Log filter (tracing-subscriber `EnvFilter` syntax).
-    pub log_level: String,
-    /// The access log at start: `off`, `on`, or `sample=N` (one request or connection in N),
-    /// on the `aether::access` target; changed at run time with `PUT /access-log` on the admin
-    /// socket. Default `off`: at full rate it costs about 11 % of the request rate
-    /// (docs/performance.md), and the metrics count every request whatever the mode. Key
-    /// `access_log`, `AETHER_ACCESS_LOG`.
-    pub access_log: String,
-    /// Connections open at once through the daemon (captured, loopback, inbound hop); above
-    /// it a new connection is closed at accept and counted.
-    pub max_connections: usize,
-    /// Connections open at once for one pod; above it a new connection of that pod is closed
-    /// at accept and counted.
-    pub max_connections_per_pod: usize,
-    /// The mesh hop's TLS handshake bound, either side, in milliseconds.
-    pub handshake_timeout_ms: u64,
-    /// A connect to an endpoint (the mesh hop's TCP connect) or a passthrough destination that
-    /// takes longer fails, in milliseconds; a delivery then tries another endpoint. Default
-    /// 1000. Key `connect_timeout_ms`, `AETHER_CONNECT_TIMEOUT_MS`.
-    pub connect_timeout_ms: u64,
-    /// How long an endpoint that failed to connect is out of the endpoint choice, the first
-    /// time, in milliseconds; each ejection in a row lasts twice the one before, at most
-    /// `endpoint_ejection_max_ms`. Default 5000. Key `endpoint_ejection_ms`,
-    /// `AETHER_ENDPOINT_EJECTION_MS`.
-    pub endpoint_ejection_ms: u64,
-    /// The longest ejection of an endpoint, in milliseconds (at least `endpoint_ejection_ms`).
-    /// Default 30000. Key `endpoint_ejection_max_ms`, `AETHER_ENDPOINT_EJECTION_MAX_MS`.
-    pub endpoint_ejection_max_ms: u64,
-    /// The most endpoints (address and pod port) whose load and ejection the node keeps; an
-    /// endpoint beyond it is chosen without them, counted. Default 65536. Key
-    /// `endpoint_states_max`, `AETHER_ENDPOINT_STATES_MAX`.
-    pub endpoint_states_max: usize,
-    /// The inbound mode of a pod without `inbound.aether.io/mode`.
-    pub inbound_mode_default: InboundMode,
-    /// Sources whose plaintext reaches a pod's declared ports in both inbound modes, besides
-    /// loopback, the pod's default gateway and its node's addresses (kubelet probes).
-    pub inbound_trusted_sources: Vec<ipnet::IpNet>,
-    /// The most UDP flows (client address, dialled address) open at once for one pod on port
-    /// 18082; a datagram that would open another is dropped and counted. Default 1024.
-    pub udp_max_flows_per_pod: usize,
-    /// A UDP flow with no datagram either way for this long is closed, in seconds. Default 60.
-    pub udp_idle_secs: u64,
-    /// The most DNS-over-TCP connections open at once to one pod's mesh DNS; a new one over it
-    /// is closed at once and counted. Default 64.
-    pub dns_tcp_max_clients: usize,
-    /// A DNS query over TCP must arrive whole within this long of its first byte, or the
-    /// connection is closed and counted; in milliseconds. Default 5000.
-    pub dns_tcp_query_timeout_ms: u64,
-    /// How long a client may take to send a whole HTTP/1 request head, from its first byte (the
-    /// first head: from the accept), in milliseconds; a late head closes the connection.
-    pub header_read_timeout_ms: u64,
-    /// An HTTP connection with no request in flight is closed after this long, in seconds.
-    pub http_idle_timeout_secs: u64,
-    /// The most concurrent streams of one HTTP/2 connection.
-    pub http2_max_concurrent_streams: u32,
-    /// The largest HTTP/2 request header list, in bytes.
-    pub max_header_list_size: u32,
-    /// The largest HTTP/1 request head, in bytes.
-    pub max_header_bytes: usize,
-    /// The most header fields of an HTTP/1 request head.
-    pub max_headers: usize,
-    /// A relayed byte stream (raw TCP, L4, passthrough, spliced upgrade) that moves no byte
-    /// either way for this long is closed, in seconds; 0: never. Default 3600.
-    pub tcp_idle_timeout_secs: u64,
-    /// The largest request body buffered for a `RequestMirror` copy, in bytes. Default 1 MiB.
-    pub mirror_max_body_bytes: usize,
-    /// The largest `ext_authz` answer body read, in bytes. Default 64 KiB.
-    pub ext_authz_max_body_bytes: usize,
-    /// The most HTTP/2 streams one peer (a local pod on the source side; an identity from its
-    /// address on the mesh hop) may have open at once over all its connections; a stream over
-    /// it is refused (`REFUSED_STREAM`). Default 2000.
-    pub max_streams_per_peer: usize,
-    /// The bytes first request heads still being read may hold beyond one read's room
-    /// (16 KiB each), over every connection of the node; a head that would take more is closed
-    /// (`aether_shed_total{reason="head-budget"}`). Default 64 MiB; at least twice
-    /// `max_header_bytes`.
-    pub max_pending_head_bytes: usize,
-    /// The memory the overload manager measures against, in bytes; 0 (the default): the limit
-    /// of the daemon's memory cgroup (v2 or v1), and no shedding where there is none.
-    pub overload_memory_limit_bytes: u64,
-    /// Memory use (in percent of the limit) at which new connections are closed at accept.
-    /// Default 90.
-    pub overload_refuse_percent: u64,
-    /// Memory use (in percent of the limit) at which new HTTP/2 streams are refused and HTTP
-    /// connections with no request in flight are closed, the largest partial heads first.
-    /// Default 95.
-    pub overload_shed_percent: u64,
-    /// How often the overload manager reads the memory in use, in milliseconds. Default 100.
-    pub overload_interval_ms: u64,
-    /// The largest request body the admin socket's debug endpoints read (an `aether debug
-    /// explain` question, a log filter), in bytes, *for each request*; a larger one is answered
-    /// `413`. Default 65536. Key `debug_max_body_bytes`, `AETHER_DEBUG_MAX_BODY_BYTES`.
-    pub debug_max_body_bytes: usize,
-    /// How long `aether debug capture` waits for `nft list table` in a pod's namespace, in
-    /// milliseconds; then the listing is killed and answered `504`. Default 5000. Key
-    /// `debug_capture_timeout_ms`, `AETHER_DEBUG_CAPTURE_TIMEOUT_MS`.
-    pub debug_capture_timeout_ms: u64,
-}
-
-impl Default for NodeConfig {
-    fn default() -> Self {
-        Self {
-            node_name: String::new(),
-            registry_source: RegistrySource::File,
-            registry: PathBuf::from("config/examples/mp"),
-            release_namespace: "aether-system".into(),
-            state_dir: PathBuf::from("/var/run/aether"),
-            pod_dir: None,
-            ca_cert: None,
-            ca_key: None,
-            ca_dir: None,
-            admin_addr: None,
-            metrics_addr: None,
-            metrics_max_connections: 64,
-            debug_max_body_bytes: 65536,
-            debug_capture_timeout_ms: 5000,
-            netns_prefix: String::new(),
-            mesh_domain: "aether.internal".into(),
-            cluster_domain: "cluster.local".into(),
-            trust_domain: "cluster.local".into(),
-            capture_redirect_all_default: true,
-            ignored_namespaces: vec!["kube-system".into()],
-            service_cidr: "10.96.0.0/16".parse().expect("a valid CIDR literal"),
-            dns_upstreams: Vec::new(),
-            dns_kubernetes_names: true,
-            cert_lifetime_hours: 24,
-            drain_timeout_secs: 5,
-            watch_debounce_ms: 200,
-            publish_coalesce_ms: 20,
-            cni_add_wait_ms: 5000,
-            cni_add_waiters_max: 128,
-            kube_streaming_lists: false,
-            debug_keep_snapshot: true,
-            worker_threads: 1,
-            etcd_endpoints: Vec::new(),
-            etcd_prefix: "/aether".into(),
-            etcd_lease_ttl_secs: 10,
-            etcd_timeout_ms: 5000,
-            etcd_user: None,
-            etcd_password_file: None,
-            etcd_ca_cert: None,
-            etcd_client_cert: None,
-            etcd_client_key: None,
-            probe_interval_ms: 2000,
-            probe_timeout_ms: 1000,
-            probe_failure_threshold: 3,
-            log_format: LogFormat::Text,
-            log_level: "info".into(),
-            access_log: "off".into(),
-            max_connections: 100_000,
-            max_connections_per_pod: 20_000,
-            handshake_timeout_ms: 10_000,
-            connect_timeout_ms: 1000,
-            endpoint_ejection_ms: 5000,
-            endpoint_ejection_max_ms: 30_000,
-            endpoint_states_max: 65_536,
-            inbound_mode_default: InboundMode::Permissive,
-            inbound_trusted_sources: Vec::new(),
-            udp_max_flows_per_pod: 1024,
-            udp_idle_secs: 60,
-            dns_tcp_max_clients: 64,
-            dns_tcp_query_timeout_ms: 5000,
-            header_read_timeout_ms: 10_000,
-            http_idle_timeout_secs: 300,
-            http2_max_concurrent_streams: 200,
-            max_header_list_size: 64 * 1024,
-            max_header_bytes: 64 * 1024,
-            max_headers: 100,
-            tcp_idle_timeout_secs: 3600,
-            mirror_max_body_bytes: 1024 * 1024,
-            ext_authz_max_body_bytes: 64 * 1024,
-            max_streams_per_peer: crate::proxy::overload::DEFAULT_MAX_STREAMS_PER_PEER,
-            max_pending_head_bytes: crate::proxy::overload::DEFAULT_MAX_PENDING_HEAD_BYTES,
-            overload_memory_limit_bytes: 0,
-            overload_refuse_percent: 90,
-            overload_shed_percent: 95,
-            overload_interval_ms: 100,
-        }
-    }
+    /// Kubernetes 1.32+) instead of pages of 500 (docs/kubernetes.md, "Scale"); a server that
+    /// refuses them (`422`) is read with pages, kind by kind
+    plain kube_streaming_lists: bool = false,
+        env "AETHER_KUBE_STREAMING_LISTS";
+    /// etcd source: the members' client URLs, `http://host:port` (or `https://` with
+    /// `etcd_ca_cert`); required with `registry_source: etcd`
+    plain etcd_endpoints: Vec<String> = Vec::new(),
+        env "AETHER_ETCD_ENDPOINTS", list "comma-separated";
+    /// etcd source: the key prefix the rows live under (docs/etcd.md, "Keys"); one per mesh, the
+    /// same in every mirrored region
+    plain etcd_prefix: String = "/aether".into(),
+        env "AETHER_ETCD_PREFIX";
+    /// etcd source: the TTL of the lease this node's rows hang on; a node that dies leaves the
+    /// registry within it
+    plain etcd_lease_ttl_secs: u64 = 10,
+        env "AETHER_ETCD_LEASE_TTL_SECS", unit "seconds", range 2..=3600;
+    /// etcd source: the deadline of each connect, listing, write and lease renewal, and the spacing
+    /// of the HTTP/2 pings that find a dead connection (a watch on one is then resumed from its
+    /// revision)
+    plain etcd_timeout_ms: u64 = 5000,
+        env "AETHER_ETCD_TIMEOUT_MS", unit "milliseconds", at_least 1;
+    /// etcd source: a user of etcd's own authentication, given with `etcd_password_file`
+    optional etcd_user: String = None,
+        env "AETHER_ETCD_USER";
+    /// etcd source: a file whose first line is `etcd_user`'s password (a file, so the password is
+    /// in neither the environment nor the process list)
+    optional etcd_password_file: PathBuf = None,
+        env "AETHER_ETCD_PASSWORD_FILE";
+    /// etcd source: the CA (PEM) that signed the members' certificates; the endpoints are then
+    /// `https://`
+    optional etcd_ca_cert: PathBuf = None,
+        env "AETHER_ETCD_CA_CERT";
+    /// etcd source: a client certificate (PEM), given with `etcd_client_key`, for members started
+    /// with `--client-cert-auth`
+    optional etcd_client_cert: PathBuf = None,
+        env "AETHER_ETCD_CLIENT_CERT";
+    /// etcd source: that certificate's key (PEM)
+    optional etcd_client_key: PathBuf = None,
+        env "AETHER_ETCD_CLIENT_KEY";
+    /// etcd source, delegated liveness: how often each local pod's liveness port is probed
+    /// (docs/etcd.md, "Delegated liveness")
+    plain probe_interval_ms: u64 = 2000,
+        env "AETHER_PROBE_INTERVAL_MS", unit "milliseconds", at_least 1;
+    /// how long one probe may take: the TCP connect, or the HTTP response's head
+    plain probe_timeout_ms: u64 = 1000,
+        env "AETHER_PROBE_TIMEOUT_MS", unit "milliseconds", at_least 1,
+        note "at most `probe_interval_ms`";
+    /// failed probes in a row that make a Ready pod not Ready (its rows are rewritten with `ready:
+    /// false`); one success makes it Ready again
+    plain probe_failure_threshold: u32 = 3,
+        env "AETHER_PROBE_FAILURE_THRESHOLD", at_least 1;
+    /// the memory the overload manager measures the daemon's use against (see "Memory" below); 0
+    /// reads the limit of the daemon's memory cgroup (v2 `memory.max`, v1 `memory.limit_in_bytes`,
+    /// the smallest on the way to the root), and with no limit nothing is shed
+    plain overload_memory_limit_bytes: u64 = 0,
+        env "AETHER_OVERLOAD_MEMORY_LIMIT_BYTES", note "the memory cgroup's";
+    /// at this use, every new connection (captured, loopback proxy port, mesh hop) is closed at
+    /// accept until use is 5 points under it
+    plain overload_refuse_percent: u64 = 90,
+        env "AETHER_OVERLOAD_REFUSE_PERCENT", unit "percent",
+        note "at most `overload_shed_percent`";
+    /// at this use, a peer holding a tenth of `max_streams_per_peer` gets no new HTTP/2 stream
+    /// (`REFUSED_STREAM`) and, at each check, a quarter of the HTTP connections with no request in
+    /// flight are closed: the most bytes of an unfinished request head first, then the longest idle
+    plain overload_shed_percent: u64 = 95,
+        env "AETHER_OVERLOAD_SHED_PERCENT", unit "percent", range 1..=100;
+    /// how often the overload manager reads the memory in use
+    plain overload_interval_ms: u64 = 100,
+        env "AETHER_OVERLOAD_INTERVAL_MS", unit "milliseconds", at_least 1;
+    /// keep the registry snapshot each published model was compiled from beside it, for `aether
+    /// debug services`, `routes`, `config-dump` and offline replay (docs/debug.md); on the file and
+    /// etcd sources it costs about 1.5× the model's memory; the Kubernetes source keeps none and
+    /// makes it from the kept model when asked (docs/debug.md). Off, those commands are answered
+    /// `503` with the reason
+    plain debug_keep_snapshot: bool = true,
+        env "AETHER_DEBUG_KEEP_SNAPSHOT";
+    /// threads that run the daemon (tokio workers). One runs a single-threaded runtime: on
+    /// a 2-core node it cost about 20 % less CPU per request than two, with half the context
+    /// switches (docs/performance.md). More raise the ceiling of a busy node (one thread proxies
+    /// tens of thousands of requests a second) at that price per request
+    plain worker_threads: usize = 1,
+        env "AETHER_WORKER_THREADS", range 1..=64;
+    /// `text` or `json` (one object per line), on stderr
+    plain log_format: LogFormat = LogFormat::Text,
+        env "AETHER_LOG_FORMAT";
+    /// a tracing-subscriber filter, e.g. `info,aether::proxy=debug`
+    plain log_level: String = "info".into(),
+        env "AETHER_LOG";
+    /// the access log at start: `off`, `on` (a line per HTTP request and per relayed byte stream)
+    /// or `sample=N` (one in N); changed at run time with `PUT /access-log` on the admin socket or
+    /// `aether debug access-log` (docs/observability.md). Off by default: at full rate it costs
+    /// about 11 % of the request rate (docs/performance.md)
+    plain access_log: String = "off".into(),
+        env "AETHER_ACCESS_LOG";
+    /// inbound mode of a pod without `inbound.aether.io/mode`: `permissive` or `strict`
+    /// (docs/security.md, spec/model.md §12.5 item 3)
+    plain inbound_mode_default: InboundMode = InboundMode::Permissive,
+        env "AETHER_INBOUND_MODE_DEFAULT";
+    /// an endpoint whose connect failed (refused, timed out, unreachable, the mesh hop's TLS
+    /// handshake) is out of the endpoint choice this long, and twice as long for each ejection in a
+    /// row; never the last endpoint of a backend in the choice; back at once on a successful
+    /// connect (docs/decisions.md, "Endpoint choice"; `aether_endpoint_ejections_total`,
+    /// `aether_endpoint_returns_total`)
+    plain endpoint_ejection_ms: u64 = 5000,
+        env "AETHER_ENDPOINT_EJECTION_MS", unit "milliseconds", at_least 1;
+    /// the longest ejection, however many in a row: an endpoint that stays unreachable is tried
+    /// again at least this often
+    plain endpoint_ejection_max_ms: u64 = 30_000,
+        env "AETHER_ENDPOINT_EJECTION_MAX_MS", unit "milliseconds",
+        note "at least `endpoint_ejection_ms`";
+    /// sources whose plaintext reaches pods' declared ports in both inbound modes, besides
+    /// loopback, each pod's default gateway and its node's addresses (kubelet probes); an external
+    /// load balancer's health checks, for example
+    plain inbound_trusted_sources: Vec<ipnet::IpNet> = Vec::new(),
+        env "AETHER_INBOUND_TRUSTED_SOURCES", list "comma-separated CIDRs";
+    /// a new connection (captured, loopback proxy port, inbound hop) is closed at accept
+    plain max_connections: usize = 100_000,
+        env "AETHER_MAX_CONNECTIONS", at_least 1,
+        limit { counter: "`aether_connections_over_limit_total`",
+            why: "above the 50,000 idle connections one node must carry, below the fds a node \
+            allows (each proxied connection holds 2 to 4)" };
+    /// a new connection of that pod (its captured and loopback connections, and the inbound hops to
+    /// it) is closed at accept
+    plain max_connections_per_pod: usize = 20_000,
+        env "AETHER_MAX_CONNECTIONS_PER_POD", at_least 1,
+        limit { counter: "`aether_connections_over_limit_total`",
+            why: "one pod, hostile or broken, cannot take the whole node's share" };
+    /// a mesh hop whose TLS handshake has not finished is closed (either side)
+    plain handshake_timeout_ms: u64 = 10_000,
+        env "AETHER_HANDSHAKE_TIMEOUT_MS", unit "milliseconds", at_least 1,
+        limit { counter: "`aether_hop_handshake_timeouts_total`",
+            why: "a handshake between two nodes takes milliseconds; 10 s leaves room for a loaded \
+            node and none for a peer that sends nothing" };
+    /// a TCP connect to an endpoint's mesh hop (or to a passthrough destination) that has not
+    /// completed fails: the endpoint is ejected (`endpoint_ejection_ms`) and a delivery tries one
+    /// other endpoint of the backend; with none left, `503 upstream-unreachable` (HTTP) or the
+    /// connection is closed (raw TCP)
+    plain connect_timeout_ms: u64 = 1000,
+        env "AETHER_CONNECT_TIMEOUT_MS", unit "milliseconds", at_least 1,
+        limit { counter: "`aether_endpoint_retries_total{outcome=\"ok\"}` (another endpoint took \
+            it), `aether_endpoint_retries_total{outcome=\"failed\"}` (it failed too)",
+            why: "a live pod answers a SYN within milliseconds; one that has not answered in a \
+            second is gone or black-holed (the kernel's first SYN retry comes at 1 s). Linkerd \
+            uses the same bound. A longer bound held half of all new requests for its whole \
+            length while one of two endpoints dropped SYNs" };
+    /// an endpoint (address and pod port) beyond this many is chosen without its load or ejection
+    /// being kept; entries with nothing in flight and no ejection are removed after 60 s idle
+    plain endpoint_states_max: usize = 65_536,
+        env "AETHER_ENDPOINT_STATES_MAX", unit "endpoints", at_least 1,
+        limit { counter: "`aether_endpoint_states_over_limit_total`",
+            why: "far above the endpoints one node's pods reach; each entry is a few dozen bytes" };
+    /// an HTTP/1 request head not whole within this long of its first byte (the first head of a
+    /// connection: of the accept), however it is dripped, closes the connection without an answer,
+    /// on the capture and proxy ports and the mesh hop; a client that sends part of a head and
+    /// closes is answered `400 bad-request` at once
+    plain header_read_timeout_ms: u64 = 10_000,
+        env "AETHER_HEADER_READ_TIMEOUT_MS", unit "milliseconds", at_least 1,
+        limit { counter: "`aether_http_header_timeouts_total`",
+            why: "a slow-head client would otherwise hold a connection and its task for ever; a \
+            real client sends its head in one write" };
+    /// an HTTP connection (HTTP/1.1 keep-alive or HTTP/2, client side and mesh hop) with no request
+    /// in flight is closed, HTTP/2 with GOAWAY
+    plain http_idle_timeout_secs: u64 = 300,
+        env "AETHER_HTTP_IDLE_TIMEOUT_SECS", unit "seconds", at_least 1,
+        limit { counter: "`aether_http_idle_closed_total`",
+            why: "long enough that an application's connection pool (typically 60–90 s idle) \
+            closes its connections first, so a request rarely races the daemon's close; short \
+            enough that idle connections cannot pile up" };
+    /// a relayed byte stream (raw TCP, an L4 hop, a passthrough, a spliced upgrade such as a
+    /// WebSocket) that moved no byte either way is closed, between once and twice this long after
+    /// its last byte
+    plain tcp_idle_timeout_secs: u64 = 3600,
+        env "AETHER_TCP_IDLE_TIMEOUT_SECS", unit "seconds", note "`0`: never",
+        limit { counter: "`aether_tcp_idle_closed_total`",
+            why: "Envoy's default for its TCP proxy: database and message-queue clients keep \
+            quiet connections for minutes, and an hour still ends connections a vanished peer \
+            left behind (an idle relay holds no buffer, only its sockets and task)" };
+    /// a stream over it on one HTTP/2 connection is refused (`REFUSED_STREAM`)
+    plain http2_max_concurrent_streams: u32 = 200,
+        env "AETHER_HTTP2_MAX_CONCURRENT_STREAMS", at_least 1,
+        limit { counter: "`aether_http2_stream_limit_total` (each time a connection reaches it)",
+            why: "RFC 9113 asks for at least 100; bounds the requests one connection keeps in \
+            flight" };
+    /// a larger HTTP/2 request header list (names, values and 32 bytes per field) is answered `431
+    /// headers-too-large`; one over twice it is refused by the HTTP/2 library itself (a `431`
+    /// without reason, or the connection). The mesh hop accepts twice it, for the mesh's own
+    /// headers on a request the source already checked
+    plain max_header_list_size: u32 = 64 * 1024,
+        env "AETHER_MAX_HEADER_LIST_SIZE", unit "bytes", at_least 1024,
+        limit { counter: "`aether_http_headers_too_large_total`",
+            why: "the same bound as HTTP/1's head" };
+    /// a larger HTTP/1 request head (request line and fields) is answered `431 headers-too-large`
+    /// (a later head on a kept connection gets hyper's own `431`, see docs/decisions.md)
+    plain max_header_bytes: usize = 64 * 1024,
+        env "AETHER_MAX_HEADER_BYTES", unit "bytes", at_least 1024,
+        limit { counter: "`aether_http_headers_too_large_total`",
+            why: "far above real heads (a few KiB), small enough that a connection's head buffer \
+            stays bounded" };
+    /// a head with more fields is answered `431 headers-too-large`
+    plain max_headers: usize = 100,
+        env "AETHER_MAX_HEADERS", at_least 1,
+        limit { counter: "`aether_http_headers_too_large_total`",
+            why: "hyper's own bound; another value costs an allocation per request" };
+    /// a request whose body is larger (or of unknown length and slower than 1 s) is not copied to
+    /// its `RequestMirror`s, and is delivered as usual
+    plain mirror_max_body_bytes: usize = 1024 * 1024,
+        env "AETHER_MIRROR_MAX_BODY_BYTES", unit "bytes", at_least 1,
+        limit { counter: "`aether_mirror_skipped_total`",
+            why: "a mirror copy buffers the body; 1 MiB covers API requests and keeps one \
+            request's buffer bounded" };
+    /// an authorization server's answer body past this is read and dropped: a denial is relayed
+    /// without its body
+    plain ext_authz_max_body_bytes: usize = 64 * 1024,
+        env "AETHER_EXT_AUTHZ_MAX_BODY_BYTES", unit "bytes", at_least 1,
+        limit { counter: "`aether_ext_authz_body_over_limit_total`",
+            why: "a denial's body is a short message for the client; the server is configured, \
+            not trusted with the daemon's memory" };
+    /// a new HTTP/2 stream of a peer that has this many open over all its connections is refused
+    /// (`REFUSED_STREAM`: not processed, the client may retry it); a peer is a local pod on the
+    /// capture and proxy ports, an identity from its source address on the mesh hop
+    plain max_streams_per_peer: usize = crate::proxy::overload::DEFAULT_MAX_STREAMS_PER_PEER,
+        env "AETHER_MAX_STREAMS_PER_PEER", unit "streams", at_least 1,
+        limit { counter: "`aether_shed_total{reason=\"peer-streams\"}`",
+            why: "ten connections' worth of `http2_max_concurrent_streams`: \
+            `max_connections_per_pod` alone let one peer with a valid certificate hold 30,000 \
+            streams and their header lists" };
+    /// the node's first request heads still being read may hold this much beyond one read's room
+    /// (16 KiB each); a connection whose unfinished head would take more is closed before its
+    /// buffer grows (a partial head is owed no answer)
+    plain max_pending_head_bytes: usize = crate::proxy::overload::DEFAULT_MAX_PENDING_HEAD_BYTES,
+        env "AETHER_MAX_PENDING_HEAD_BYTES", unit "bytes",
+        note "64 MiB; at least twice `max_header_bytes`: a head's buffer grows by doubling",
+        limit { counter: "`aether_shed_total{reason=\"head-budget\"}`",
+            why: "the memory levels see a flood of slow heads only after it is allocated: four \
+            thousand heads growing together doubled their buffers between two checks and the OOM \
+            killer came first (leg OVERLOAD); bounded here, they cannot, while a head that \
+            arrives in a read or two never touches it" };
+    /// a datagram that would open a new UDP flow (client address, dialled address) on 18082 is
+    /// dropped; open flows keep working
+    plain udp_max_flows_per_pod: usize = 1024,
+        env "AETHER_UDP_MAX_FLOWS_PER_POD", unit "flows", at_least 1,
+        limit { counter: "`aether_udp_flows_refused_total` (`aether_udp_flows` is the number \
+            open)",
+            why: "each flow holds a socket and a task, so a pod sending from many source ports \
+            could otherwise take every descriptor of the daemon" };
+    /// a UDP flow with no datagram either way is closed on its own timer, releasing its socket and
+    /// task
+    plain udp_idle_secs: u64 = 60,
+        env "AETHER_UDP_IDLE_SECS", unit "seconds", at_least 1,
+        limit { counter: "`aether_udp_flows` falls",
+            why: "UDP has no end of stream; a minute outlasts request-reply exchanges and \
+            DNS-like retries" };
+    /// a CNI ADD for a pod the registry does not hold yet, beyond this many waiting
+    /// (`cni_add_wait_ms`), is answered "try again" (CNI error 11) at once; the runtime retries it
+    plain cni_add_waiters_max: usize = 128,
+        env "AETHER_CNI_ADD_WAITERS_MAX", unit "ADDs", at_least 1,
+        limit { counter: "`aether_cni_try_again_total` (`aether_cni_adds_waiting` is the number \
+            waiting)",
+            why: "above a node's default pod limit (110), so a node starting all its pods at once \
+            does not reach it; each waiting ADD holds a task and a socket, and the socket is \
+            root's alone" };
+    /// a new DNS-over-TCP connection to one pod's mesh DNS is closed at once
+    plain dns_tcp_max_clients: usize = 64,
+        env "AETHER_DNS_TCP_MAX_CLIENTS", unit "connections", at_least 1,
+        limit { counter: "`aether_dns_tcp_refused_total`",
+            why: "kept apart from UDP, so idle TCP clients cannot starve it; a resolver opens one \
+            or two" };
+    /// a DNS query over TCP not whole (length and message) within this long of its first byte
+    /// closes the connection; a connection with no query for 10 s is closed quietly
+    plain dns_tcp_query_timeout_ms: u64 = 5000,
+        env "AETHER_DNS_TCP_QUERY_TIMEOUT_MS", unit "milliseconds", at_least 1,
+        limit { counter: "`aether_dns_tcp_timeouts_total`",
+            why: "a resolver's own timeout is about 5 s" };
+    /// a new connection to the metrics listener (`metrics_addr`) is closed at accept; a request
+    /// head not whole within 10 s closes its connection
+    plain metrics_max_connections: usize = 64,
+        env "AETHER_METRICS_MAX_CONNECTIONS", unit "connections", at_least 1,
+        limit { counter: "`aether_metrics_connections_over_limit_total`",
+            why: "the listener is on the node's network; a scraper and the kubelet's probes need \
+            a handful" };
+    /// a larger request body to a debug endpoint of the admin socket (an `aether debug explain`
+    /// question, a log filter) is answered `413` unread
+    plain debug_max_body_bytes: usize = 65536,
+        env "AETHER_DEBUG_MAX_BODY_BYTES", unit "bytes", at_least 1,
+        limit { counter: "—",
+            why: "a question is a few hundred bytes; the socket is root's, and still no request \
+            can make the daemon buffer more" };
+    /// `aether debug capture` (`nft list table` in the pod's namespace) not done by then is killed
+    /// and answered `504`
+    plain debug_capture_timeout_ms: u64 = 5000,
+        env "AETHER_DEBUG_CAPTURE_TIMEOUT_MS", unit "milliseconds", at_least 1,
+        limit { counter: "—",
+            why: "a listing takes milliseconds; a stuck `nft` must not hold a task and a process \
+            for ever" };
 }
 
 /// A setting is unusable.
@@ -389,6 +459,20 @@ pub enum ConfigError {
     },
 }
 
+impl NodeArgs {
+    /// The settings: the defaults, the config file's over them when one is given, then the
+    /// environment variables and flags given; checked.
+    pub fn load(&self) -> Result<NodeConfig, ConfigError> {
+        let mut config = match &self.config {
+            Some(path) => NodeConfig::from_file(path)?,
+            None => NodeConfig::default(),
+        };
+        self.apply(&mut config);
+        config.validate()?;
+        Ok(config)
+    }
+}
+
 impl NodeConfig {
     /// Read a YAML config file over the defaults.
     pub fn from_file(path: &std::path::Path) -> Result<Self, ConfigError> {
@@ -410,6 +494,8 @@ impl NodeConfig {
                 message: "required (flag --node-name or AETHER_NODE_NAME)".into(),
             });
         }
+        super::settings::check_bounds(SETTINGS, self)
+            .map_err(|(setting, message)| ConfigError::Invalid { setting, message })?;
         if self.ca_cert.is_some() != self.ca_key.is_some() {
             return Err(ConfigError::Invalid {
                 setting: "ca_cert",
@@ -445,105 +531,6 @@ impl NodeConfig {
                 ),
             });
         }
-        // A change waits at most this long to be served: longer is no coalescing, it is stale
-        // endpoints.
-        if self.publish_coalesce_ms > 10_000 {
-            return Err(ConfigError::Invalid {
-                setting: "publish_coalesce_ms",
-                message: format!(
-                    "{} ms would keep every registry change from serving that long (10000 ms at most)",
-                    self.publish_coalesce_ms
-                ),
-            });
-        }
-        // `aether cni` waits at most 600 s for any answer (docs/cni.md, `timeoutSecs`).
-        if self.cni_add_wait_ms > 600_000 {
-            return Err(ConfigError::Invalid {
-                setting: "cni_add_wait_ms",
-                message: format!(
-                    "{} ms is longer than the CNI plugin waits for an answer (600000 ms at most)",
-                    self.cni_add_wait_ms
-                ),
-            });
-        }
-        for (setting, value) in [
-            ("max_connections", self.max_connections as u64),
-            (
-                "max_connections_per_pod",
-                self.max_connections_per_pod as u64,
-            ),
-            ("handshake_timeout_ms", self.handshake_timeout_ms),
-            ("connect_timeout_ms", self.connect_timeout_ms),
-            ("endpoint_ejection_ms", self.endpoint_ejection_ms),
-            (
-                "endpoint_states_max",
-                u64::try_from(self.endpoint_states_max).unwrap_or(u64::MAX),
-            ),
-            ("cni_add_waiters_max", self.cni_add_waiters_max as u64),
-            ("udp_max_flows_per_pod", self.udp_max_flows_per_pod as u64),
-            (
-                "metrics_max_connections",
-                self.metrics_max_connections as u64,
-            ),
-            (
-                "debug_max_body_bytes",
-                u64::try_from(self.debug_max_body_bytes).unwrap_or(u64::MAX),
-            ),
-            ("debug_capture_timeout_ms", self.debug_capture_timeout_ms),
-            ("udp_idle_secs", self.udp_idle_secs),
-            ("dns_tcp_max_clients", self.dns_tcp_max_clients as u64),
-            ("dns_tcp_query_timeout_ms", self.dns_tcp_query_timeout_ms),
-            ("header_read_timeout_ms", self.header_read_timeout_ms),
-            ("http_idle_timeout_secs", self.http_idle_timeout_secs),
-            (
-                "http2_max_concurrent_streams",
-                u64::from(self.http2_max_concurrent_streams),
-            ),
-            (
-                "max_headers",
-                u64::try_from(self.max_headers).unwrap_or(u64::MAX),
-            ),
-            (
-                "mirror_max_body_bytes",
-                u64::try_from(self.mirror_max_body_bytes).unwrap_or(u64::MAX),
-            ),
-            (
-                "ext_authz_max_body_bytes",
-                u64::try_from(self.ext_authz_max_body_bytes).unwrap_or(u64::MAX),
-            ),
-            (
-                "max_streams_per_peer",
-                u64::try_from(self.max_streams_per_peer).unwrap_or(u64::MAX),
-            ),
-            ("overload_interval_ms", self.overload_interval_ms),
-        ] {
-            if value == 0 {
-                return Err(ConfigError::Invalid {
-                    setting,
-                    message: "must be at least 1".into(),
-                });
-            }
-        }
-        for (setting, value) in [
-            (
-                "max_header_list_size",
-                usize::try_from(self.max_header_list_size).unwrap_or(usize::MAX),
-            ),
-            ("max_header_bytes", self.max_header_bytes),
-        ] {
-            if value < 1024 {
-                return Err(ConfigError::Invalid {
-                    setting,
-                    message: format!("{value} is under 1024 bytes: no real request fits"),
-                });
-            }
-        }
-        if !(1..=100).contains(&self.overload_shed_percent) {
-            return Err(ConfigError::Invalid {
-                setting: "overload_shed_percent",
-                message: format!("{} is not from 1 to 100", self.overload_shed_percent),
-            });
-        }
         if !(1..=self.overload_shed_percent).contains(&self.overload_refuse_percent) {
             return Err(ConfigError::Invalid {
                 setting: "overload_refuse_percent",
@@ -560,18 +547,6 @@ impl NodeConfig {
                     "{} ms is shorter than endpoint_ejection_ms ({} ms)",
                     self.endpoint_ejection_max_ms, self.endpoint_ejection_ms
                 ),
-            });
-        }
-        if !(1..=64).contains(&self.worker_threads) {
-            return Err(ConfigError::Invalid {
-                setting: "worker_threads",
-                message: format!("{} is not from 1 to 64", self.worker_threads),
-            });
-        }
-        if self.cert_lifetime_hours == 0 {
-            return Err(ConfigError::Invalid {
-                setting: "cert_lifetime_hours",
-                message: "must be at least 1".into(),
             });
         }
         self.validate_etcd()
@@ -611,12 +586,6 @@ impl NodeConfig {
         if let Err(message) = crate::registry::etcd::keys::check_prefix(&self.etcd_prefix) {
             return invalid("etcd_prefix", message);
         }
-        if !(2..=3600).contains(&self.etcd_lease_ttl_secs) {
-            return invalid(
-                "etcd_lease_ttl_secs",
-                format!("{} is not from 2 to 3600", self.etcd_lease_ttl_secs),
-            );
-        }
         if self.etcd_timeout_ms >= self.etcd_lease_ttl_secs.saturating_mul(1000) {
             return invalid(
                 "etcd_timeout_ms",
@@ -637,19 +606,6 @@ impl NodeConfig {
                 "etcd_client_cert",
                 "etcd_client_cert and etcd_client_key are given together".into(),
             );
-        }
-        for (setting, value) in [
-            ("etcd_timeout_ms", self.etcd_timeout_ms),
-            ("probe_interval_ms", self.probe_interval_ms),
-            ("probe_timeout_ms", self.probe_timeout_ms),
-            (
-                "probe_failure_threshold",
-                u64::from(self.probe_failure_threshold),
-            ),
-        ] {
-            if value == 0 {
-                return invalid(setting, "must be at least 1".into());
-            }
         }
         if self.probe_timeout_ms > self.probe_interval_ms {
             return invalid(
@@ -696,6 +652,7 @@ impl NodeConfig {
 
 #[cfg(test)]
 mod tests {
+    use super::super::settings::{LIMITS_HEADER, SETTINGS_HEADER, limits_table, settings_table};
     use super::*;
 
     #[test]
@@ -769,75 +726,121 @@ mod tests {
         c.validate().unwrap();
     }
 
-    /// The settings whose rows belong to the Limits table of docs/node.md: what a client, a peer
-    /// or a configured server can run into.
-    const LIMITS: &[&str] = &[
-        "max_connections",
-        "max_connections_per_pod",
-        "handshake_timeout_ms",
-        "connect_timeout_ms",
-        "endpoint_states_max",
-        "header_read_timeout_ms",
-        "http_idle_timeout_secs",
-        "tcp_idle_timeout_secs",
-        "http2_max_concurrent_streams",
-        "max_header_list_size",
-        "max_header_bytes",
-        "max_headers",
-        "mirror_max_body_bytes",
-        "ext_authz_max_body_bytes",
-        "max_streams_per_peer",
-        "max_pending_head_bytes",
-        "udp_max_flows_per_pod",
-        "udp_idle_secs",
-        "dns_tcp_max_clients",
-        "dns_tcp_query_timeout_ms",
-        "metrics_max_connections",
-        "cni_add_waiters_max",
-        "debug_max_body_bytes",
-        "debug_capture_timeout_ms",
-    ];
+    /// The table in `docs` that starts at `header`: its header and every row after it.
+    fn table_in<'a>(docs: &'a str, header: &str) -> Option<&'a str> {
+        let start = docs.find(header)?;
+        let rest = &docs[start..];
+        let mut end = 0;
+        for line in rest.split_inclusive('\n') {
+            if !line.starts_with('|') {
+                break;
+            }
+            end += line.len();
+        }
+        Some(&rest[..end])
+    }
 
+    /// docs/node.md's two tables are the definitions rendered; `AETHER_BLESS=1` writes them.
     #[test]
-    fn every_setting_has_a_row_in_the_docs_and_every_limit_its_default_in_the_limits_table() {
-        let docs = include_str!("../../docs/node.md");
-        let (settings, limits) = docs
-            .split_once("### Limits")
-            .expect("docs/node.md has a Limits section");
-        let limits = limits.split("\n## ").next().unwrap_or(limits);
-        let defaults = serde_json::to_value(NodeConfig::default()).unwrap();
-        let defaults = defaults.as_object().unwrap();
-        for (key, value) in defaults {
-            let key = key.as_str();
-            let row = |text: &str| {
-                text.lines()
-                    .find(|l| l.starts_with(&format!("| `{key}`")))
-                    .map(str::to_owned)
-            };
-            if LIMITS.contains(&key) {
-                let row = row(limits).unwrap_or_else(|| panic!("{key}: no row in Limits"));
-                let default = match value {
-                    serde_json::Value::Number(n) => n.to_string(),
-                    other => panic!("{key}: a limit is a number, not {other:?}"),
-                };
-                assert!(
-                    row.contains(&format!("| `{default}`")),
-                    "{key}: the Limits row does not give the default {default}: {row}"
-                );
-                assert!(
-                    row.contains(&format!("AETHER_{}", key.to_ascii_uppercase())),
-                    "{key}: the row names no environment variable"
-                );
-            } else {
-                assert!(
-                    row(settings).is_some(),
-                    "{key}: no row in the settings table"
-                );
+    fn the_docs_tables_are_the_settings_definitions() {
+        let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("docs/node.md");
+        let docs = std::fs::read_to_string(&path).expect("docs/node.md");
+        let defaults = NodeConfig::default();
+        let mut blessed = docs.clone();
+        let mut differ = Vec::new();
+        for (header, table) in [
+            (SETTINGS_HEADER, settings_table(SETTINGS, &defaults)),
+            (LIMITS_HEADER, limits_table(SETTINGS, &defaults)),
+        ] {
+            let found = table_in(&docs, header).expect("docs/node.md has the table");
+            if found != table {
+                differ.push(header.lines().next().unwrap_or_default().to_owned());
+                blessed = blessed.replacen(found, &table, 1);
             }
         }
-        for key in LIMITS {
-            assert!(defaults.contains_key(*key), "{key} is not a setting");
+        if !differ.is_empty() && std::env::var_os("AETHER_BLESS").is_some() {
+            std::fs::write(&path, blessed).expect("write docs/node.md");
+            return;
         }
+        assert!(
+            differ.is_empty(),
+            "docs/node.md's tables differ from the settings' definitions in src/node/config.rs \
+             ({differ:?}); run with AETHER_BLESS=1 to write them"
+        );
+    }
+
+    #[test]
+    fn every_setting_is_a_file_key_a_flag_and_an_environment_variable() {
+        use clap::{CommandFactory, Parser};
+        #[derive(Debug, Parser)]
+        struct Cli {
+            #[command(flatten)]
+            node: NodeArgs,
+        }
+        let command = Cli::command();
+        let defaults = serde_json::to_value(NodeConfig::default()).expect("defaults");
+        let keys = defaults.as_object().expect("an object");
+        assert_eq!(keys.len(), SETTINGS.len());
+        for s in SETTINGS {
+            assert!(keys.contains_key(s.key), "{}: not a file key", s.key);
+            assert_eq!(
+                s.env,
+                if s.key == "log_level" {
+                    "AETHER_LOG".to_owned()
+                } else {
+                    format!("AETHER_{}", s.key.to_ascii_uppercase())
+                },
+                "{}: its environment variable",
+                s.key
+            );
+            let flag = s.key.replace('_', "-");
+            let arg = command
+                .get_arguments()
+                .find(|a| a.get_long() == Some(flag.as_str()))
+                .unwrap_or_else(|| panic!("no flag --{flag}"));
+            assert_eq!(
+                arg.get_env().and_then(|e| e.to_str()),
+                Some(s.env),
+                "--{flag}: its environment variable"
+            );
+        }
+    }
+
+    #[test]
+    fn a_flag_overrides_the_file_and_a_list_is_comma_separated() {
+        use clap::Parser;
+        #[derive(Debug, Parser)]
+        struct Cli {
+            #[command(flatten)]
+            node: NodeArgs,
+        }
+        let cli = Cli::try_parse_from([
+            "aether",
+            "--node-name",
+            "node-b",
+            "--ca-cert",
+            "/ca.pem",
+            "--inbound-trusted-sources",
+            "10.0.0.0/8,192.168.0.0/16",
+            "--max-connections",
+            "7",
+        ])
+        .expect("the flags parse");
+        let mut config: NodeConfig = crate::yaml::from_str(
+            "node_name: node-a\nmax_connections: 5\nmesh_domain: m.example\n",
+        )
+        .expect("the file parses");
+        cli.node.apply(&mut config);
+        assert_eq!(config.node_name, "node-b");
+        assert_eq!(config.max_connections, 7);
+        assert_eq!(config.mesh_domain, "m.example");
+        assert_eq!(
+            config.ca_cert.as_deref(),
+            Some(std::path::Path::new("/ca.pem"))
+        );
+        assert_eq!(config.inbound_trusted_sources.len(), 2);
+        let bad = Cli::try_parse_from(["aether", "--max-connections", "many"]);
+        assert!(bad.is_err(), "a number that does not parse is refused");
     }
 
     #[test]

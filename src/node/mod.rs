@@ -19,6 +19,7 @@ pub mod pods;
 mod publish;
 mod retain;
 mod retire;
+pub mod settings;
 pub mod stats;
 pub mod telemetry;
 pub mod tls;
