@@ -9,8 +9,10 @@ use std::path::{Path, PathBuf};
 use super::*;
 use crate::capture::cni::CniError;
 use crate::cni::protocol;
-use crate::proxy::{Counter, Stats};
+use crate::proxy::{Counter, ProxySettings, Stats};
+use crate::state::ModelHandle;
 use crate::test_util::{NoTls, needs_root};
+use arc_swap::ArcSwap;
 
 /// A node-a pod served only from a CNI ADD; its IP is on no interface anywhere.
 const MANIFESTS: &str = r#"
