@@ -431,22 +431,7 @@ pub fn decide(
     model: &Model,
     q: &Question,
 ) -> Result<Decided, InvalidQuestion> {
-    let (ns, pod_name) = q
-        .from
-        .split_once('/')
-        .ok_or_else(|| InvalidQuestion::UnknownPod(q.from.clone()))?;
-    let pod = model
-        .pod(ns, pod_name)
-        .ok_or_else(|| InvalidQuestion::UnknownPod(q.from.clone()))?;
-    if !pod.managed {
-        return Err(InvalidQuestion::Unmanaged(q.from.clone()));
-    }
-    let caller = Caller {
-        namespace: Some(pod.namespace.clone()),
-        pod: Some(pod.name.clone()),
-        service_account: Some(pod.service_account.clone()),
-        capture: pod.capture,
-    };
+    let (ns, caller) = caller_of(model, &q.from)?;
     let (name, port) = q
         .dial
         .rsplit_once(':')
@@ -455,105 +440,151 @@ pub fn decide(
     let (ip, dns) = resolve_dial(snapshot, model, ns, name)
         .ok_or_else(|| InvalidQuestion::NoAddress(q.dial.clone()))?;
     let dialled = SocketAddr::new(ip, port);
-    let mut out = Decided {
-        caller: caller.clone(),
+    let connection = decide_connection(model, &caller, dialled, &q.bytes);
+    let (request, after_hold) = match &connection {
+        ConnOutcome::Http(entry, _) => {
+            let (first, after_hold) = decide_request(model, &caller, q, (name, port), *entry);
+            (Some(first), after_hold)
+        }
+        _ => (None, None),
+    };
+    Ok(Decided {
+        caller,
         dialled,
         dns: (name
             .trim_matches(|c| c == '[' || c == ']')
             .parse::<IpAddr>()
             .is_err())
         .then_some(dns),
-        connection: ConnOutcome::LoopbackNotHttp,
-        request: None,
-        after_hold: None,
+        connection,
+        request,
+        after_hold,
+    })
+}
+
+/// The caller pod `from` (`<namespace>/<name>`) as a connection gives it, with its namespace
+/// as written; refused when the registry does not hold it or the mesh does not manage it.
+fn caller_of<'q>(model: &Model, from: &'q str) -> Result<(&'q str, Caller), InvalidQuestion> {
+    let (ns, pod_name) = from
+        .split_once('/')
+        .ok_or_else(|| InvalidQuestion::UnknownPod(from.to_owned()))?;
+    let pod = model
+        .pod(ns, pod_name)
+        .ok_or_else(|| InvalidQuestion::UnknownPod(from.to_owned()))?;
+    if !pod.managed {
+        return Err(InvalidQuestion::Unmanaged(from.to_owned()));
+    }
+    let caller = Caller {
+        namespace: Some(pod.namespace.clone()),
+        pod: Some(pod.name.clone()),
+        service_account: Some(pod.service_account.clone()),
+        capture: pod.capture,
     };
-    let sniffed = match &q.bytes {
+    Ok((ns, caller))
+}
+
+/// How `caller`'s connection to `dialled` is decided when the client sends `bytes` first,
+/// before any request: [`ConnOutcome::Http`] when each request is answered on its own.
+fn decide_connection(
+    model: &Model,
+    caller: &Caller,
+    dialled: SocketAddr,
+    bytes: &Bytes,
+) -> ConnOutcome {
+    let sniffed = match bytes {
         Bytes::Http | Bytes::Http10 | Bytes::H2c => Sniffed::Http,
         Bytes::Tls(sni) => Sniffed::Tls((!sni.is_empty()).then(|| sni.clone())),
         Bytes::Raw => Sniffed::Other,
         Bytes::Silent | Bytes::Udp => Sniffed::Timeout,
     };
-    if q.bytes == Bytes::Udp {
-        out.connection = ConnOutcome::Udp(resolve_udp(model, dialled));
-        return Ok(out);
+    if *bytes == Bytes::Udp {
+        return ConnOutcome::Udp(resolve_udp(model, dialled));
     }
-    let entry = if ip.is_loopback() {
-        if port != PROXY_PORT {
-            out.connection = ConnOutcome::NotCaptured(Why::new(
+    let entry = if dialled.ip().is_loopback() {
+        if dialled.port() != PROXY_PORT {
+            return ConnOutcome::NotCaptured(Why::new(
                 "spec/model.md §12.1",
                 "loopback destinations are never captured; the mesh plays no part",
             ));
-            return Ok(out);
         }
         if sniffed != Sniffed::Http {
-            out.connection = ConnOutcome::LoopbackNotHttp;
-            return Ok(out);
+            return ConnOutcome::LoopbackNotHttp;
         }
         HttpEntry::Loopback
     } else {
-        if caller.capture == CaptureMode::Scoped && port != PROXY_PORT && port != LEGACY_PORT {
-            out.connection = ConnOutcome::NotCaptured(Why::new(
-                "spec/model.md §12.2",
-                "scoped capture takes only 18081 and 18082: not captured",
-            ));
-            return Ok(out);
-        }
-        match classify_connection(model, &caller, dialled) {
-            ConnDecision::Tcp(c) => {
-                // The choice carries the reason its destination was chosen for.
-                let why = match c.backends.first() {
-                    Some((_, TcpBackend::Target(t))) => Why::new(
-                        t.why.rule,
-                        format!(
-                            "{}; decided at accept: no byte is read, nothing is waited for",
-                            t.why.detail
-                        ),
-                    ),
-                    _ => Why::new(
-                        "addressing.md §3",
-                        "raw TCP at accept: no byte is read, nothing is waited for",
-                    ),
-                };
-                out.connection = ConnOutcome::Tcp(c, why);
-                return Ok(out);
-            }
-            ConnDecision::Passthrough(why) => {
-                out.connection = ConnOutcome::Passthrough(why);
-                return Ok(out);
-            }
-            ConnDecision::Close(why) => {
-                out.connection = ConnOutcome::Close(why);
-                return Ok(out);
-            }
-            ConnDecision::Sniff(plan) => match resolve_sniffed(&plan, &sniffed) {
-                AfterSniff::Http(entry) => entry,
-                AfterSniff::Tcp(c) => {
-                    out.connection = ConnOutcome::Tcp(c, plan.why);
-                    return Ok(out);
-                }
-                AfterSniff::Passthrough => {
-                    let why = Why::new(
-                        plan.why.rule,
-                        format!("{}; the first bytes are {sniffed:?}", plan.why.detail),
-                    );
-                    out.connection = ConnOutcome::Passthrough(why);
-                    return Ok(out);
-                }
-                AfterSniff::Close => {
-                    out.connection = ConnOutcome::Close(plan.why);
-                    return Ok(out);
-                }
-            },
+        match captured_entry(model, caller, dialled, &sniffed) {
+            Ok(entry) => entry,
+            Err(decided) => return decided,
         }
     };
-    out.connection = ConnOutcome::Http(
+    ConnOutcome::Http(
         entry,
         Why::new(
             "addressing.md §2",
             "HTTP: each request is answered on its own",
         ),
-    );
+    )
+}
 
+/// The HTTP entry of a connection to a non-loopback `dialled` whose first bytes are `sniffed`;
+/// otherwise how the connection is decided (not captured, raw TCP, passthrough, closed).
+fn captured_entry(
+    model: &Model,
+    caller: &Caller,
+    dialled: SocketAddr,
+    sniffed: &Sniffed,
+) -> Result<HttpEntry, ConnOutcome> {
+    let port = dialled.port();
+    if caller.capture == CaptureMode::Scoped && port != PROXY_PORT && port != LEGACY_PORT {
+        return Err(ConnOutcome::NotCaptured(Why::new(
+            "spec/model.md §12.2",
+            "scoped capture takes only 18081 and 18082: not captured",
+        )));
+    }
+    match classify_connection(model, caller, dialled) {
+        ConnDecision::Tcp(c) => {
+            // The choice carries the reason its destination was chosen for.
+            let why = match c.backends.first() {
+                Some((_, TcpBackend::Target(t))) => Why::new(
+                    t.why.rule,
+                    format!(
+                        "{}; decided at accept: no byte is read, nothing is waited for",
+                        t.why.detail
+                    ),
+                ),
+                _ => Why::new(
+                    "addressing.md §3",
+                    "raw TCP at accept: no byte is read, nothing is waited for",
+                ),
+            };
+            Err(ConnOutcome::Tcp(c, why))
+        }
+        ConnDecision::Passthrough(why) => Err(ConnOutcome::Passthrough(why)),
+        ConnDecision::Close(why) => Err(ConnOutcome::Close(why)),
+        ConnDecision::Sniff(plan) => match resolve_sniffed(&plan, sniffed) {
+            AfterSniff::Http(entry) => Ok(entry),
+            AfterSniff::Tcp(c) => Err(ConnOutcome::Tcp(c, plan.why)),
+            AfterSniff::Passthrough => {
+                let why = Why::new(
+                    plan.why.rule,
+                    format!("{}; the first bytes are {sniffed:?}", plan.why.detail),
+                );
+                Err(ConnOutcome::Passthrough(why))
+            }
+            AfterSniff::Close => Err(ConnOutcome::Close(plan.why)),
+        },
+    }
+}
+
+/// The answer to `q`'s request on `entry`, sent to the dialled `(name, port)`, and the answer
+/// once the discovery hold has run out when the first is a hold.
+fn decide_request(
+    model: &Model,
+    caller: &Caller,
+    q: &Question,
+    (name, port): (&str, u16),
+    entry: HttpEntry,
+) -> (RequestDecision, Option<RequestDecision>) {
     let default_host = if port == 80 {
         name.to_owned()
     } else {
@@ -597,12 +628,10 @@ pub fn decide(
         entropy: q.entropy,
         explain: true,
     };
-    let first = resolve_request(model, &caller, &facts(false));
-    if let RequestDecision::Hold(..) = first {
-        out.after_hold = Some(resolve_request(model, &caller, &facts(true)));
-    }
-    out.request = Some(first);
-    Ok(out)
+    let first = resolve_request(model, caller, &facts(false));
+    let after_hold = matches!(first, RequestDecision::Hold(..))
+        .then(|| resolve_request(model, caller, &facts(true)));
+    (first, after_hold)
 }
 
 /// Answers a question (see the module doc).

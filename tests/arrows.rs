@@ -17,6 +17,10 @@
 //!
 //! Test code (`tests.rs`, `*_tests.rs`, `proptests.rs`, items under `#[cfg(test)]`) is left
 //! out: a test may reach anywhere in its crate.
+//!
+//! The same reading holds the daemon's functions to a length (issue #38): no function or method
+//! of `src/` (tests, nested functions and trait defaults included) is longer than
+//! [`MAX_FN_LINES`], counted from its `fn` to its closing brace.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
@@ -442,4 +446,149 @@ fn paths_resolve_from_the_module_they_are_written_in() {
     let a_b = target(&modules, "aether", &split("b::Thing"));
     assert_eq!(a_b, Some(("aether".to_owned(), "b".to_owned())));
     std::fs::remove_dir_all(&dir).unwrap();
+}
+
+// === How long a function of the daemon may be (issue #38) ===
+
+/// The most lines a function of the daemon may span, from its `fn` to its closing brace: past it,
+/// the function does several things that want names of their own.
+const MAX_FN_LINES: usize = 150;
+
+/// The functions of one file, each as (its name with its enclosing type or module, its first
+/// line, its length in lines).
+#[derive(Default)]
+struct Lengths {
+    within: Vec<String>,
+    found: Vec<(String, usize, usize)>,
+}
+
+impl Lengths {
+    fn record(&mut self, name: &syn::Ident, fn_token: &syn::token::Fn, block: &syn::Block) {
+        let start = fn_token.span.start().line;
+        let end = block.brace_token.span.close().end().line;
+        let mut path = self.within.clone();
+        path.push(name.to_string());
+        self.found.push((path.join("::"), start, end + 1 - start));
+    }
+
+    /// `f` inside `name` (a module or an impl's type).
+    fn within(&mut self, name: String, f: impl FnOnce(&mut Self)) {
+        self.within.push(name);
+        f(self);
+        self.within.pop();
+    }
+}
+
+impl<'ast> Visit<'ast> for Lengths {
+    fn visit_item_fn(&mut self, f: &'ast syn::ItemFn) {
+        self.record(&f.sig.ident, &f.sig.fn_token, &f.block);
+        self.within(f.sig.ident.to_string(), |s| visit::visit_item_fn(s, f));
+    }
+
+    fn visit_impl_item_fn(&mut self, f: &'ast syn::ImplItemFn) {
+        self.record(&f.sig.ident, &f.sig.fn_token, &f.block);
+        self.within(f.sig.ident.to_string(), |s| visit::visit_impl_item_fn(s, f));
+    }
+
+    fn visit_trait_item_fn(&mut self, f: &'ast syn::TraitItemFn) {
+        if let Some(block) = &f.default {
+            self.record(&f.sig.ident, &f.sig.fn_token, block);
+        }
+        self.within(f.sig.ident.to_string(), |s| {
+            visit::visit_trait_item_fn(s, f)
+        });
+    }
+
+    fn visit_item_impl(&mut self, i: &'ast syn::ItemImpl) {
+        let name = match &*i.self_ty {
+            syn::Type::Path(p) => p.path.segments.last().map(|s| s.ident.to_string()),
+            _ => None,
+        };
+        self.within(name.unwrap_or_else(|| "impl".to_owned()), |s| {
+            visit::visit_item_impl(s, i);
+        });
+    }
+
+    fn visit_item_trait(&mut self, t: &'ast syn::ItemTrait) {
+        self.within(t.ident.to_string(), |s| visit::visit_item_trait(s, t));
+    }
+
+    fn visit_item_mod(&mut self, m: &'ast syn::ItemMod) {
+        self.within(m.ident.to_string(), |s| visit::visit_item_mod(s, m));
+    }
+}
+
+/// The functions of `src` (the text of `file`) longer than [`MAX_FN_LINES`], as
+/// `file:line name: N lines`, and how many functions it has.
+fn too_long(file: &str, src: &str) -> (Vec<String>, usize) {
+    let parsed = syn::parse_file(src).unwrap_or_else(|e| panic!("{file}: {e}"));
+    let mut lengths = Lengths::default();
+    lengths.visit_file(&parsed);
+    let long = lengths
+        .found
+        .iter()
+        .filter(|(_, _, lines)| *lines > MAX_FN_LINES)
+        .map(|(name, line, lines)| format!("{file}:{line} {name}: {lines} lines"))
+        .collect();
+    (long, lengths.found.len())
+}
+
+#[test]
+fn no_function_of_the_daemon_is_over_150_lines() {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let mut files = Vec::new();
+    tree::walk(&root.join("src"), &mut files);
+    files.sort();
+    let (mut long, mut count) = (Vec::new(), 0);
+    for path in &files {
+        let rel = path.strip_prefix(root).expect("walked from the root");
+        let src = std::fs::read_to_string(path).expect("a source file reads");
+        let (found, n) = too_long(&rel.to_string_lossy(), &src);
+        long.extend(found);
+        count += n;
+    }
+    assert!(
+        files.len() > 100 && count > 1000,
+        "the reading found {} files and {count} functions: too few, the walk is broken",
+        files.len()
+    );
+    assert!(
+        long.is_empty(),
+        "functions over {MAX_FN_LINES} lines (split each into parts named for what they do):\n  {}",
+        long.join("\n  ")
+    );
+    eprintln!(
+        "function lengths: {count} functions in {} files, none over {MAX_FN_LINES} lines",
+        files.len()
+    );
+}
+
+#[test]
+fn a_function_of_151_lines_is_found_wherever_it_is_and_one_of_150_is_not() {
+    let body = |lines: usize| "    let _ = 0;\n".repeat(lines - 2);
+    let src = format!(
+        "/// Doc lines are not counted.\n#[inline]\nfn fits() {{\n{}}}\n\
+         fn long() {{\n{}}}\n\
+         impl Thing {{\n    pub async fn method(&self) {{\n{}}}\n}}\n\
+         trait Shape {{\n    fn default_body() {{\n{}}}\n    fn no_body();\n}}\n\
+         #[cfg(test)]\nmod tests {{\n    #[test]\n    fn a_test() {{\n        fn nested() {{\n{}}}\n    }}\n}}\n",
+        body(150),
+        body(151),
+        body(151),
+        body(151),
+        body(151),
+    );
+    let (long, count) = too_long("src/scratch.rs", &src);
+    assert_eq!(count, 6, "{long:#?}");
+    // `fits` (150 lines, line 3) is not there; a test holding a long function is long too.
+    assert_eq!(
+        long,
+        [
+            "src/scratch.rs:153 long: 151 lines",
+            "src/scratch.rs:305 Thing::method: 151 lines",
+            "src/scratch.rs:458 Shape::default_body: 151 lines",
+            "src/scratch.rs:614 tests::a_test: 153 lines",
+            "src/scratch.rs:615 tests::a_test::nested: 151 lines",
+        ]
+    );
 }

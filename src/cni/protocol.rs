@@ -318,9 +318,36 @@ fn at_least(version: &str, min: &str) -> bool {
 
 /// Decide what one invocation does: `env` is the CNI environment, `stdin` what the runtime
 /// wrote (at most [`MAX_STDIN`] + 1 bytes of it: more is an error).
+///
+/// The steps, in order (the first that answers ends it): the command, VERSION's answer, the
+/// configuration, the commands whose version it does not allow (and GC and STATUS, which name
+/// no pod), the pod, and last the question for the daemon.
 pub fn plan(env: &CniEnv, stdin: &[u8]) -> Plan {
+    let (command, verb) = match read_command(env) {
+        Ok(c) => c,
+        Err(refused) => return Plan::Done(refused),
+    };
+    // VERSION answers whatever the configuration says (libcni sends only `cniVersion`).
+    if verb == Verb::Version {
+        return Plan::Done(Output::ok(version_answer()));
+    }
+    let call = match Invocation::read(env, command, verb, stdin) {
+        Ok(c) => c,
+        Err(refused) => return Plan::Done(refused),
+    };
+    if let Some(answered) = call.answer_without_a_pod() {
+        return answered;
+    }
+    match call.pod() {
+        Ok((namespace, pod)) => call.ask_about(namespace, pod),
+        Err(answered) => Plan::Done(answered),
+    }
+}
+
+/// `CNI_COMMAND`, as written and as a [`Verb`]; the error to print when it is unset or unknown.
+fn read_command(env: &CniEnv) -> Result<(&str, Verb), Output> {
     let Some(command) = env.command.as_deref() else {
-        return Plan::Done(Output::error(
+        return Err(Output::error(
             LATEST,
             code::INVALID_ENV,
             "CNI_COMMAND is not set",
@@ -328,51 +355,47 @@ pub fn plan(env: &CniEnv, stdin: &[u8]) -> Plan {
         ));
     };
     let Some(verb) = Verb::parse(command) else {
-        return Plan::Done(Output::error(
+        return Err(Output::error(
             LATEST,
             code::INVALID_ENV,
             format!("unknown CNI_COMMAND {command:?}"),
             "",
         ));
     };
-    // VERSION answers whatever the configuration says (libcni sends only `cniVersion`).
-    if verb == Verb::Version {
-        return Plan::Done(Output::ok(version_answer()));
-    }
+    Ok((command, verb))
+}
+
+/// The network configuration on `stdin` and its supported `cniVersion`; the error to print when
+/// it is too large, not UTF-8, not JSON, or of a version the plugin does not speak.
+fn read_conf(stdin: &[u8]) -> Result<(NetConf<'_>, String), Output> {
     if stdin.len() > MAX_STDIN {
-        return Plan::Done(Output::error(
+        return Err(Output::error(
             LATEST,
             code::DECODE,
             format!("the network configuration is larger than {MAX_STDIN} bytes"),
             "",
         ));
     }
-    let text = match std::str::from_utf8(stdin) {
-        Ok(t) => t,
-        Err(e) => {
-            return Plan::Done(Output::error(
-                LATEST,
-                code::DECODE,
-                "the network configuration is not UTF-8",
-                e.to_string(),
-            ));
-        }
-    };
-    let conf: NetConf<'_> = match serde_json::from_str(text) {
-        Ok(c) => c,
-        Err(e) => {
-            return Plan::Done(Output::error(
-                LATEST,
-                code::DECODE,
-                "the network configuration is not valid JSON",
-                e.to_string(),
-            ));
-        }
-    };
+    let text = std::str::from_utf8(stdin).map_err(|e| {
+        Output::error(
+            LATEST,
+            code::DECODE,
+            "the network configuration is not UTF-8",
+            e.to_string(),
+        )
+    })?;
+    let conf: NetConf<'_> = serde_json::from_str(text).map_err(|e| {
+        Output::error(
+            LATEST,
+            code::DECODE,
+            "the network configuration is not valid JSON",
+            e.to_string(),
+        )
+    })?;
     let version = match conf.cni_version.as_deref() {
         Some(v) if SUPPORTED_VERSIONS.contains(&v) => v.to_owned(),
         other => {
-            return Plan::Done(Output::error(
+            return Err(Output::error(
                 LATEST,
                 code::INCOMPATIBLE_VERSION,
                 match other {
@@ -383,154 +406,210 @@ pub fn plan(env: &CniEnv, stdin: &[u8]) -> Plan {
             ));
         }
     };
-    let fail = |code: u32, msg: String, details: String| {
-        Plan::Done(Output::error(&version, code, msg, details))
-    };
-    let timeout = match conf.timeout_secs {
-        None => DEFAULT_TIMEOUT,
-        Some(s) if (1..=MAX_TIMEOUT_SECS).contains(&s) => Duration::from_secs(s),
-        Some(s) => {
-            return fail(
-                code::INVALID_CONFIG,
-                format!("timeoutSecs {s} is out of range"),
-                format!("1 to {MAX_TIMEOUT_SECS}"),
-            );
-        }
-    };
-    let socket = conf
-        .socket
-        .clone()
-        .unwrap_or_else(|| PathBuf::from(DEFAULT_SOCKET));
-    let ask = |command: Option<CniCommand>, prev_result: Option<String>| {
-        Plan::Ask(Ask {
-            socket: socket.clone(),
-            timeout,
+    Ok((conf, version))
+}
+
+/// One invocation whose command and configuration were read: what the later steps of [`plan`]
+/// decide from, and answer in its `cniVersion`.
+struct Invocation<'a> {
+    env: &'a CniEnv,
+    /// `CNI_COMMAND` as written.
+    command: &'a str,
+    verb: Verb,
+    conf: NetConf<'a>,
+    /// The configuration's `cniVersion`, one of [`SUPPORTED_VERSIONS`].
+    version: String,
+    socket: PathBuf,
+    timeout: Duration,
+}
+
+impl<'a> Invocation<'a> {
+    /// The invocation of `command` with the configuration on `stdin`, or the error to print.
+    fn read(
+        env: &'a CniEnv,
+        command: &'a str,
+        verb: Verb,
+        stdin: &'a [u8],
+    ) -> Result<Self, Output> {
+        let (conf, version) = read_conf(stdin)?;
+        let timeout = match conf.timeout_secs {
+            None => DEFAULT_TIMEOUT,
+            Some(s) if (1..=MAX_TIMEOUT_SECS).contains(&s) => Duration::from_secs(s),
+            Some(s) => {
+                return Err(Output::error(
+                    &version,
+                    code::INVALID_CONFIG,
+                    format!("timeoutSecs {s} is out of range"),
+                    format!("1 to {MAX_TIMEOUT_SECS}"),
+                ));
+            }
+        };
+        let socket = conf
+            .socket
+            .clone()
+            .unwrap_or_else(|| PathBuf::from(DEFAULT_SOCKET));
+        Ok(Self {
+            env,
             command,
-            version: version.clone(),
-            prev_result,
             verb,
+            conf,
+            version,
+            socket,
+            timeout,
         })
-    };
-    let needs = |min: &str| -> Option<Plan> {
-        (!at_least(&version, min)).then(|| {
-            fail(
+    }
+
+    /// A CNI error in the configuration's version.
+    fn fail(&self, code: u32, msg: String, details: String) -> Output {
+        Output::error(&self.version, code, msg, details)
+    }
+
+    /// The question for the daemon.
+    fn ask(&self, command: Option<CniCommand>, prev_result: Option<String>) -> Plan {
+        Plan::Ask(Ask {
+            socket: self.socket.clone(),
+            timeout: self.timeout,
+            command,
+            version: self.version.clone(),
+            prev_result,
+            verb: self.verb,
+        })
+    }
+
+    /// The error for a command that needs cniVersion `min` or later, when the configuration's is
+    /// older.
+    fn needs(&self, min: &str) -> Option<Plan> {
+        (!at_least(&self.version, min)).then(|| {
+            Plan::Done(self.fail(
                 code::INCOMPATIBLE_VERSION,
-                format!("{command} needs cniVersion {min} or later, not {version}"),
+                format!(
+                    "{} needs cniVersion {min} or later, not {}",
+                    self.command, self.version
+                ),
                 String::new(),
-            )
+            ))
         })
-    };
-    match verb {
-        Verb::Gc => {
-            if let Some(refused) = needs("1.1.0") {
-                return refused;
-            }
-            // Nothing to collect: the daemon forgets a pod at DEL, and drops records whose
-            // namespace is gone when it starts.
-            return Plan::Done(Output::ok(String::new()));
-        }
-        Verb::Status => {
-            if let Some(refused) = needs("1.1.0") {
-                return refused;
-            }
-            return ask(None, None);
-        }
-        Verb::Check => {
-            if let Some(refused) = needs("0.4.0") {
-                return refused;
-            }
-        }
-        Verb::Add | Verb::Del | Verb::Version => {}
     }
-    // ADD, DEL and CHECK name a container.
-    let missing: Vec<&str> = [
-        ("CNI_CONTAINERID", &env.container_id),
-        ("CNI_IFNAME", &env.ifname),
-    ]
-    .into_iter()
-    .chain((verb != Verb::Del).then_some(("CNI_NETNS", &env.netns)))
-    .filter(|(_, v)| v.as_deref().is_none_or(str::is_empty))
-    .map(|(k, _)| k)
-    .collect();
-    if !missing.is_empty() {
-        return fail(
-            code::INVALID_ENV,
-            format!("{} not set", missing.join(", ")),
-            String::new(),
+
+    /// The plan of a command that names no pod (GC, STATUS), or of one the configuration's
+    /// version does not have (GC, STATUS, CHECK); `None` for ADD, DEL and CHECK, which go on.
+    fn answer_without_a_pod(&self) -> Option<Plan> {
+        match self.verb {
+            Verb::Gc => Some(self.needs("1.1.0").unwrap_or_else(|| {
+                // Nothing to collect: the daemon forgets a pod at DEL, and drops records whose
+                // namespace is gone when it starts.
+                Plan::Done(Output::ok(String::new()))
+            })),
+            Verb::Status => Some(self.needs("1.1.0").unwrap_or_else(|| self.ask(None, None))),
+            Verb::Check => self.needs("0.4.0"),
+            Verb::Add | Verb::Del | Verb::Version => None,
+        }
+    }
+
+    /// The pod (namespace, name) that ADD, DEL or CHECK is about; otherwise what to print: an
+    /// error (a variable missing, an ADD without `prevResult`, unreadable `CNI_ARGS`), or the
+    /// success of a container the mesh leaves alone.
+    fn pod(&self) -> Result<(String, String), Output> {
+        let (env, verb) = (self.env, self.verb);
+        // ADD, DEL and CHECK name a container.
+        let missing: Vec<&str> = [
+            ("CNI_CONTAINERID", &env.container_id),
+            ("CNI_IFNAME", &env.ifname),
+        ]
+        .into_iter()
+        .chain((verb != Verb::Del).then_some(("CNI_NETNS", &env.netns)))
+        .filter(|(_, v)| v.as_deref().is_none_or(str::is_empty))
+        .map(|(k, _)| k)
+        .collect();
+        if !missing.is_empty() {
+            return Err(self.fail(
+                code::INVALID_ENV,
+                format!("{} not set", missing.join(", ")),
+                String::new(),
+            ));
+        }
+        if verb == Verb::Add && self.conf.prev_result.is_none() {
+            return Err(self.fail(
+                code::INVALID_CONFIG,
+                "no prevResult: aether-cni must be chained after the primary CNI plugin".to_owned(),
+                "list it after the primary plugin in the node's .conflist (aether cni install)"
+                    .to_owned(),
+            ));
+        }
+        let args = parse_args(env.args.as_deref().unwrap_or_default())
+            .map_err(|e| self.fail(code::INVALID_ENV, e, String::new()))?;
+        let pod = match (args.get("K8S_POD_NAMESPACE"), args.get("K8S_POD_NAME")) {
+            (Some(ns), Some(name)) if !ns.is_empty() && !name.is_empty() => Some((*ns, *name)),
+            _ => None,
+        };
+        let ignored = self.conf.ignored_namespaces.as_ref().map_or_else(
+            || pod.is_some_and(|(ns, _)| DEFAULT_IGNORED.contains(&ns)),
+            |list| pod.is_some_and(|(ns, _)| list.iter().any(|i| i == ns)),
         );
-    }
-    let prev = conf.prev_result.map(|p| p.get().to_owned());
-    if verb == Verb::Add && prev.is_none() {
-        return fail(
-            code::INVALID_CONFIG,
-            "no prevResult: aether-cni must be chained after the primary CNI plugin".to_owned(),
-            "list it after the primary plugin in the node's .conflist (aether cni install)"
-                .to_owned(),
-        );
-    }
-    let args = match parse_args(env.args.as_deref().unwrap_or_default()) {
-        Ok(a) => a,
-        Err(e) => return fail(code::INVALID_ENV, e, String::new()),
-    };
-    let pod = match (args.get("K8S_POD_NAMESPACE"), args.get("K8S_POD_NAME")) {
-        (Some(ns), Some(name)) if !ns.is_empty() && !name.is_empty() => Some((*ns, *name)),
-        _ => None,
-    };
-    let ignored = conf.ignored_namespaces.as_ref().map_or_else(
-        || pod.is_some_and(|(ns, _)| DEFAULT_IGNORED.contains(&ns)),
-        |list| pod.is_some_and(|(ns, _)| list.iter().any(|i| i == ns)),
-    );
-    let (namespace, name) = match pod {
-        Some(p) if !ignored => p,
-        // Not a Kubernetes pod, or one the mesh never manages: through, without the daemon.
-        _ => {
-            return Plan::Done(Output::ok(match verb {
-                Verb::Add => prev.unwrap_or_default() + "\n",
+        match pod {
+            Some((namespace, name)) if !ignored => Ok((namespace.to_owned(), name.to_owned())),
+            // Not a Kubernetes pod, or one the mesh never manages: through, without the daemon.
+            _ => Err(Output::ok(match verb {
+                Verb::Add => self.prev_result().unwrap_or_default() + "\n",
                 _ => String::new(),
-            }));
+            })),
         }
-    };
-    let netns = env
-        .netns
-        .as_deref()
-        .filter(|n| !n.is_empty())
-        .map(PathBuf::from);
-    let (namespace, pod) = (namespace.to_owned(), name.to_owned());
-    match verb {
-        Verb::Add => {
-            let ips = match conf.prev_result.map(pod_ips).transpose() {
-                Ok(ips) => ips.unwrap_or_default(),
-                Err(e) => {
-                    return fail(code::DECODE, "prevResult is not a CNI result".to_owned(), e);
-                }
-            };
-            ask(
-                Some(CniCommand::Add {
+    }
+
+    /// The configuration's `prevResult`, as it came.
+    fn prev_result(&self) -> Option<String> {
+        self.conf.prev_result.map(|p| p.get().to_owned())
+    }
+
+    /// The question for the daemon about the pod `namespace`/`pod` (ADD, DEL, CHECK), or the
+    /// error of an ADD whose `prevResult` is not a result.
+    fn ask_about(&self, namespace: String, pod: String) -> Plan {
+        let netns = self
+            .env
+            .netns
+            .as_deref()
+            .filter(|n| !n.is_empty())
+            .map(PathBuf::from);
+        match self.verb {
+            Verb::Add => {
+                let ips = match self.conf.prev_result.map(pod_ips).transpose() {
+                    Ok(ips) => ips.unwrap_or_default(),
+                    Err(e) => {
+                        return Plan::Done(self.fail(
+                            code::DECODE,
+                            "prevResult is not a CNI result".to_owned(),
+                            e,
+                        ));
+                    }
+                };
+                self.ask(
+                    Some(CniCommand::Add {
+                        namespace,
+                        pod,
+                        netns: netns.unwrap_or_default(),
+                        ips,
+                    }),
+                    self.prev_result(),
+                )
+            }
+            Verb::Del => self.ask(
+                Some(CniCommand::Del {
                     namespace,
                     pod,
-                    netns: netns.unwrap_or_default(),
-                    ips,
+                    netns,
                 }),
-                prev,
-            )
+                None,
+            ),
+            Verb::Check => self.ask(
+                Some(CniCommand::Check {
+                    namespace,
+                    pod,
+                    netns,
+                }),
+                None,
+            ),
+            Verb::Gc | Verb::Status | Verb::Version => Plan::Done(Output::ok(String::new())),
         }
-        Verb::Del => ask(
-            Some(CniCommand::Del {
-                namespace,
-                pod,
-                netns,
-            }),
-            None,
-        ),
-        Verb::Check => ask(
-            Some(CniCommand::Check {
-                namespace,
-                pod,
-                netns,
-            }),
-            None,
-        ),
-        Verb::Gc | Verb::Status | Verb::Version => Plan::Done(Output::ok(String::new())),
     }
 }
 

@@ -158,14 +158,7 @@ pub(super) async fn run_until(
             max_body_bytes: config.debug_max_body_bytes,
             capture_timeout: Duration::from_millis(config.debug_capture_timeout_ms),
         },
-        control: Arc::new(telemetry::ControlCollector {
-            kinds: match &*source {
-                Source::Kube(kube, ..) => kube.kinds().to_vec(),
-                Source::File(_) | Source::Etcd(_) => Vec::new(),
-            },
-            runtime: Some(tokio::runtime::Handle::current()),
-            identities: Some(identities.clone()),
-        }),
+        control: control_collector(&source, &identities),
         not_served: shared.not_served.clone(),
     });
     let admin_sock = config.state_dir.join("admin.sock");
@@ -632,6 +625,22 @@ fn serve_node_listeners(
             admin::serve_metrics(admin, l, max)
         });
     }
+}
+
+/// What `/metrics` reads at each scrape besides the counters: the Kubernetes source's watches,
+/// the runtime, the certificates.
+fn control_collector(
+    source: &Source,
+    identities: &Arc<Identities>,
+) -> Arc<telemetry::ControlCollector> {
+    Arc::new(telemetry::ControlCollector {
+        kinds: match source {
+            Source::Kube(kube, ..) => kube.kinds().to_vec(),
+            Source::File(_) | Source::Etcd(_) => Vec::new(),
+        },
+        runtime: Some(tokio::runtime::Handle::current()),
+        identities: Some(identities.clone()),
+    })
 }
 
 /// Re-issue the workload certificates due, every minute.

@@ -4,6 +4,7 @@
 use std::time::Duration;
 
 use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
+use prometheus_client::registry::{Registry, Unit};
 
 use crate::model::Model;
 use crate::model::diag::DiagnosticKind;
@@ -218,8 +219,20 @@ impl NodeStats {
             .inc();
     }
 
-    /// Register every metric.
-    pub fn register(&self, registry: &mut prometheus_client::registry::Registry) {
+    /// Register every metric, in the order `/metrics` lists them.
+    pub fn register(&self, registry: &mut Registry) {
+        self.register_registry_files(registry);
+        self.register_edge_refusals(registry);
+        self.register_sources(registry);
+        self.registrar.register(registry);
+        self.route_status.register(registry);
+        self.register_model_updates(registry);
+        self.register_model_contents(registry);
+        self.register_pods(registry);
+    }
+
+    /// Manifest files that did not read whole, and those served from their last good content.
+    fn register_registry_files(&self, registry: &mut Registry) {
         registry.register(
             "aether_registry_file_errors",
             "Manifest files that did not read whole (being written, not UTF-8, invalid YAML, over the size or depth bound), per load, by reason",
@@ -230,6 +243,11 @@ impl NodeStats {
             "Manifest files served from their last content that read whole",
             self.registry_files_held.clone(),
         );
+    }
+
+    /// What the node's edges turned away or keep waiting: CNI ADDs, mesh DNS over TCP, the metrics
+    /// listener.
+    fn register_edge_refusals(&self, registry: &mut Registry) {
         registry.register(
             "aether_cni_refused",
             "CNI ADDs answered with an error (no such namespace, not a pod's, pod not served)",
@@ -260,6 +278,10 @@ impl NodeStats {
             "Connections to the metrics listener closed at accept: metrics_max_connections were open",
             self.metrics_over_limit.clone(),
         );
+    }
+
+    /// The registry sources: whether their watches listed, what they left out, and the etcd source.
+    fn register_sources(&self, registry: &mut Registry) {
         registry.register(
             "aether_registry_synced",
             "1 once every registry watch has had its first complete list",
@@ -305,8 +327,10 @@ impl NodeStats {
             "etcd source: keys this node holds in the store",
             self.etcd_keys_registered.clone(),
         );
-        self.registrar.register(registry);
-        self.route_status.register(registry);
+    }
+
+    /// How the model is brought up to date: its publishes and its compiles.
+    fn register_model_updates(&self, registry: &mut Registry) {
         registry.register(
             "aether_model_publishes",
             "Model publishes, by outcome (published, unchanged, failed)",
@@ -315,7 +339,7 @@ impl NodeStats {
         registry.register_with_unit(
             "aether_model_publish_delay",
             "From a registry change's notice to its model in place (coalescing included)",
-            prometheus_client::registry::Unit::Seconds,
+            Unit::Seconds,
             self.model_publish.delay.clone(),
         );
         registry.register(
@@ -331,7 +355,7 @@ impl NodeStats {
         registry.register_with_unit(
             "aether_model_compile_duration",
             "How long a model compile took, by kind",
-            prometheus_client::registry::Unit::Seconds,
+            Unit::Seconds,
             self.model_compile_seconds.0.clone(),
         );
         registry.register(
@@ -344,6 +368,10 @@ impl NodeStats {
             "Components of the registry compiled again",
             self.model_components_compiled.clone(),
         );
+    }
+
+    /// What the published model holds, and what its compile refused or flagged.
+    fn register_model_contents(&self, registry: &mut Registry) {
         registry.register(
             "aether_model_services",
             "Mesh services in the published model",
@@ -364,6 +392,10 @@ impl NodeStats {
             "What the compiler refused, dropped or flagged, by kind (class-disagreement, reserved-port, ...)",
             self.model_diagnostics.clone(),
         );
+    }
+
+    /// The pods this node serves and the capture programmed into them.
+    fn register_pods(&self, registry: &mut Registry) {
         registry.register(
             "aether_capture_programs",
             "Capture programmed into pods' namespaces, by outcome",

@@ -315,7 +315,7 @@ impl Target {
         out
     }
 
-    fn labels(&self, direction: Option<Direction>, source: &Series) -> Vec<(&'static str, String)> {
+    fn labels(&self, direction: Option<Direction>, source: &Series) -> Labels {
         let mut l = Vec::with_capacity(6);
         if let Some(d) = direction {
             l.push(("direction", d.as_str().to_owned()));
@@ -634,11 +634,14 @@ impl DataPlane {
 #[derive(Debug, Clone)]
 pub struct DataPlaneCollector(pub Arc<DataPlane>);
 
+/// The labels of one row of a family, as rendered.
+type Labels = Vec<(&'static str, String)>;
+
 fn counter(
     e: &mut DescriptorEncoder<'_>,
     name: &str,
     help: &str,
-    rows: &[(Vec<(&'static str, String)>, u64)],
+    rows: &[(Labels, u64)],
 ) -> fmt::Result {
     let mut m = e.encode_descriptor(name, help, None, MetricType::Counter)?;
     for (labels, v) in rows {
@@ -651,7 +654,7 @@ fn histograms(
     e: &mut DescriptorEncoder<'_>,
     name: &str,
     help: &str,
-    rows: &[(Vec<(&'static str, String)>, &Histogram)],
+    rows: &[(Labels, &Histogram)],
 ) -> fmt::Result {
     let mut m = e.encode_descriptor(name, help, None, MetricType::Histogram)?;
     for (labels, h) in rows {
@@ -664,130 +667,175 @@ fn load(a: &AtomicU64) -> u64 {
     a.load(Ordering::Relaxed)
 }
 
-fn with(
-    mut labels: Vec<(&'static str, String)>,
-    more: &[(&'static str, &str)],
-) -> Vec<(&'static str, String)> {
+fn with(mut labels: Labels, more: &[(&'static str, &str)]) -> Labels {
     labels.extend(more.iter().map(|(k, v)| (*k, (*v).to_owned())));
     labels
 }
 
 impl Collector for DataPlaneCollector {
-    #[allow(clippy::too_many_lines)] // One flat list of families, in the order of the docs.
+    /// The families in the order of docs/observability.md: the per-destination ones (HTTP, then
+    /// TCP), then the daemon's mesh answers, the hop, authorization, DNS and UDP.
     fn encode(&self, mut e: DescriptorEncoder<'_>) -> fmt::Result {
         let dp = &self.0;
         let table = dp.table.load_full();
-        let mut requests = Vec::new();
-        let mut durations = Vec::new();
-        let mut hops = Vec::new();
-        let (mut opened, mut closed, mut sent, mut received, mut tcp_durations) =
-            (Vec::new(), Vec::new(), Vec::new(), Vec::new(), Vec::new());
         // Every (target, source) pair, its sources' list held for the whole scrape.
         let pairs: Vec<(&Arc<Target>, Sources)> =
             table.all().map(|t| (t, t.sources.load_full())).collect();
-        for (target, sources) in &pairs {
+        let rows = DestinationRows::gather(&pairs);
+        rows.encode_http(&mut e)?;
+        rows.encode_tcp(&mut e)?;
+        dp.encode_answers(&mut e)?;
+        dp.encode_hop(&mut e)?;
+        dp.encode_authz(&mut e)?;
+        dp.encode_dns_and_udp(&mut e)
+    }
+}
+
+/// The rows of the families that carry a destination service, gathered from every (target,
+/// source) pair of one scrape: one row per pair and direction that carried traffic.
+#[derive(Default)]
+struct DestinationRows<'a> {
+    requests: Vec<(Labels, u64)>,
+    durations: Vec<(Labels, &'a Histogram)>,
+    hops: Vec<(Labels, &'a Histogram)>,
+    opened: Vec<(Labels, u64)>,
+    closed: Vec<(Labels, u64)>,
+    sent: Vec<(Labels, u64)>,
+    received: Vec<(Labels, u64)>,
+    tcp_durations: Vec<(Labels, &'a Histogram)>,
+}
+
+impl<'a> DestinationRows<'a> {
+    fn gather(pairs: &'a [(&Arc<Target>, Sources)]) -> Self {
+        let mut rows = Self::default();
+        for (target, sources) in pairs {
             for (series, d) in sources.iter().flat_map(|s| Direction::ALL.map(|d| (s, d))) {
                 if let Some(c) = series.http[d.index()].get() {
-                    let l = target.labels(Some(d), series);
-                    for (i, n) in c.requests.iter().enumerate() {
-                        let n = load(n);
-                        if n == 0 {
-                            continue;
-                        }
-                        let (class, slot) = (i / REASON_SLOTS, i % REASON_SLOTS);
-                        let labels = with(
-                            l.clone(),
-                            &[("code", CLASSES[class]), ("reason", reason_label(slot))],
-                        );
-                        requests.push((labels, n));
-                    }
-                    durations.push((l, &c.duration));
-                    if d == Direction::Outbound && c.hop.count() > 0 {
-                        hops.push((target.labels(None, series), &c.hop));
-                    }
+                    rows.add_http(target, series, d, c);
                 }
                 if let Some(c) = series.tcp[d.index()].get() {
                     let l = target.labels(Some(d), series);
-                    opened.push((l.clone(), load(&c.opened)));
-                    closed.push((l.clone(), load(&c.closed)));
-                    sent.push((l.clone(), load(&c.sent)));
-                    received.push((l.clone(), load(&c.received)));
-                    tcp_durations.push((l, &c.duration));
+                    rows.opened.push((l.clone(), load(&c.opened)));
+                    rows.closed.push((l.clone(), load(&c.closed)));
+                    rows.sent.push((l.clone(), load(&c.sent)));
+                    rows.received.push((l.clone(), load(&c.received)));
+                    rows.tcp_durations.push((l, &c.duration));
                 }
             }
         }
+        rows
+    }
+
+    /// The HTTP rows of `series` sending to `target` in direction `d`: a request row per status
+    /// class and reason that counted any, the duration, and the hop's time when it has one.
+    fn add_http(&mut self, target: &Target, series: &Series, d: Direction, c: &'a HttpCells) {
+        let l = target.labels(Some(d), series);
+        for (i, n) in c.requests.iter().enumerate() {
+            let n = load(n);
+            if n == 0 {
+                continue;
+            }
+            let (class, slot) = (i / REASON_SLOTS, i % REASON_SLOTS);
+            let labels = with(
+                l.clone(),
+                &[("code", CLASSES[class]), ("reason", reason_label(slot))],
+            );
+            self.requests.push((labels, n));
+        }
+        self.durations.push((l, &c.duration));
+        if d == Direction::Outbound && c.hop.count() > 0 {
+            self.hops.push((target.labels(None, series), &c.hop));
+        }
+    }
+
+    fn encode_http(&self, e: &mut DescriptorEncoder<'_>) -> fmt::Result {
         counter(
-            &mut e,
+            e,
             "aether_http_requests",
             "HTTP requests, by direction, destination service and port, source service, status class and mesh reason",
-            &requests,
+            &self.requests,
         )?;
         histograms(
-            &mut e,
+            e,
             "aether_http_request_duration_seconds",
             "HTTP requests from the request head to the response head",
-            &durations,
+            &self.durations,
         )?;
         histograms(
-            &mut e,
+            e,
             "aether_hop_request_duration_seconds",
             "HTTP requests on the mesh hop alone (source side): sent on the hop to its response head",
-            &hops,
-        )?;
+            &self.hops,
+        )
+    }
+
+    fn encode_tcp(&self, e: &mut DescriptorEncoder<'_>) -> fmt::Result {
         counter(
-            &mut e,
+            e,
             "aether_tcp_connections_opened",
             "Relayed byte streams opened (raw TCP, L4 hops, passthroughs), by destination",
-            &opened,
+            &self.opened,
         )?;
         counter(
-            &mut e,
+            e,
             "aether_tcp_connections_closed",
             "Relayed byte streams closed, by destination",
-            &closed,
+            &self.closed,
         )?;
         counter(
-            &mut e,
+            e,
             "aether_tcp_sent_bytes",
             "Bytes relayed from the client toward the destination",
-            &sent,
+            &self.sent,
         )?;
         counter(
-            &mut e,
+            e,
             "aether_tcp_received_bytes",
             "Bytes relayed from the destination back to the client",
-            &received,
+            &self.received,
         )?;
         histograms(
-            &mut e,
+            e,
             "aether_tcp_connection_duration_seconds",
             "Relayed byte streams, from the relay's start to its end",
-            &tcp_durations,
-        )?;
+            &self.tcp_durations,
+        )
+    }
+}
+
+// === The families without a destination, rendered by DataPlaneCollector ===
+
+impl DataPlane {
+    /// Refusals by reason and passthroughs by protocol.
+    fn encode_answers(&self, e: &mut DescriptorEncoder<'_>) -> fmt::Result {
         let refusals: Vec<_> = Reason::ALL
             .iter()
-            .zip(&dp.refusals)
+            .zip(&self.refusals)
             .map(|(r, n)| (vec![("reason", r.code().to_owned())], load(n)))
             .collect();
         counter(
-            &mut e,
+            e,
             "aether_refusals",
             "Mesh answers this daemon sent (x-aether-error), by reason",
             &refusals,
         )?;
         let pass: Vec<_> = ["http", "tcp"]
             .iter()
-            .zip(&dp.passthroughs)
+            .zip(&self.passthroughs)
             .map(|(p, n)| (vec![("protocol", (*p).to_owned())], load(n)))
             .collect();
         counter(
-            &mut e,
+            e,
             "aether_passthroughs",
             "Connections (tcp) and HTTP requests (http) passed through to their dialled destination",
             &pass,
-        )?;
+        )
+    }
+
+    /// The mesh hop's handshakes by side and result, and its pool's gauges.
+    fn encode_hop(&self, e: &mut DescriptorEncoder<'_>) -> fmt::Result {
         let mut shakes = Vec::new();
-        for (side, row) in ["client", "server"].iter().zip(&dp.handshakes) {
+        for (side, row) in ["client", "server"].iter().zip(&self.handshakes) {
             for (h, n) in Handshake::ALL.iter().zip(row) {
                 shakes.push((
                     vec![
@@ -799,7 +847,7 @@ impl Collector for DataPlaneCollector {
             }
         }
         counter(
-            &mut e,
+            e,
             "aether_hop_handshakes",
             "Mesh hop TLS handshakes, by side and result (ok, or the cause of the failure)",
             &shakes,
@@ -808,19 +856,24 @@ impl Collector for DataPlaneCollector {
             (
                 "aether_hop_pool_connections",
                 "Pooled HTTP/2 mesh hop connections open now",
-                &dp.pool_connections,
+                &self.pool_connections,
             ),
             (
                 "aether_hop_pool_streams",
                 "Requests in flight on pooled mesh hop connections now",
-                &dp.pool_streams,
+                &self.pool_streams,
             ),
         ] {
             let m = e.encode_descriptor(name, help, None, MetricType::Gauge)?;
             ConstGauge::new(g.load(Ordering::Relaxed)).encode(m)?;
         }
+        Ok(())
+    }
+
+    /// Authorization checks by kind and outcome, and their durations by kind.
+    fn encode_authz(&self, e: &mut DescriptorEncoder<'_>) -> fmt::Result {
         let mut checks = Vec::new();
-        for (kind, row) in AUTHZ_KINDS.iter().zip(&dp.authz) {
+        for (kind, row) in AUTHZ_KINDS.iter().zip(&self.authz) {
             for (outcome, n) in AUTHZ_OUTCOMES.iter().zip(row) {
                 checks.push((
                     vec![
@@ -832,23 +885,27 @@ impl Collector for DataPlaneCollector {
             }
         }
         counter(
-            &mut e,
+            e,
             "aether_authz_checks",
             "Authorization checks (rbac, ext_authz), by outcome",
             &checks,
         )?;
         let authz_durations: Vec<_> = AUTHZ_KINDS
             .iter()
-            .zip(&dp.authz_duration)
+            .zip(&self.authz_duration)
             .map(|(k, h)| (vec![("kind", (*k).to_owned())], h))
             .collect();
         histograms(
-            &mut e,
+            e,
             "aether_authz_check_duration_seconds",
             "Authorization checks, from the start of the check to its verdict",
             &authz_durations,
-        )?;
-        let c = dp.dns.counts();
+        )
+    }
+
+    /// Mesh DNS queries by answer kind, and UDP datagrams by way.
+    fn encode_dns_and_udp(&self, e: &mut DescriptorEncoder<'_>) -> fmt::Result {
+        let c = self.dns.counts();
         let dns: Vec<_> = [
             ("answered", c.answered),
             ("forwarded", c.forwarded),
@@ -860,18 +917,18 @@ impl Collector for DataPlaneCollector {
         .map(|(k, n)| (vec![("answer", (*k).to_owned())], *n))
         .collect();
         counter(
-            &mut e,
+            e,
             "aether_dns_queries",
             "Mesh DNS queries, by answer kind",
             &dns,
         )?;
         let udp: Vec<_> = ["request", "reply"]
             .iter()
-            .zip(&dp.udp)
+            .zip(&self.udp)
             .map(|(w, n)| (vec![("way", (*w).to_owned())], load(n)))
             .collect();
         counter(
-            &mut e,
+            e,
             "aether_udp_datagrams",
             "UDP datagrams relayed: request (client to destination) and reply",
             &udp,
