@@ -162,12 +162,26 @@ fn a_user_who_may_not_open_the_socket_is_told_it_is_roots() {
     let bin = binary_for_anyone(&dir);
     // Bound by root with the default mode: others may not write to it, so may not connect.
     let _listener = std::os::unix::net::UnixListener::bind(dir.join("admin.sock")).unwrap();
-    let out = Command::new(&bin)
-        .args(["debug", "pods", "--state-dir", dir.to_str().unwrap()])
-        .uid(65534)
-        .gid(65534)
-        .output()
-        .unwrap();
+    // The copy was written by this process: a test thread that forks meanwhile holds its
+    // write descriptor until that child execs, and running the copy then fails with
+    // ETXTBSY. Asked again until the child has exec'd (bounded).
+    let deadline = aether::time::now() + std::time::Duration::from_secs(30);
+    let out = loop {
+        match Command::new(&bin)
+            .args(["debug", "pods", "--state-dir", dir.to_str().unwrap()])
+            .uid(65534)
+            .gid(65534)
+            .output()
+        {
+            Err(e)
+                if e.kind() == std::io::ErrorKind::ExecutableFileBusy
+                    && aether::time::now() < deadline =>
+            {
+                std::thread::sleep(std::time::Duration::from_millis(20));
+            }
+            other => break other.unwrap(),
+        }
+    };
     assert_eq!(out.status.code(), Some(2), "{}", stderr(&out));
     let err = stderr(&out);
     assert!(
