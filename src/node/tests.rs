@@ -8,11 +8,17 @@ use std::path::{Path, PathBuf};
 
 use super::*;
 use crate::capture::cni::CniError;
+use crate::capture::cni::{CniCommand, CniRefusal, CniRequest};
 use crate::cni::protocol;
+use crate::model::live::Live;
+use crate::model::{NodeContext, compile};
+use crate::netns::Netns;
 use crate::proxy::{Counter, ProxySettings, Stats};
+use crate::registry::file::LastGood;
 use crate::state::ModelHandle;
 use crate::test_util::{NoTls, needs_root};
 use arc_swap::ArcSwap;
+use tokio::sync::mpsc;
 
 /// A node-a pod served only from a CNI ADD; its IP is on no interface anywhere.
 const MANIFESTS: &str = r#"
