@@ -192,7 +192,7 @@ settings! {
     /// at this use, every new connection (captured, loopback proxy port, mesh hop) is closed at
     /// accept until use is 5 points under it
     plain overload_refuse_percent: u64 = 90,
-        env "AETHER_OVERLOAD_REFUSE_PERCENT", unit "percent",
+        env "AETHER_OVERLOAD_REFUSE_PERCENT", unit "percent", range 1..=100,
         note "at most `overload_shed_percent`";
     /// at this use, a peer holding a tenth of `max_streams_per_peer` gets no new HTTP/2 stream
     /// (`REFUSED_STREAM`) and, at each check, a quarter of the HTTP connections with no request in
@@ -841,6 +841,156 @@ mod tests {
         assert_eq!(config.inbound_trusted_sources.len(), 2);
         let bad = Cli::try_parse_from(["aether", "--max-connections", "many"]);
         assert!(bad.is_err(), "a number that does not parse is refused");
+    }
+
+    /// Settings the chart's `config` value does not offer besides those it sets itself: the
+    /// etcd source's (the chart runs the Kubernetes source), the file registry's directory and
+    /// namespace prefix, and a CA directory (the chart's CA is a Secret, given as `ca_cert`).
+    const NOT_ON_THE_CHART: &[&str] = &[
+        "ca_dir",
+        "registry",
+        "netns_prefix",
+        "etcd_endpoints",
+        "etcd_prefix",
+        "etcd_lease_ttl_secs",
+        "etcd_timeout_ms",
+        "etcd_user",
+        "etcd_password_file",
+        "etcd_ca_cert",
+        "etcd_client_cert",
+        "etcd_client_key",
+        "probe_interval_ms",
+        "probe_timeout_ms",
+        "probe_failure_threshold",
+    ];
+
+    /// The settings the chart sets itself: the aether container's flags and environment
+    /// variables in the DaemonSet, and the keys the ConfigMap's template sets.
+    fn set_by_the_chart(root: &std::path::Path) -> Vec<&'static str> {
+        let daemonset =
+            std::fs::read_to_string(root.join("charts/aether/templates/daemonset.yaml"))
+                .expect("the DaemonSet template");
+        let configmap =
+            std::fs::read_to_string(root.join("charts/aether/templates/configmap.yaml"))
+                .expect("the ConfigMap template");
+        SETTINGS
+            .iter()
+            .filter(|s| {
+                let flag = format!("- --{}", s.key.replace('_', "-"));
+                let env = format!("- name: {}", s.env);
+                let set = format!("set $config \"{}\"", s.key);
+                daemonset
+                    .lines()
+                    .any(|l| l.trim() == flag || l.trim() == env)
+                    || configmap.contains(&set)
+            })
+            .map(|s| s.key)
+            .collect()
+    }
+
+    /// The chart schema's `config` object, as the definitions give it: every setting the chart
+    /// neither sets nor leaves out, with its type, bounds, values and meaning.
+    fn chart_config_schema(root: &std::path::Path, indent: &str) -> String {
+        use clap::CommandFactory as _;
+        #[derive(Debug, clap::Parser)]
+        struct Cli {
+            #[command(flatten)]
+            node: NodeArgs,
+        }
+        let command = Cli::command();
+        let defaults = NodeConfig::default();
+        let owned = set_by_the_chart(root);
+        let quote = |text: &str| serde_json::to_string(text).expect("a string");
+        let mut props = Vec::new();
+        for s in SETTINGS {
+            if owned.contains(&s.key) || NOT_ON_THE_CHART.contains(&s.key) {
+                continue;
+            }
+            let mut fields = Vec::new();
+            match (s.value)(&defaults) {
+                serde_json::Value::Number(_) => {
+                    fields.push("\"type\": \"integer\"".to_owned());
+                    fields.push(format!("\"minimum\": {}", s.bounds.0));
+                    if s.bounds.1 != u64::MAX {
+                        fields.push(format!("\"maximum\": {}", s.bounds.1));
+                    }
+                }
+                serde_json::Value::Bool(_) => fields.push("\"type\": \"boolean\"".to_owned()),
+                serde_json::Value::Array(_) => fields
+                    .push("\"type\": \"array\", \"items\": { \"type\": \"string\" }".to_owned()),
+                _ => {
+                    fields.push("\"type\": \"string\"".to_owned());
+                    let flag = s.key.replace('_', "-");
+                    let arg = command
+                        .get_arguments()
+                        .find(|a| a.get_long() == Some(flag.as_str()))
+                        .expect("every setting is a flag");
+                    let values: Vec<String> = arg
+                        .get_possible_values()
+                        .iter()
+                        .map(|v| quote(v.get_name()))
+                        .collect();
+                    if !values.is_empty() {
+                        fields.push(format!("\"enum\": [{}]", values.join(", ")));
+                    }
+                }
+            }
+            fields.push(format!("\"description\": {}", quote(s.meaning.trim())));
+            props.push(format!(
+                "{indent}    {}: {{\n{indent}      {}\n{indent}    }}",
+                quote(s.key),
+                fields.join(&format!(",\n{indent}      "))
+            ));
+        }
+        format!(
+            "{{\n{indent}  \"type\": \"object\",\n{indent}  \"additionalProperties\": false,\n{indent}  \
+             \"description\": \"Keys of the daemon's config file (docs/node.md) that the chart does not \
+             set itself; written from the settings' definitions (src/node/config.rs)\",\n{indent}  \
+             \"properties\": {{\n{}\n{indent}  }}\n{indent}}}",
+            props.join(",\n")
+        )
+    }
+
+    /// charts/aether/values.schema.json's `config` offers every setting the chart does not set
+    /// itself, with the definitions' types and bounds; `AETHER_BLESS=1` writes it.
+    #[test]
+    fn the_chart_schema_offers_every_setting_the_chart_does_not_set() {
+        let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR"));
+        let path = root.join("charts/aether/values.schema.json");
+        let text = std::fs::read_to_string(&path).expect("the chart's schema");
+        let key = "\n    \"config\": ";
+        let start = text.find(key).expect("the schema has a config object") + key.len();
+        let mut depth = 0;
+        let mut end = start;
+        for (i, c) in text[start..].char_indices() {
+            match c {
+                '{' => depth += 1,
+                '}' => depth -= 1,
+                _ => {}
+            }
+            if depth == 0 {
+                end = start + i + 1;
+                break;
+            }
+        }
+        let found = &text[start..end];
+        let want = chart_config_schema(root, "    ");
+        let parsed: serde_json::Value = serde_json::from_str(&want).expect("valid JSON");
+        assert!(
+            parsed["properties"]
+                .as_object()
+                .is_some_and(|p| !p.is_empty())
+        );
+        if found != want && std::env::var_os("AETHER_BLESS").is_some() {
+            std::fs::write(&path, format!("{}{want}{}", &text[..start], &text[end..]))
+                .expect("write the schema");
+            return;
+        }
+        assert_eq!(
+            found, want,
+            "the chart schema's config differs from the settings' definitions; run with \
+             AETHER_BLESS=1 to write it"
+        );
     }
 
     #[test]
