@@ -29,8 +29,9 @@ use crate::proxy::{ALPN_H1, Body, BoxError, Inputs, Peer, PodCtx, count, respond
 use crate::resolve::answer::Reason;
 use crate::resolve::decision::{Delivery, Endpoint, RouteRun};
 
-/// A delivery's mesh hop, as a response extension (set by [`deliver`]): how long the hop
-/// took to the response head, and the endpoint it went to.
+/// A delivery's mesh hop, returned beside its response by [`deliver`]: how long the hop took to
+/// the response head, and the endpoint it went to. (Not a response extension: the extension map
+/// cost each delivered request three allocations, issue #38.)
 #[derive(Clone, Debug)]
 pub struct Hopped {
     /// From sending the request on the hop to its response head.
@@ -104,7 +105,8 @@ fn rule_redirect(
 /// Deliver a request over the mesh hop with every filter that applies (routes.md §4, §5),
 /// sending the mirrors that fire. An upgrade request crosses a dedicated HTTP/1.1 hop and is
 /// spliced on `101`. `authority` is the request's as received (the absolute-form target's, or
-/// its `:authority` or `Host`).
+/// its `:authority` or `Host`). The response comes with its [`Hopped`] when the hop answered it,
+/// and without when the mesh did.
 pub async fn deliver(
     inputs: &Arc<Inputs>,
     pod: &Arc<PodCtx>,
@@ -112,14 +114,14 @@ pub async fn deliver(
     d: Delivery,
     mut req: Request<Body>,
     client_upgrade: Option<OnUpgrade>,
-) -> Response<Body> {
+) -> (Response<Body>, Option<Hopped>) {
     set_routed_host(&mut req, authority);
     let mut steps = ResponseSteps::default();
     if let Some(run) = &d.route
         && let ControlFlow::Break(answer) =
             run_rule(inputs, pod, authority, &d, run, &mut req, &mut steps).await
     {
-        return answer;
+        return (answer, None);
     }
     // The copies see the request as the rule's filters left it (routes.md §4 item 4).
     let mirrors = fired_mirrors(&d);
@@ -127,11 +129,11 @@ pub async fn deliver(
         req = send_mirrors(inputs, pod, &d, mirrors, req, client_upgrade.is_some()).await;
     }
     if let ControlFlow::Break(answer) = run_service_level(&d, &mut req, &mut steps) {
-        return answer;
+        return (answer, None);
     }
     let endpoints = &d.backend.endpoints;
     if endpoints.is_empty() {
-        return respond::reason(Reason::NoEndpoints);
+        return (respond::reason(Reason::NoEndpoints), None);
     }
     let version = req.version();
     count(&inputs.stats.deliveries);
@@ -163,25 +165,25 @@ pub async fn deliver(
     let outcome = match d.timeout_ms {
         Some(ms) => match tokio::time::timeout(std::time::Duration::from_millis(ms), send).await {
             Ok(r) => r,
-            Err(_) => return respond::reason(Reason::UpstreamUnreachable),
+            Err(_) => return (respond::reason(Reason::UpstreamUnreachable), None),
         },
         None => send.await,
     };
     let (mut resp, endpoint) = match outcome {
         Outcome::Reached { value, index, .. } => (value, &endpoints[index]),
-        Outcome::NoEndpoint => return respond::reason(Reason::NoEndpoints),
+        Outcome::NoEndpoint => return (respond::reason(Reason::NoEndpoints), None),
         Outcome::Failed(e) => {
             log_hop_failed(inputs, &d, &*e);
-            return respond::reason(Reason::UpstreamUnreachable);
+            return (respond::reason(Reason::UpstreamUnreachable), None);
         }
     };
-    resp.extensions_mut().insert(Hopped {
+    let hopped = Hopped {
         took: hop_started.elapsed(),
         pod: endpoint.pod.clone(),
         address: endpoint.address,
-    });
+    };
     steps.apply(&mut resp);
-    resp
+    (resp, Some(hopped))
 }
 
 /// A delivery no endpoint took: logged at debug level, and as a warning at most once a second

@@ -526,6 +526,8 @@ struct Outcome {
     /// The route rule that decided (`HTTPRoute ns/name rule N`), built only for a logged
     /// request.
     route: Option<String>,
+    /// The mesh hop that answered (a delivery's, when an endpoint did).
+    hop: Option<Hopped>,
 }
 
 impl Outcome {
@@ -535,6 +537,7 @@ impl Outcome {
             service: None,
             rule,
             route: None,
+            hop: None,
         }
     }
 }
@@ -581,6 +584,11 @@ pub async fn handle(
             .is_some_and(|r| r == Reason::UpstreamUnreachable.code());
         if unreachable && failed.load(std::sync::atomic::Ordering::SeqCst) {
             count(&inputs.stats.bad_requests);
+            // The mesh's answer, not the hop's.
+            let outcome = Outcome {
+                hop: None,
+                ..outcome
+            };
             (respond::reason(Reason::BadRequest), outcome)
         } else {
             (resp, outcome)
@@ -602,7 +610,7 @@ pub async fn handle(
     if let Some(here) = respond::answered_here(&resp) {
         inputs.metrics.refused(here);
     }
-    let hop = resp.extensions().get::<Hopped>().cloned();
+    let hop = outcome.hop;
     if let Some(h) = &hop {
         series.record_hop(h.took);
     }
@@ -736,6 +744,7 @@ async fn answer_request(
                     service: None,
                     rule: why.rule,
                     route: None,
+                    hop: None,
                 },
             ),
             RequestDecision::Passthrough(why) => {
@@ -759,11 +768,12 @@ async fn answer_request(
                         service: None,
                         rule: why.rule,
                         route: None,
+                        hop: None,
                     },
                 )
             }
             RequestDecision::Deliver(d) => {
-                let outcome = Outcome {
+                let mut outcome = Outcome {
                     decision: "deliver",
                     service: Some((
                         d.backend.service.clone(),
@@ -777,11 +787,13 @@ async fn answer_request(
                             })
                         })
                         .flatten(),
+                    hop: None,
                 };
                 let received = facts.received();
                 let authority = received.as_ref().map(Received::text);
-                let resp =
+                let (resp, hop) =
                     deliver(inputs, pod, authority.as_deref(), *d, req, client_upgrade).await;
+                outcome.hop = hop;
                 (resp, outcome)
             }
         };
