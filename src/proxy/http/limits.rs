@@ -299,20 +299,22 @@ impl Drop for InFlight {
     }
 }
 
-/// A body that keeps its request in flight until it is done or dropped.
-struct Tracked {
-    inner: Body,
+/// A body that keeps its request in flight until it is done or dropped ([`track`],
+/// [`tracked`]).
+#[derive(Debug)]
+pub struct Tracked<B> {
+    inner: B,
     _in_flight: Arc<InFlight>,
 }
 
-impl HttpBody for Tracked {
-    type Data = Bytes;
-    type Error = BoxError;
+impl<B: HttpBody + Unpin> HttpBody for Tracked<B> {
+    type Data = B::Data;
+    type Error = B::Error;
 
     fn poll_frame(
         mut self: Pin<&mut Self>,
         cx: &mut Context<'_>,
-    ) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
+    ) -> Poll<Option<Result<Frame<B::Data>, B::Error>>> {
         Pin::new(&mut self.inner).poll_frame(cx)
     }
 
@@ -325,13 +327,20 @@ impl HttpBody for Tracked {
     }
 }
 
-/// `body`, keeping `in_flight` alive until it is dropped.
-pub fn track(body: Body, in_flight: &Arc<InFlight>) -> Body {
+/// A request's body as hyper hands it over, keeping `in_flight` alive until it is dropped: boxed
+/// once, the two together (issue #38: a box for the body and another for the guard cost a
+/// request an allocation more on each side).
+pub fn track(body: hyper::body::Incoming, in_flight: &Arc<InFlight>) -> Body {
+    tracked(body.map_err(BoxError::from), in_flight).boxed()
+}
+
+/// `body` (a response's, as hyper sends it), keeping `in_flight` alive until it is dropped; not
+/// boxed again: hyper's server takes any body type.
+pub fn tracked<B>(body: B, in_flight: &Arc<InFlight>) -> Tracked<B> {
     Tracked {
         inner: body,
         _in_flight: in_flight.clone(),
     }
-    .boxed()
 }
 
 /// A connection's byte stream: first the bytes already read (`prefix`), then `io`'s; every read

@@ -24,7 +24,7 @@ use tokio::net::TcpStream;
 use tracing::debug;
 
 use super::deliver::{Hopped, deliver};
-use super::limits::{self, Proto, Watch, Watched, track};
+use super::limits::{self, Proto, Watch, Watched, track, tracked};
 use super::upstream::passthrough;
 use crate::model::names::{AuthorityInput, HttpVersion};
 use crate::proxy::filters::strip_client_request;
@@ -115,7 +115,7 @@ pub async fn serve(inputs: Arc<Inputs>, pod: Arc<PodCtx>, mut stream: TcpStream,
                 let Some(in_flight) = in_flight else {
                     return Err(limits::refused_stream());
                 };
-                let req = req.map(|b| track(b.map_err(BoxError::from).boxed(), &in_flight));
+                let req = req.map(|b| track(b, &in_flight));
                 let mut resp = handle(&inputs, &pod, entry, req).await;
                 // Draining: an HTTP/1 answer says the connection closes after it (hyper then
                 // closes it), so that a client never sends its next request into the close.
@@ -126,7 +126,7 @@ pub async fn serve(inputs: Arc<Inputs>, pod: Arc<PodCtx>, mut stream: TcpStream,
                     resp.headers_mut()
                         .insert(http::header::CONNECTION, HeaderValue::from_static("close"));
                 }
-                Ok(resp.map(|b| track(b, &in_flight)))
+                Ok(resp.map(|b| tracked(b, &in_flight)))
             })
         })
     };
