@@ -30,7 +30,7 @@ use crate::model::names::{AuthorityInput, HttpVersion};
 use crate::proxy::filters::strip_client_request;
 use crate::proxy::metrics::{self, Direction};
 use crate::proxy::overload::{HEAD_READ_BYTES, Shed};
-use crate::proxy::{Body, BoxError, Inputs, PodCtx, access, count, respond, sniff, upgrade};
+use crate::proxy::{Body, Inputs, PodCtx, access, count, respond, sniff, upgrade};
 use crate::resolve::answer::{HEADER_ERROR, MeshAnswer, Reason};
 use crate::resolve::decision::{HttpEntry, RequestDecision, RequestFacts, ServiceKey};
 use crate::resolve::resolve_request;
@@ -116,7 +116,7 @@ pub async fn serve(inputs: Arc<Inputs>, pod: Arc<PodCtx>, mut stream: TcpStream,
                     return Err(limits::refused_stream());
                 };
                 let req = req.map(|b| track(b, &in_flight));
-                let mut resp = handle(&inputs, &pod, entry, req).await;
+                let mut resp = handle(&inputs, &pod, entry, req, &in_flight).await;
                 // Draining: an HTTP/1 answer says the connection closes after it (hyper then
                 // closes it), so that a client never sends its next request into the close.
                 if proto == Proto::Http1
@@ -412,37 +412,6 @@ fn header_list_size<B>(req: &Request<B>) -> usize {
             .sum::<usize>()
 }
 
-/// A request body that remembers whether it failed: an error of a body hyper reads from the
-/// client is the client's (a malformed chunk, a body cut short of its `Content-Length`).
-struct ClientBody {
-    inner: Body,
-    failed: Arc<std::sync::atomic::AtomicBool>,
-}
-
-impl http_body::Body for ClientBody {
-    type Data = Bytes;
-    type Error = BoxError;
-
-    fn poll_frame(
-        mut self: std::pin::Pin<&mut Self>,
-        cx: &mut std::task::Context<'_>,
-    ) -> std::task::Poll<Option<Result<http_body::Frame<Bytes>, BoxError>>> {
-        let polled = std::pin::Pin::new(&mut self.inner).poll_frame(cx);
-        if let std::task::Poll::Ready(Some(Err(_))) = &polled {
-            self.failed.store(true, std::sync::atomic::Ordering::SeqCst);
-        }
-        polled
-    }
-
-    fn is_end_stream(&self) -> bool {
-        self.inner.is_end_stream()
-    }
-
-    fn size_hint(&self) -> http_body::SizeHint {
-        self.inner.size_hint()
-    }
-}
-
 /// The facts of one request the resolver reads, borrowed from the request: its header map, its
 /// method, path and authorities are read in place, never copied (issue #38).
 struct Facts<'r> {
@@ -547,11 +516,13 @@ impl Outcome {
 /// answer to a gRPC request also carries `grpc-status` and `grpc-message`
 /// ([`respond::for_grpc`]). Counted in the metrics (direction `outbound`) once its response head
 /// is known, and given an access line at the end of its response body when the log picks it.
+/// `in_flight` is the request's ([`limits::track`]): it tells whether the client's body failed.
 pub async fn handle(
     inputs: &Arc<Inputs>,
     pod: &Arc<PodCtx>,
     entry: HttpEntry,
     req: Request<Body>,
+    in_flight: &limits::InFlight,
 ) -> Response<Body> {
     let started = crate::time::now();
     let logged = inputs.access.pick();
@@ -567,14 +538,7 @@ pub async fn handle(
             Outcome::answered("addressing.md §11.1 headers-too-large"),
         )
     } else {
-        let failed = Arc::new(std::sync::atomic::AtomicBool::new(false));
-        let req = req.map(|inner| {
-            let body = ClientBody {
-                inner,
-                failed: failed.clone(),
-            };
-            access::count_request(body.boxed(), request_bytes.as_ref())
-        });
+        let req = req.map(|body| access::count_request(body, request_bytes.as_ref()));
         let (resp, outcome) = answer_request(inputs, pod, entry, req, logged).await;
         // The client's own body broke the delivery: its fault, not the upstream's
         // (addressing.md §11.1 `bad-request`), when the answer has not started.
@@ -582,7 +546,7 @@ pub async fn handle(
             .headers()
             .get(HEADER_ERROR)
             .is_some_and(|r| r == Reason::UpstreamUnreachable.code());
-        if unreachable && failed.load(std::sync::atomic::Ordering::SeqCst) {
+        if unreachable && in_flight.body_failed() {
             count(&inputs.stats.bad_requests);
             // The mesh's answer, not the hop's.
             let outcome = Outcome {
