@@ -464,7 +464,7 @@ pub fn annotate(req: &mut Request<Body>, services: &[ServiceKey], version: Versi
         list.push_str(&s.name);
     }
     // Names from `from_static` share their static bytes; a `&str` key would be copied into each
-    // request's map (and copied again by every clone of it, `head_of`).
+    // request's map (and copied again by every clone of it, such as the retry copy `Head::of`).
     if let Ok(v) = HeaderValue::from_maybe_shared(Bytes::from(list)) {
         req.headers_mut()
             .insert(HeaderName::from_static(HOP_SERVICES), v);
