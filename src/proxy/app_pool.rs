@@ -124,9 +124,10 @@ impl AppPool {
         };
         let resp = sender.send_request(req).await?;
         let pool = self.clone();
+        // One box: the body hyper gives, with what returns its connection.
         Ok(resp.map(|body| {
             Returning {
-                inner: body.map_err(BoxError::from).boxed(),
+                inner: body,
                 back: Some((pool, key, sender)),
             }
             .boxed()
@@ -144,7 +145,7 @@ impl AppPool {
 /// A response body that returns its HTTP/1.1 connection to the pool once read to the end (a
 /// body dropped before its end takes the connection with it).
 struct Returning {
-    inner: Body,
+    inner: hyper::body::Incoming,
     back: Option<(AppPool, Key, http1::SendRequest<Body>)>,
 }
 
@@ -171,7 +172,7 @@ impl HttpBody for Returning {
             Poll::Ready(Some(Err(_))) => self.back = None,
             _ => {}
         }
-        polled
+        polled.map_err(BoxError::from)
     }
 
     fn is_end_stream(&self) -> bool {

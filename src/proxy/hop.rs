@@ -19,7 +19,7 @@ use bytes::Bytes;
 use dashmap::DashMap;
 use http::header::HOST;
 use http::uri::{Authority, PathAndQuery, Scheme};
-use http::{HeaderName, HeaderValue, Request, Response, Uri, Version};
+use http::{HeaderName, HeaderValue, Method, Request, Response, Uri, Version};
 use hyper::client::conn::http2::SendRequest;
 use hyper_util::rt::{TokioExecutor, TokioIo};
 use rustls::pki_types::ServerName;
@@ -219,21 +219,21 @@ impl Pool {
         port: u16,
         req: Request<Body>,
     ) -> Result<Response<hyper::body::Incoming>, SendError> {
-        let again = http_body::Body::is_end_stream(req.body()).then(|| head_of(&req));
+        let again = http_body::Body::is_end_stream(req.body()).then(|| Head::of(&req));
         match (
             self.send_once(inputs, pod, endpoint, port, req).await,
             again,
         ) {
-            (Err(first), Some(req)) if first.unsent.is_none() && first.error.unprocessed() => {
+            (Err(first), Some(head)) if first.unsent.is_none() && first.error.unprocessed() => {
                 debug!(error = %first.error, "hop request refused unprocessed: sent once more on a new connection");
-                // A copy kept only on this rare path, for another endpoint (issue #38).
-                let spare = head_of(&req);
-                let mut second = self.send_once(inputs, pod, endpoint, port, req).await;
+                let mut second = self
+                    .send_once(inputs, pod, endpoint, port, head.request())
+                    .await;
                 if let Err(e) = &mut second
                     && e.unsent.is_none()
                     && e.error.unprocessed()
                 {
-                    e.unsent = Some(spare);
+                    e.unsent = Some(head.request());
                 }
                 second
             }
@@ -357,14 +357,46 @@ impl HopError {
     }
 }
 
-/// A copy of a request without a body, to send it again.
-fn head_of(req: &Request<Body>) -> Request<Body> {
-    let mut copy = Request::new(super::respond::empty());
-    *copy.method_mut() = req.method().clone();
-    *copy.uri_mut() = req.uri().clone();
-    *copy.version_mut() = req.version();
-    *copy.headers_mut() = req.headers().clone();
-    copy
+/// The head of a request without a body, kept to send it again ([`Pool::send`]).
+///
+/// Its fields are a list, not a `HeaderMap`: a map's copy costs two allocations (its index and
+/// its entries), the list one, and the map is built again only on the rare path that sends the
+/// request once more (issue #38). Names and values share their bytes with the request's.
+struct Head {
+    method: Method,
+    uri: Uri,
+    version: Version,
+    fields: Vec<(HeaderName, HeaderValue)>,
+}
+
+impl Head {
+    fn of(req: &Request<Body>) -> Self {
+        Self {
+            method: req.method().clone(),
+            uri: req.uri().clone(),
+            version: req.version(),
+            fields: req
+                .headers()
+                .iter()
+                .map(|(n, v)| (n.clone(), v.clone()))
+                .collect(),
+        }
+    }
+
+    /// The request again, its fields in the order they were (a name's values after its first,
+    /// as the map iterates them), with no body.
+    fn request(&self) -> Request<Body> {
+        let mut req = Request::new(super::respond::empty());
+        *req.method_mut() = self.method.clone();
+        *req.uri_mut() = self.uri.clone();
+        *req.version_mut() = self.version;
+        let headers = req.headers_mut();
+        headers.reserve(self.fields.len());
+        for (n, v) in &self.fields {
+            headers.append(n.clone(), v.clone());
+        }
+        req
+    }
 }
 
 /// Whether the peer said it did not process the request: the stream was refused
@@ -432,7 +464,7 @@ pub fn annotate(req: &mut Request<Body>, services: &[ServiceKey], version: Versi
         list.push_str(&s.name);
     }
     // Names from `from_static` share their static bytes; a `&str` key would be copied into each
-    // request's map (and copied again by every clone of it, `head_of`).
+    // request's map (and copied again by every clone of it, such as the retry copy `Head::of`).
     if let Ok(v) = HeaderValue::from_maybe_shared(Bytes::from(list)) {
         req.headers_mut()
             .insert(HeaderName::from_static(HOP_SERVICES), v);

@@ -28,7 +28,7 @@ use tracing::debug;
 use super::access::{Line, TcpConn};
 use super::app_pool::Unreached;
 use super::hop::{HOP_SERVICES, HOP_VERSION, parse_server_name};
-use super::http::limits::{self, InFlight, Proto, Watch, Watched, track};
+use super::http::limits::{self, InFlight, Proto, Watch, Watched, track, tracked};
 use super::metrics::{Direction, Handshake, Side};
 use super::read_ahead::ReadAhead;
 use super::{
@@ -314,7 +314,7 @@ async fn serve_hop_http<T>(
                 if !h1 && resp.extensions().get::<Unreached>().is_some() {
                     return Err(limits::refused_stream());
                 }
-                Ok(resp.map(|b| track(b, &in_flight)))
+                Ok(resp.map(|b| tracked(b, &in_flight)))
             })
         })
     };
@@ -364,7 +364,7 @@ async fn inbound_request(
             let client_upgrade =
                 super::upgrade::is_upgrade(&req).then(|| hyper::upgrade::on(&mut req));
             let req = req.map(|body| {
-                let body = track(body.map_err(BoxError::from).boxed(), in_flight);
+                let body = track(body, in_flight);
                 super::access::count_request(body, request_bytes.as_ref())
             });
             let resp = super::http::to_app(
@@ -709,7 +709,7 @@ async fn l4_http<S>(
                                 started,
                                 request_bytes,
                             );
-                            return Ok::<_, h2::Error>(denied.map(|b| track(b, &in_flight)));
+                            return Ok::<_, h2::Error>(denied.map(|b| tracked(b, &in_flight)));
                         }
                     }
                 }
@@ -742,7 +742,7 @@ async fn l4_http<S>(
                     started,
                     request_bytes,
                 );
-                Ok(resp.map(|b| track(b, &in_flight)))
+                Ok(resp.map(|b| tracked(b, &in_flight)))
             })
         })
     };

@@ -101,7 +101,9 @@ pub fn full(bytes: impl Into<Bytes>) -> Body {
         .boxed()
 }
 
-/// An empty body.
+/// An empty body. Allocates nothing: the body is of size zero, and so is its box.
 pub fn empty() -> Body {
-    full(Bytes::new())
+    http_body_util::Empty::<Bytes>::new()
+        .map_err(|never| match never {})
+        .boxed()
 }

@@ -11,7 +11,8 @@
 //! - [`Watched`] wraps the connection's byte stream. On HTTP/1, bytes read while no request is
 //!   in flight begin a head (the first head's clock starts at the accept).
 //! - [`Watch::begin`] is called when hyper hands a request over (its head is complete); the
-//!   returned [`InFlight`] lives in the request's and the response's bodies ([`track`]), so a
+//!   returned [`InFlight`] lives in the request's and the response's bodies ([`track`],
+//!   [`tracked`]), so a
 //!   request is in flight until both are done or dropped. HTTP/2 streams count the same way.
 //! - [`serve`] runs a connection until it ends, the daemon drains, or a deadline passes: a late
 //!   head closes the connection at once (counted in `aether_http_header_timeouts`); an idle
@@ -23,7 +24,7 @@
 use std::io;
 use std::pin::Pin;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::task::{Context, Poll};
 use std::time::Duration;
 
@@ -74,7 +75,7 @@ struct Shared {
     /// Told by the overload manager to close now.
     shed: tokio::sync::Notify,
     /// Whether it was told.
-    told: std::sync::atomic::AtomicBool,
+    told: AtomicBool,
     /// Its place in the overload manager's registry, and the peer its HTTP/2 streams count
     /// against; unset for a connection nothing sheds (tests).
     guard: std::sync::OnceLock<(Registered, Arc<str>)>,
@@ -139,7 +140,7 @@ impl Watch {
                 .unwrap_or(usize::MAX),
             partial: AtomicUsize::new(0),
             shed: tokio::sync::Notify::new(),
-            told: std::sync::atomic::AtomicBool::new(false),
+            told: AtomicBool::new(false),
             guard: std::sync::OnceLock::new(),
         };
         shared
@@ -194,6 +195,7 @@ impl Watch {
         Some(Arc::new(InFlight {
             watch: self.clone(),
             _stream: stream,
+            body_failed: AtomicBool::new(false),
         }))
     }
 
@@ -277,6 +279,16 @@ pub struct InFlight {
     watch: Watch,
     /// Held for its drop: the stream leaves its peer's count with the request.
     _stream: Option<PeerStream>,
+    /// Whether the request's body, as hyper read it from the client, failed ([`track`]).
+    body_failed: AtomicBool,
+}
+
+impl InFlight {
+    /// Whether the request's body failed as hyper read it: a malformed chunk, or a body cut
+    /// short of its `Content-Length`, is the client's fault.
+    pub fn body_failed(&self) -> bool {
+        self.body_failed.load(Ordering::SeqCst)
+    }
 }
 
 /// The error a service returns for a stream [`Watch::begin`] refused: hyper resets the stream
@@ -299,21 +311,29 @@ impl Drop for InFlight {
     }
 }
 
-/// A body that keeps its request in flight until it is done or dropped.
-struct Tracked {
-    inner: Body,
-    _in_flight: Arc<InFlight>,
+/// A body that keeps its request in flight until it is done or dropped ([`track`],
+/// [`tracked`]); a request's body also tells it when it fails ([`InFlight::body_failed`]).
+#[derive(Debug)]
+pub struct Tracked<B> {
+    inner: B,
+    in_flight: Arc<InFlight>,
+    /// Whether this is the request's body (its failure is recorded).
+    request: bool,
 }
 
-impl HttpBody for Tracked {
-    type Data = Bytes;
-    type Error = BoxError;
+impl<B: HttpBody + Unpin> HttpBody for Tracked<B> {
+    type Data = B::Data;
+    type Error = B::Error;
 
     fn poll_frame(
         mut self: Pin<&mut Self>,
         cx: &mut Context<'_>,
-    ) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
-        Pin::new(&mut self.inner).poll_frame(cx)
+    ) -> Poll<Option<Result<Frame<B::Data>, B::Error>>> {
+        let polled = Pin::new(&mut self.inner).poll_frame(cx);
+        if self.request && matches!(polled, Poll::Ready(Some(Err(_)))) {
+            self.in_flight.body_failed.store(true, Ordering::SeqCst);
+        }
+        polled
     }
 
     fn is_end_stream(&self) -> bool {
@@ -325,13 +345,27 @@ impl HttpBody for Tracked {
     }
 }
 
-/// `body`, keeping `in_flight` alive until it is dropped.
-pub fn track(body: Body, in_flight: &Arc<InFlight>) -> Body {
+/// A request's body as hyper hands it over, keeping `in_flight` alive until it is dropped and
+/// telling it when the body fails: one box for the body, its guard and that flag (issue #38: a
+/// box for the body, one for the guard, and a flag of its own with one more cost a request three
+/// allocations).
+pub fn track(body: hyper::body::Incoming, in_flight: &Arc<InFlight>) -> Body {
     Tracked {
-        inner: body,
-        _in_flight: in_flight.clone(),
+        inner: body.map_err(BoxError::from),
+        in_flight: in_flight.clone(),
+        request: true,
     }
     .boxed()
+}
+
+/// `body` (a response's, as hyper sends it), keeping `in_flight` alive until it is dropped; not
+/// boxed again: hyper's server takes any body type.
+pub fn tracked<B>(body: B, in_flight: &Arc<InFlight>) -> Tracked<B> {
+    Tracked {
+        inner: body,
+        in_flight: in_flight.clone(),
+        request: false,
+    }
 }
 
 /// A connection's byte stream: first the bytes already read (`prefix`), then `io`'s; every read

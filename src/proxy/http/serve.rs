@@ -24,13 +24,13 @@ use tokio::net::TcpStream;
 use tracing::debug;
 
 use super::deliver::{Hopped, deliver};
-use super::limits::{self, Proto, Watch, Watched, track};
+use super::limits::{self, Proto, Watch, Watched, track, tracked};
 use super::upstream::passthrough;
 use crate::model::names::{AuthorityInput, HttpVersion};
 use crate::proxy::filters::strip_client_request;
 use crate::proxy::metrics::{self, Direction};
 use crate::proxy::overload::{HEAD_READ_BYTES, Shed};
-use crate::proxy::{Body, BoxError, Inputs, PodCtx, access, count, respond, sniff, upgrade};
+use crate::proxy::{Body, Inputs, PodCtx, access, count, respond, sniff, upgrade};
 use crate::resolve::answer::{HEADER_ERROR, MeshAnswer, Reason};
 use crate::resolve::decision::{HttpEntry, RequestDecision, RequestFacts, ServiceKey};
 use crate::resolve::resolve_request;
@@ -115,8 +115,8 @@ pub async fn serve(inputs: Arc<Inputs>, pod: Arc<PodCtx>, mut stream: TcpStream,
                 let Some(in_flight) = in_flight else {
                     return Err(limits::refused_stream());
                 };
-                let req = req.map(|b| track(b.map_err(BoxError::from).boxed(), &in_flight));
-                let mut resp = handle(&inputs, &pod, entry, req).await;
+                let req = req.map(|b| track(b, &in_flight));
+                let mut resp = handle(&inputs, &pod, entry, req, &in_flight).await;
                 // Draining: an HTTP/1 answer says the connection closes after it (hyper then
                 // closes it), so that a client never sends its next request into the close.
                 if proto == Proto::Http1
@@ -126,7 +126,7 @@ pub async fn serve(inputs: Arc<Inputs>, pod: Arc<PodCtx>, mut stream: TcpStream,
                     resp.headers_mut()
                         .insert(http::header::CONNECTION, HeaderValue::from_static("close"));
                 }
-                Ok(resp.map(|b| track(b, &in_flight)))
+                Ok(resp.map(|b| tracked(b, &in_flight)))
             })
         })
     };
@@ -412,37 +412,6 @@ fn header_list_size<B>(req: &Request<B>) -> usize {
             .sum::<usize>()
 }
 
-/// A request body that remembers whether it failed: an error of a body hyper reads from the
-/// client is the client's (a malformed chunk, a body cut short of its `Content-Length`).
-struct ClientBody {
-    inner: Body,
-    failed: Arc<std::sync::atomic::AtomicBool>,
-}
-
-impl http_body::Body for ClientBody {
-    type Data = Bytes;
-    type Error = BoxError;
-
-    fn poll_frame(
-        mut self: std::pin::Pin<&mut Self>,
-        cx: &mut std::task::Context<'_>,
-    ) -> std::task::Poll<Option<Result<http_body::Frame<Bytes>, BoxError>>> {
-        let polled = std::pin::Pin::new(&mut self.inner).poll_frame(cx);
-        if let std::task::Poll::Ready(Some(Err(_))) = &polled {
-            self.failed.store(true, std::sync::atomic::Ordering::SeqCst);
-        }
-        polled
-    }
-
-    fn is_end_stream(&self) -> bool {
-        self.inner.is_end_stream()
-    }
-
-    fn size_hint(&self) -> http_body::SizeHint {
-        self.inner.size_hint()
-    }
-}
-
 /// The facts of one request the resolver reads, borrowed from the request: its header map, its
 /// method, path and authorities are read in place, never copied (issue #38).
 struct Facts<'r> {
@@ -526,6 +495,8 @@ struct Outcome {
     /// The route rule that decided (`HTTPRoute ns/name rule N`), built only for a logged
     /// request.
     route: Option<String>,
+    /// The mesh hop that answered (a delivery's, when an endpoint did).
+    hop: Option<Hopped>,
 }
 
 impl Outcome {
@@ -535,6 +506,7 @@ impl Outcome {
             service: None,
             rule,
             route: None,
+            hop: None,
         }
     }
 }
@@ -544,11 +516,13 @@ impl Outcome {
 /// answer to a gRPC request also carries `grpc-status` and `grpc-message`
 /// ([`respond::for_grpc`]). Counted in the metrics (direction `outbound`) once its response head
 /// is known, and given an access line at the end of its response body when the log picks it.
+/// `in_flight` is the request's ([`limits::track`]): it tells whether the client's body failed.
 pub async fn handle(
     inputs: &Arc<Inputs>,
     pod: &Arc<PodCtx>,
     entry: HttpEntry,
     req: Request<Body>,
+    in_flight: &limits::InFlight,
 ) -> Response<Body> {
     let started = crate::time::now();
     let logged = inputs.access.pick();
@@ -564,14 +538,7 @@ pub async fn handle(
             Outcome::answered("addressing.md §11.1 headers-too-large"),
         )
     } else {
-        let failed = Arc::new(std::sync::atomic::AtomicBool::new(false));
-        let req = req.map(|inner| {
-            let body = ClientBody {
-                inner,
-                failed: failed.clone(),
-            };
-            access::count_request(body.boxed(), request_bytes.as_ref())
-        });
+        let req = req.map(|body| access::count_request(body, request_bytes.as_ref()));
         let (resp, outcome) = answer_request(inputs, pod, entry, req, logged).await;
         // The client's own body broke the delivery: its fault, not the upstream's
         // (addressing.md §11.1 `bad-request`), when the answer has not started.
@@ -579,8 +546,13 @@ pub async fn handle(
             .headers()
             .get(HEADER_ERROR)
             .is_some_and(|r| r == Reason::UpstreamUnreachable.code());
-        if unreachable && failed.load(std::sync::atomic::Ordering::SeqCst) {
+        if unreachable && in_flight.body_failed() {
             count(&inputs.stats.bad_requests);
+            // The mesh's answer, not the hop's.
+            let outcome = Outcome {
+                hop: None,
+                ..outcome
+            };
             (respond::reason(Reason::BadRequest), outcome)
         } else {
             (resp, outcome)
@@ -602,7 +574,7 @@ pub async fn handle(
     if let Some(here) = respond::answered_here(&resp) {
         inputs.metrics.refused(here);
     }
-    let hop = resp.extensions().get::<Hopped>().cloned();
+    let hop = outcome.hop;
     if let Some(h) = &hop {
         series.record_hop(h.took);
     }
@@ -736,6 +708,7 @@ async fn answer_request(
                     service: None,
                     rule: why.rule,
                     route: None,
+                    hop: None,
                 },
             ),
             RequestDecision::Passthrough(why) => {
@@ -759,11 +732,12 @@ async fn answer_request(
                         service: None,
                         rule: why.rule,
                         route: None,
+                        hop: None,
                     },
                 )
             }
             RequestDecision::Deliver(d) => {
-                let outcome = Outcome {
+                let mut outcome = Outcome {
                     decision: "deliver",
                     service: Some((
                         d.backend.service.clone(),
@@ -777,11 +751,13 @@ async fn answer_request(
                             })
                         })
                         .flatten(),
+                    hop: None,
                 };
                 let received = facts.received();
                 let authority = received.as_ref().map(Received::text);
-                let resp =
+                let (resp, hop) =
                     deliver(inputs, pod, authority.as_deref(), *d, req, client_upgrade).await;
+                outcome.hop = hop;
                 (resp, outcome)
             }
         };
