@@ -3,8 +3,8 @@
 //! started in the direct client's namespace (listening on its loopback, proxying to the server
 //! pods' IPs with kept upstream connections), and stopped by PID.
 //!
-//! Both get two workers (nginx: `worker_processes 2`, haproxy: `nbthread 2`), as an aether
-//! daemon has two runtime workers on this 2-core machine.
+//! Each gets one worker (nginx: `worker_processes 1`, haproxy: `nbthread 1`), as an aether
+//! daemon runs on one thread by default ([`WORKERS`]).
 
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};

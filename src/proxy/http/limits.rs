@@ -12,8 +12,8 @@
 //!   in flight begin a head (the first head's clock starts at the accept).
 //! - [`Watch::begin`] is called when hyper hands a request over (its head is complete); the
 //!   returned [`InFlight`] lives in the request's and the response's bodies ([`track`],
-//!   [`tracked`]), so a
-//!   request is in flight until both are done or dropped. HTTP/2 streams count the same way.
+//!   [`tracked`]), so a request is in flight until both are done or dropped. HTTP/2 streams
+//!   count the same way.
 //! - [`serve`] runs a connection until it ends, the daemon drains, or a deadline passes: a late
 //!   head closes the connection at once (counted in `aether_http_header_timeouts`); an idle
 //!   connection is shut down gracefully, HTTP/2 with GOAWAY (`aether_http_idle_closed`).
